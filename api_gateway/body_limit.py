@@ -1,0 +1,78 @@
+"""BodyLimitMiddleware: refuses request bodies over ``APTIX_MAX_BODY_BYTES`` with 413.
+
+Pure ASGI, so it also catches chunked bodies that declare no Content-Length.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["BodyLimitMiddleware"]
+
+
+class _TooLarge(HTTPException):
+    # An HTTPException, so FastAPI's body parsing re-raises it instead of answering 400.
+    def __init__(self, message: str) -> None:
+        super().__init__(status_code=413, detail=message)
+
+
+class BodyLimitMiddleware:
+    """Counts body bytes as they arrive and answers 413 past the limit."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await _respond(send, 400, "bad_request", "Content-Length is not a number")
+                return
+            if int(declared) > self.max_bytes:
+                await _respond(send, 413, "request_too_large", self._message())
+                return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _TooLarge(self._message())
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await _respond(send, 413, "request_too_large", self._message())
+
+    def _message(self) -> str:
+        return f"the request body is larger than {self.max_bytes} bytes (APTIX_MAX_BODY_BYTES)"
+
+
+async def _respond(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps({"error": {"code": code, "message": message, "details": None}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,76 @@
+"""The one place that builds the HTTP error body ``{"error": {"code", "message", "details"}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = ["ApiError", "error_response", "install_error_handlers"]
+
+logger = logging.getLogger(__name__)
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """An HTTP error with a stable code, raised by routes and dependencies."""
+
+    def __init__(self, status_code: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+def error_response(status_code: int, code: str, message: str, details: Any = None) -> JSONResponse:
+    """The error body as a response."""
+    headers = {"WWW-Authenticate": "Bearer"} if status_code == 401 else None
+    return JSONResponse(
+        status_code=status_code,
+        content={"error": {"code": code, "message": message, "details": details}},
+        headers=headers,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error the app can raise through :func:`error_response`."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status_code, exc.code, exc.message, exc.details)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            {"loc": list(error.get("loc", ())), "msg": str(error.get("msg", "")), "type": str(error.get("type", ""))}
+            for error in exc.errors()
+        ]
+        first = details[0] if details else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(part) for part in first["loc"])
+        return error_response(422, "invalid_request", f"{where}: {first['msg']}" if where else str(first["msg"]), details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error in the gateway")
+        return error_response(500, "internal_error", "the gateway failed to handle the request")

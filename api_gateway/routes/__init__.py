@@ -1,0 +1,3 @@
+"""HTTP routes, one module per resource."""
+
+__all__: list[str] = []

@@ -1,0 +1,51 @@
+"""GatewayState: the gateway's ports, built once by ``create_app``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.broker import create_producer
+from shared.db import create_db_engine, session_factory
+from shared.db.sessions import SessionRepository
+from shared.db.turns import TurnRepository
+from shared.modes import ModeCatalog, load_catalog
+from shared.settings import ApiKey, Settings
+
+__all__ = ["GatewayState", "build_state"]
+
+
+@dataclass(frozen=True)
+class GatewayState:
+    """Everything a route may use."""
+
+    settings: Settings
+    api_keys: dict[str, ApiKey]
+    engine: Engine
+    db: sessionmaker[Session]
+    sessions: SessionRepository
+    turns: TurnRepository
+    catalog: ModeCatalog
+    producer: Celery
+    redis: redis.Redis
+
+
+def build_state(settings: Settings) -> GatewayState:
+    """Connect the gateway's ports (lazily: nothing is contacted until a request needs it)."""
+    engine = create_db_engine(settings.database_url)
+    db = session_factory(engine)
+    return GatewayState(
+        settings=settings,
+        api_keys=settings.accepted_api_keys,
+        engine=engine,
+        db=db,
+        sessions=SessionRepository(db),
+        turns=TurnRepository(db),
+        catalog=load_catalog(settings.modes_file),
+        producer=create_producer(settings),
+        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+    )

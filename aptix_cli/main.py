@@ -1,0 +1,102 @@
+"""``aptix``: the process commands of API.md (gateway, worker, db upgrade) and the demo.
+
+Imports are deferred into each command: ``aptix worker --pool gevent`` must let gevent patch the
+standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound work").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``aptix`` command line."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    result: int = args.run(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aptix", description="Aptix agent workers")
+    commands = parser.add_subparsers(dest="command")
+
+    gateway = commands.add_parser("gateway", help="run the HTTP gateway")
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=8000)
+    gateway.set_defaults(run=_gateway)
+
+    worker = commands.add_parser("worker", help="run a Celery worker for the pipeline steps")
+    worker.add_argument("--queues", default="pipeline,llm,tools")
+    worker.add_argument("--pool", default="prefork", choices=["prefork", "threads", "gevent", "solo"])
+    worker.add_argument("--concurrency", type=int, default=None)
+    worker.add_argument("--hostname", default=None)
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(run=_worker)
+
+    db = commands.add_parser("db", help="database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_commands.add_parser("upgrade", help="migrate the database to the newest schema")
+    upgrade.add_argument("--revision", default="head")
+    upgrade.set_defaults(run=_db_upgrade)
+
+    demo = commands.add_parser("demo", help="run one scripted turn through the gateway and a worker")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api_gateway.app import create_app
+    from shared.logging import configure_logging
+
+    configure_logging()
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    if args.pool == "gevent":
+        from gevent import monkey
+
+        monkey.patch_all()
+    from shared.logging import configure_logging
+    from shared.settings import get_settings
+    from workers.app import create_celery
+
+    configure_logging(args.loglevel)
+    app = create_celery(get_settings())
+    argv = ["worker", "-Q", args.queues, "-P", args.pool, "-E", "--loglevel", args.loglevel, "--without-gossip"]
+    if args.concurrency:
+        argv += ["-c", str(args.concurrency)]
+    if args.hostname:
+        argv += ["-n", args.hostname]
+    app.worker_main(argv)
+    return 0
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from shared.db.migrate import upgrade
+    from shared.settings import get_settings
+
+    upgrade(get_settings().database_url, args.revision)
+    sys.stdout.write(f"database migrated to {args.revision}\n")
+    return 0
+
+
+def _demo(_args: argparse.Namespace) -> int:
+    from aptix_cli.demo import run_demo
+
+    return run_demo()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""LocalStack: gateway and worker processes started as plain processes (the demo and the tests).
+
+Everything ``docker compose up`` starts can also be started this way; each process is stopped by
+its own PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+__all__ = ["LocalStack", "ManagedProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ManagedProcess:
+    """One child process with its log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.popen = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.popen.pid
+
+    def log(self) -> str:
+        """Everything the process printed so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` and wait for the process to end."""
+        if self.alive():
+            os.kill(self.pid, sig)
+        self.popen.wait(timeout=30)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        self._log.close()
+
+
+class LocalStack:
+    """Starts and stops Aptix processes sharing one environment."""
+
+    def __init__(self, env: dict[str, str], *, log_dir: Path | None = None) -> None:
+        self.env = {**os.environ, **env}
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="aptix-stack-"))
+        self.processes: list[ManagedProcess] = []
+
+    def start_worker(
+        self,
+        name: str,
+        *,
+        queues: str = "pipeline,llm,tools",
+        pool: str = "threads",
+        concurrency: int = 4,
+        timeout: float = 60.0,
+    ) -> ManagedProcess:
+        """Start ``aptix worker`` as node ``name@<host>`` and wait until it is ready."""
+        argv = [
+            sys.executable, "-m", "aptix_cli", "worker", "--queues", queues, "--pool", pool,
+            "--concurrency", str(concurrency), "--hostname", f"{name}@%h",
+        ]  # fmt: skip
+        process = self._start(name, argv)
+        self._wait(process, lambda: "ready." in process.log(), timeout)
+        return process
+
+    def start_gateway(self, *, port: int | None = None, timeout: float = 30.0) -> tuple[ManagedProcess, str]:
+        """Start ``aptix gateway`` and wait until ``/healthz`` answers. Returns the process and base URL."""
+        port = port or free_port()
+        argv = [sys.executable, "-m", "aptix_cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
+        process = self._start(f"gateway-{port}", argv)
+        url = f"http://127.0.0.1:{port}"
+        self._wait(process, lambda: _answers(f"{url}/healthz"), timeout)
+        return process, url
+
+    def stop_all(self) -> None:
+        """Stop every process this stack started."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+    def _start(self, name: str, argv: list[str]) -> ManagedProcess:
+        process = ManagedProcess(name, argv, self.env, self.log_dir)
+        self.processes.append(process)
+        return process
+
+    @staticmethod
+    def _wait(process: ManagedProcess, ready: object, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise RuntimeError(f"{process.name} exited early:\n{process.log()[-4000:]}")
+            if callable(ready) and ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{process.name} was not ready after {timeout}s:\n{process.log()[-4000:]}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False

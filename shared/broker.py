@@ -1,0 +1,62 @@
+"""Celery configuration both sides share: JSON only, acks late, events on, routing by task name.
+
+The gateway builds a producer-only app from it (it sends tasks by name); the workers build the
+full app in ``workers.app``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue as KombuQueue
+
+from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
+from shared.task_names import TASK_QUEUES, Queue, task_name
+
+__all__ = ["celery_config", "create_producer", "send_step"]
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery settings of every Aptix process."""
+    return {
+        "broker_url": settings.effective_broker_url,
+        "broker_connection_retry_on_startup": True,
+        # Above any pool's concurrency: Redis's default of 10 gave duplicate runs under acks_late.
+        "broker_transport_options": {"max_connections": 512, "visibility_timeout": 300},
+        "broker_pool_limit": 64,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_default_queue": Queue.PIPELINE.value,
+        "task_queues": [KombuQueue(queue.value) for queue in Queue],
+        "task_routes": {name: {"queue": queue.value} for name, queue in TASK_QUEUES.items()},
+        "worker_hijack_root_logger": False,
+    }
+
+
+def create_producer(settings: Settings) -> Celery:
+    """A Celery app that only sends tasks (the gateway's)."""
+    app = Celery("aptix-gateway", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+def send_step(app: Celery, envelope: TurnEnvelope, *, countdown: float | None = None) -> None:
+    """Send the task of ``envelope.step`` with the envelope as its only argument."""
+    name = task_name(envelope.step)
+    app.send_task(
+        name,
+        args=[envelope.model_dump(mode="json")],
+        queue=TASK_QUEUES[name].value,
+        countdown=countdown if countdown else None,
+    )

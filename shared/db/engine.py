@@ -1,0 +1,50 @@
+"""The SQLAlchemy engine and session factory, built from a database URL (one per process)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+__all__ = ["create_db_engine", "normalise_database_url", "session_factory"]
+
+
+def normalise_database_url(url: str) -> str:
+    """Use psycopg 3 for plain ``postgresql://`` URLs (SQLAlchemy's default driver is psycopg2)."""
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    if url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.removeprefix("postgres://")
+    return url
+
+
+def create_db_engine(url: str, *, pool_size: int = 10) -> Engine:
+    """An engine for ``url``: a bounded pool on PostgreSQL, WAL and a busy timeout on SQLite.
+
+    Args:
+        url: a SQLAlchemy URL.
+        pool_size: connections kept open (PostgreSQL only).
+
+    Returns:
+        The engine.
+    """
+    url = normalise_database_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """A session factory whose objects stay readable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

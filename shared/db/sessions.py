@@ -1,0 +1,117 @@
+"""SessionRepository: sessions and their mode history (the session manager of AGN-011 §3.2)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.db.tables import ModeHistoryRow, SessionRow
+
+__all__ = ["SessionRepository"]
+
+
+class SessionRepository:
+    """Reads and writes of the session aggregate."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    def get(self, session_id: str, *, org_id: str | None = None) -> SessionRow | None:
+        """The session, scoped to ``org_id`` when given."""
+        with self._sessions() as db:
+            row = db.get(SessionRow, session_id)
+        if row is None or (org_id is not None and row.org_id != org_id):
+            return None
+        return row
+
+    def create_if_absent(
+        self, *, session_id: str, org_id: str, user_id: str, mode: str, now: datetime
+    ) -> tuple[SessionRow, bool]:
+        """Create the session unless it exists (a redelivered creator step finds it).
+
+        Returns:
+            The session and whether this call created it.
+        """
+        existing = self.get(session_id)
+        if existing is not None:
+            return existing, False
+        row = SessionRow(
+            session_id=session_id, org_id=org_id, user_id=user_id, mode=mode, version=1, created_at=now, updated_at=now
+        )
+        try:
+            with self._sessions.begin() as db:
+                db.add(row)
+        except IntegrityError:
+            existing = self.get(session_id)
+            if existing is None:
+                raise
+            return existing, False
+        return row, True
+
+    def set_mode(
+        self,
+        session_id: str,
+        *,
+        turn_id: str,
+        seq: int,
+        from_mode: str | None,
+        to_mode: str,
+        reason: str | None,
+        org_id: str,
+        user_id: str,
+        now: datetime,
+    ) -> bool:
+        """SetSessionModeAsync: persist a mode change and its ModeHistory row, atomically.
+
+        ``(turn_id, seq)`` identifies the change; recording it again is a no-op.
+
+        Returns:
+            Whether this call recorded the change.
+        """
+        with self._sessions.begin() as db:
+            seen = db.scalar(
+                select(ModeHistoryRow.history_id).where(ModeHistoryRow.turn_id == turn_id, ModeHistoryRow.seq == seq)
+            )
+            if seen is not None:
+                return False
+            session = db.get(SessionRow, session_id, with_for_update=True)
+            if session is None:
+                return False
+            session.mode = to_mode
+            session.version += 1
+            session.updated_at = now
+            db.add(
+                ModeHistoryRow(
+                    session_id=session_id,
+                    turn_id=turn_id,
+                    seq=seq,
+                    from_mode=from_mode,
+                    to_mode=to_mode,
+                    reason=reason,
+                    org_id=org_id,
+                    user_id=user_id,
+                    at=now,
+                )
+            )
+        return True
+
+    def mode_history(self, session_id: str) -> list[ModeHistoryRow]:
+        """The session's mode transitions, oldest first."""
+        with self._sessions() as db:
+            return list(
+                db.scalars(
+                    select(ModeHistoryRow)
+                    .where(ModeHistoryRow.session_id == session_id)
+                    .order_by(ModeHistoryRow.at, ModeHistoryRow.history_id)
+                )
+            )
+
+    def touch(self, session_id: str, *, now: datetime) -> None:
+        """Record that the session was used."""
+        with self._sessions.begin() as db:
+            row = db.get(SessionRow, session_id)
+            if row is not None:
+                row.updated_at = now

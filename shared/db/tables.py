@@ -1,0 +1,121 @@
+"""SQLAlchemy tables: sessions, mode history, turns, transcript items, provider-state snapshots.
+
+Portable between PostgreSQL and SQLite (plain JSON, no dialect-only types). API models live in
+``shared.models``; the repositories convert between the two.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "ModeHistoryRow", "ProviderSnapshotRow", "SessionRow", "TranscriptItemRow", "TurnRow"]
+
+UNFINISHED_SQL = "status IN ('queued', 'running', 'requires_client_tools')"
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every Aptix table."""
+
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class SessionRow(Base):
+    """An agent session: the authoritative current mode (AGN-011 §3.2)."""
+
+    __tablename__ = "sessions"
+
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(128), index=True)
+    user_id: Mapped[str] = mapped_column(String(128))
+    mode: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ModeHistoryRow(Base):
+    """One mode transition of a session."""
+
+    __tablename__ = "mode_history"
+    __table_args__ = (UniqueConstraint("turn_id", "seq", name="uq_mode_history_turn_seq"),)
+
+    history_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id", ondelete="CASCADE"), index=True)
+    turn_id: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int] = mapped_column(Integer)
+    """Order of the change within its turn; with turn_id it makes a redelivered change a no-op."""
+    from_mode: Mapped[str | None] = mapped_column(String(64))
+    to_mode: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(Text)
+    org_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    at: Mapped[datetime]
+
+
+class TurnRow(Base):
+    """A turn: its request, status, result, usage and trace."""
+
+    __tablename__ = "turns"
+    __table_args__ = (
+        UniqueConstraint("org_id", "idempotency_key", name="uq_turns_org_idempotency_key"),
+        # One unfinished turn per session, enforced by the database itself.
+        Index(
+            "uq_turns_one_unfinished_per_session",
+            "session_id",
+            unique=True,
+            postgresql_where=text(UNFINISHED_SQL),
+            sqlite_where=text(UNFINISHED_SQL),
+        ),
+        Index("ix_turns_session_created", "session_id", "created_at"),
+    )
+
+    turn_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64))
+    org_id: Mapped[str] = mapped_column(String(128), index=True)
+    user_id: Mapped[str] = mapped_column(String(128))
+    batch_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(32))
+    new_session: Mapped[bool]
+    requested_mode: Mapped[str | None] = mapped_column(String(64))
+    mode: Mapped[str | None] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]]
+    request_hash: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    output_text: Mapped[str | None] = mapped_column(Text)
+    pending_tool_calls: Mapped[list[Any]] = mapped_column(default=list)
+    mode_changes: Mapped[list[Any]] = mapped_column(default=list)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    usage: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    trace: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    completed_at: Mapped[datetime | None]
+
+
+class TranscriptItemRow(Base):
+    """One conversation item of a turn (user input, assistant answer), for the next turns' context."""
+
+    __tablename__ = "transcript_items"
+    __table_args__ = (UniqueConstraint("turn_id", "seq", name="uq_transcript_turn_seq"),)
+
+    item_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(64), index=True)
+    turn_id: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(32))
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class ProviderSnapshotRow(Base):
+    """The turn's Redis state as of its last commit point, to rehydrate when Redis lost it."""
+
+    __tablename__ = "provider_snapshots"
+
+    turn_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime]

@@ -1,0 +1,266 @@
+"""TurnRepository: turns, their transcript items and provider-state snapshots."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
+from shared.models.turn import ModeChange, PendingToolCall, Turn, TurnStatus, Usage
+from shared.result import ErrorInfo
+
+__all__ = ["IdempotencyConflict", "NewTurn", "SessionBusy", "TurnRepository", "to_turn"]
+
+TERMINAL = (TurnStatus.COMPLETED.value, TurnStatus.FAILED.value, TurnStatus.CANCELLED.value)
+
+
+class SessionBusy(Exception):
+    """The session already has an unfinished turn."""
+
+
+class IdempotencyConflict(Exception):
+    """The idempotency key was used before with a different request."""
+
+
+class NewTurn:
+    """What the gateway records when it accepts a turn."""
+
+    def __init__(
+        self,
+        *,
+        turn_id: str,
+        session_id: str,
+        org_id: str,
+        user_id: str,
+        new_session: bool,
+        requested_mode: str | None,
+        request: dict[str, Any],
+        request_hash: str,
+        idempotency_key: str | None = None,
+        batch_id: str | None = None,
+    ) -> None:
+        self.turn_id = turn_id
+        self.session_id = session_id
+        self.org_id = org_id
+        self.user_id = user_id
+        self.new_session = new_session
+        self.requested_mode = requested_mode
+        self.request = request
+        self.request_hash = request_hash
+        self.idempotency_key = idempotency_key
+        self.batch_id = batch_id
+
+
+class TurnRepository:
+    """Reads and writes of the turn aggregate."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    def create(self, turn: NewTurn, *, now: datetime) -> tuple[TurnRow, bool]:
+        """Record a queued turn.
+
+        Returns:
+            The row and whether it was created (False: an earlier turn with the same idempotency key).
+
+        Raises:
+            SessionBusy: the session has an unfinished turn.
+            IdempotencyConflict: the key was used with a different request.
+        """
+        if turn.idempotency_key is not None:
+            earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
+            if earlier is not None:
+                return self._same_request(earlier, turn), False
+        row = TurnRow(
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            org_id=turn.org_id,
+            user_id=turn.user_id,
+            batch_id=turn.batch_id,
+            status=TurnStatus.QUEUED.value,
+            new_session=turn.new_session,
+            requested_mode=turn.requested_mode,
+            mode=None,
+            request=turn.request,
+            request_hash=turn.request_hash,
+            idempotency_key=turn.idempotency_key,
+            pending_tool_calls=[],
+            mode_changes=[],
+            usage=Usage().model_dump(),
+            trace=[],
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            with self._sessions.begin() as db:
+                db.add(row)
+        except IntegrityError as exc:
+            if turn.idempotency_key is not None:
+                earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
+                if earlier is not None:
+                    return self._same_request(earlier, turn), False
+            raise SessionBusy(turn.session_id) from exc
+        return row, True
+
+    def discard(self, turn_id: str) -> None:
+        """Forget a turn that was never enqueued (the broker refused it)."""
+        with self._sessions.begin() as db:
+            db.execute(delete(TurnRow).where(TurnRow.turn_id == turn_id))
+
+    def get(self, turn_id: str, *, org_id: str | None = None) -> TurnRow | None:
+        """The turn, scoped to ``org_id`` when given."""
+        with self._sessions() as db:
+            row = db.get(TurnRow, turn_id)
+        if row is None or (org_id is not None and row.org_id != org_id):
+            return None
+        return row
+
+    def has_unfinished(self, session_id: str) -> bool:
+        """Whether the session has a turn that is not finished."""
+        with self._sessions() as db:
+            found = db.scalar(
+                select(TurnRow.turn_id)
+                .where(TurnRow.session_id == session_id)
+                .where(TurnRow.status.notin_(TERMINAL))
+                .limit(1)
+            )
+        return found is not None
+
+    def for_session(self, session_id: str) -> list[TurnRow]:
+        """The session's turns, oldest first."""
+        with self._sessions() as db:
+            return list(
+                db.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.created_at))
+            )
+
+    def mark_running(self, turn_id: str, *, now: datetime) -> bool:
+        """Move a queued turn to running; False when the turn already finished (e.g. cancelled)."""
+        with self._sessions.begin() as db:
+            result = db.execute(
+                update(TurnRow)
+                .where(TurnRow.turn_id == turn_id)
+                .where(TurnRow.status.notin_(TERMINAL))
+                .values(status=TurnStatus.RUNNING.value, updated_at=now)
+            )
+        return bool(result.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
+
+    def commit(
+        self,
+        turn_id: str,
+        *,
+        status: TurnStatus,
+        mode: str | None,
+        output_text: str | None,
+        pending_tool_calls: list[PendingToolCall],
+        mode_changes: list[ModeChange],
+        error: ErrorInfo | None,
+        usage: Usage,
+        trace: list[dict[str, Any]],
+        transcript: list[tuple[str, str]],
+        snapshot: dict[str, Any],
+        now: datetime,
+    ) -> bool:
+        """The commit point: the turn's result, its transcript items and its state snapshot, at once.
+
+        Idempotent: writing the same outcome twice leaves the same rows. A turn that already
+        reached a terminal status (cancelled, say) is left as it is.
+
+        Returns:
+            False when the turn was already terminal and nothing was written.
+        """
+        with self._sessions.begin() as db:
+            row = db.get(TurnRow, turn_id, with_for_update=True)
+            if row is None:
+                return False
+            if row.status in TERMINAL and row.status != status.value:
+                return False
+            row.status = status.value
+            row.mode = mode
+            row.output_text = output_text
+            row.pending_tool_calls = [call.model_dump() for call in pending_tool_calls]
+            row.mode_changes = [change.model_dump(by_alias=True) for change in mode_changes]
+            row.error = None if error is None else error.model_dump(mode="json")
+            row.usage = usage.model_dump()
+            row.trace = trace
+            row.updated_at = now
+            row.completed_at = now if status.value in TERMINAL else None
+            db.execute(delete(TranscriptItemRow).where(TranscriptItemRow.turn_id == turn_id))
+            for seq, (role, content) in enumerate(transcript):
+                db.add(
+                    TranscriptItemRow(
+                        session_id=row.session_id, turn_id=turn_id, seq=seq, role=role, content=content, created_at=now
+                    )
+                )
+            self._snapshot(db, turn_id, snapshot, now=now)
+        return True
+
+    def load_snapshot(self, turn_id: str) -> dict[str, Any] | None:
+        """The state snapshot of the turn's last commit point."""
+        with self._sessions() as db:
+            row = db.get(ProviderSnapshotRow, turn_id)
+        return None if row is None else row.state
+
+    def conversation(self, session_id: str, *, before: datetime, limit: int) -> list[tuple[str, str]]:
+        """(role, content) of the session's completed turns created before ``before``, oldest first."""
+        with self._sessions() as db:
+            turn_ids = list(
+                db.scalars(
+                    select(TurnRow.turn_id)
+                    .where(TurnRow.session_id == session_id)
+                    .where(TurnRow.status == TurnStatus.COMPLETED.value)
+                    .where(TurnRow.created_at < before)
+                    .order_by(TurnRow.created_at.desc())
+                    .limit(limit)
+                )
+            )
+            if not turn_ids:
+                return []
+            rows = db.execute(
+                select(TranscriptItemRow.role, TranscriptItemRow.content, TranscriptItemRow.turn_id)
+                .where(TranscriptItemRow.turn_id.in_(turn_ids))
+                .order_by(TranscriptItemRow.created_at, TranscriptItemRow.turn_id, TranscriptItemRow.seq)
+            ).all()
+        order = {turn_id: index for index, turn_id in enumerate(reversed(turn_ids))}
+        ordered = sorted(rows, key=lambda r: order[r.turn_id])
+        return [(r.role, r.content) for r in ordered]
+
+    def _by_idempotency_key(self, org_id: str, key: str) -> TurnRow | None:
+        with self._sessions() as db:
+            return db.scalar(select(TurnRow).where(TurnRow.org_id == org_id, TurnRow.idempotency_key == key))
+
+    @staticmethod
+    def _same_request(earlier: TurnRow, turn: NewTurn) -> TurnRow:
+        if earlier.request_hash != turn.request_hash:
+            raise IdempotencyConflict(turn.idempotency_key)
+        return earlier
+
+    @staticmethod
+    def _snapshot(db: Session, turn_id: str, state: dict[str, Any], *, now: datetime) -> None:
+        row = db.get(ProviderSnapshotRow, turn_id)
+        if row is None:
+            db.add(ProviderSnapshotRow(turn_id=turn_id, state=state, updated_at=now))
+        else:
+            row.state = state
+            row.updated_at = now
+
+
+def to_turn(row: TurnRow) -> Turn:
+    """The API view of a turn row."""
+    return Turn(
+        turn_id=row.turn_id,
+        session_id=row.session_id,
+        batch_id=row.batch_id,
+        status=TurnStatus(row.status),
+        mode=row.mode if row.mode is not None else row.requested_mode,
+        mode_changes=[ModeChange.model_validate(change) for change in row.mode_changes],
+        output_text=row.output_text,
+        pending_tool_calls=[PendingToolCall.model_validate(call) for call in row.pending_tool_calls],
+        error=None if row.error is None else ErrorInfo.model_validate(row.error),
+        usage=Usage.model_validate(row.usage),
+        created_at=row.created_at,
+        completed_at=row.completed_at,
+    )

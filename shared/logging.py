@@ -1,0 +1,50 @@
+"""Logging set-up and the turn/session log context stamped on every record."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import logging.config
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["configure_logging", "log_context"]
+
+_CONTEXT: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("aptix_log_context", default={})
+_FIELDS = ("turn_id", "session_id", "step", "iteration")
+
+
+@contextmanager
+def log_context(**fields: object) -> Iterator[None]:
+    """Stamp ``fields`` (turn_id, session_id, step, iteration) on the records logged inside."""
+    token = _CONTEXT.set({**_CONTEXT.get(), **fields})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = _CONTEXT.get()
+        for field in _FIELDS:
+            setattr(record, field, context.get(field, "-"))
+        return True
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Configure the root logger once, at an entrypoint."""
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "filters": {"context": {"()": _ContextFilter}},
+            "formatters": {
+                "plain": {"format": "%(asctime)s %(levelname)s %(name)s [turn=%(turn_id)s step=%(step)s] %(message)s"}
+            },
+            "handlers": {
+                "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["context"]}
+            },
+            "root": {"level": level, "handlers": ["stderr"]},
+        }
+    )

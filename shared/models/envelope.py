@@ -1,0 +1,38 @@
+"""TurnEnvelope: the small JSON message every step task carries (never the whole state)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.task_names import StepName
+
+__all__ = ["TurnEnvelope"]
+
+
+class TurnEnvelope(BaseModel):
+    """Which turn, which step, and where in the turn the step stands."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: str
+    step: StepName
+    round: int = Field(default=0, ge=0)
+    """How many times the turn has been entered: 0 for the first run, +1 per tool-results re-entry."""
+    iteration: int = Field(default=0, ge=0)
+    """The LLM call this step belongs to (0 before the first call)."""
+    attempt: int = Field(default=0, ge=0)
+    """Retries of this same step (LLM 429/5xx back-off)."""
+
+    @property
+    def step_key(self) -> str:
+        """The identity of this step within its turn, for idempotency."""
+        return f"{self.round}:{self.step.value}:{self.iteration}"
+
+    def to(self, step: StepName, *, iteration: int | None = None) -> TurnEnvelope:
+        """The envelope of the next step of the same turn."""
+        return TurnEnvelope(
+            turn_id=self.turn_id,
+            step=step,
+            round=self.round,
+            iteration=self.iteration if iteration is None else iteration,
+        )

@@ -1,0 +1,32 @@
+"""CompositionTrace (AGN-031 §9): ordered, lightweight records of what a turn did."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+__all__ = ["TraceStep", "TurnTrace"]
+
+
+class TraceStep(BaseModel):
+    """One trace record."""
+
+    seq: int
+    kind: str
+    """turn_start, session_created, session_restored, llm_call, tool_execution, mode_change, ..."""
+    at: datetime
+    step: str
+    """The pipeline step that recorded it."""
+    worker: str
+    """The host that ran the step."""
+    duration_ms: float | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnTrace(BaseModel):
+    """``GET /v1/turns/{turn_id}/trace``."""
+
+    turn_id: str
+    steps: list[TraceStep]

@@ -1,0 +1,121 @@
+"""Settings: every ``APTIX_*`` variable of the public contract, typed and validated once.
+
+Only entrypoints (the CLI, ``create_app``, ``create_celery``, worker start-up) call
+:func:`get_settings`; everything below receives a :class:`Settings` or the values it needs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ApiKey", "Settings", "get_settings", "parse_api_keys"]
+
+_EMBEDDED_DATABASE_URL = "sqlite:///./aptix-dev.sqlite"
+
+
+class ApiKey:
+    """One accepted API key and the identity it stands for."""
+
+    __slots__ = ("key", "org_id", "user_id")
+
+    def __init__(self, key: str, org_id: str, user_id: str) -> None:
+        self.key = key
+        self.org_id = org_id
+        self.user_id = user_id
+
+
+def parse_api_keys(raw: str) -> dict[str, ApiKey]:
+    """Parse ``key:org_id:user_id`` triples separated by commas.
+
+    Args:
+        raw: the value of ``APTIX_API_KEYS``.
+
+    Returns:
+        The keys by their secret value.
+
+    Raises:
+        ValueError: when an entry is not a triple of non-empty parts.
+    """
+    keys: dict[str, ApiKey] = {}
+    for entry in (part.strip() for part in raw.split(",")):
+        if not entry:
+            continue
+        parts = entry.split(":")
+        if len(parts) != 3 or not all(p.strip() for p in parts):
+            raise ValueError("APTIX_API_KEYS entries must be key:org_id:user_id triples")
+        key, org_id, user_id = (p.strip() for p in parts)
+        keys[key] = ApiKey(key, org_id, user_id)
+    return keys
+
+
+class Settings(BaseSettings):
+    """The process configuration, read from ``APTIX_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="APTIX_", extra="ignore", populate_by_name=True)
+
+    database_url: str = _EMBEDDED_DATABASE_URL
+    """SQLAlchemy URL of the durable store."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis for turn state, locks and idempotency keys."""
+    broker_url: str | None = None
+    """Celery broker; defaults to ``redis_url``."""
+    llm_base_url: str = "http://127.0.0.1:8900/v1"
+    """Base URL of an OpenAI Responses API server (``…/v1``)."""
+    llm_api_key: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("APTIX_LLM_API_KEY", "OPENAI_API_KEY", "llm_api_key"),
+    )
+    """Bearer key for the LLM server."""
+    llm_model: str = "gpt-4.1-mini"
+    """Model name sent in each request."""
+    llm_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
+    """Timeout of one LLM HTTP call."""
+    llm_max_attempts: PositiveInt = 4
+    """Attempts of one LLM call when the server answers 429 or 5xx."""
+    api_keys: str = ""
+    """Comma-separated ``key:org_id:user_id`` triples the gateway accepts."""
+    modes_file: str | None = None
+    """YAML mode catalog; the packaged default when unset."""
+    max_iterations: PositiveInt = 10
+    """LLM calls allowed in one turn."""
+    step_lease_seconds: PositiveInt = 30
+    """A step whose worker stopped this long ago is run again elsewhere."""
+    client_tool_timeout_seconds: PositiveInt = 86400
+    """A turn waiting this long for client tool results fails."""
+    max_body_bytes: PositiveInt = 4 * 1024 * 1024
+    """Larger request bodies are refused with 413."""
+    history_turns: PositiveInt = 50
+    """How many earlier turns of a session a follow-up turn sends as conversation context."""
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, value: str) -> str:
+        parse_api_keys(value)
+        return value
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("APTIX_LLM_BASE_URL must be an http(s) URL")
+        return value.rstrip("/")
+
+    @property
+    def effective_broker_url(self) -> str:
+        """The broker URL, falling back to the Redis URL."""
+        return self.broker_url or self.redis_url
+
+    @property
+    def accepted_api_keys(self) -> dict[str, ApiKey]:
+        """The parsed ``APTIX_API_KEYS``."""
+        return parse_api_keys(self.api_keys)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings of this process, read once from the environment."""
+    return Settings()

@@ -1,0 +1,8 @@
+"""Hot turn state: the TurnState document, its keys, and the stores that hold it."""
+
+from shared.state.memory_store import MemoryStateStore
+from shared.state.redis_store import RedisStateStore
+from shared.state.store import StateStore
+from shared.state.turn_state import LedgerEntry, Providers, TurnState
+
+__all__ = ["LedgerEntry", "MemoryStateStore", "Providers", "RedisStateStore", "StateStore", "TurnState"]

@@ -1,0 +1,17 @@
+"""Every Redis key Aptix uses, in one place."""
+
+from __future__ import annotations
+
+__all__ = ["claim_key", "state_key"]
+
+PREFIX = "aptix"
+
+
+def state_key(turn_id: str) -> str:
+    """The TurnState document of a turn."""
+    return f"{PREFIX}:turn:{turn_id}:state"
+
+
+def claim_key(turn_id: str, step_key: str) -> str:
+    """The lease a worker holds while it runs one step of a turn."""
+    return f"{PREFIX}:turn:{turn_id}:claim:{step_key}"

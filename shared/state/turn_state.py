@@ -1,0 +1,101 @@
+"""TurnState: everything a step of one turn may read or write, kept in Redis between hops.
+
+Holds the context providers (session- and turn-scoped, AGN-031 §5), the tool ledger, the in-flight
+mode, the iteration counter, the composed request and last LLM response, the trace, and which
+steps already ran (for idempotency under redelivery).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from shared.models.trace import TraceStep
+from shared.models.turn import ClientTool, ModeChange, PendingToolCall, TurnStatus, Usage
+from shared.result import ErrorInfo
+
+__all__ = ["LedgerEntry", "Providers", "TurnState"]
+
+
+class Providers(BaseModel):
+    """Context providers' content."""
+
+    session_context: list[str] = Field(default_factory=list)
+    """Emitted into every LLM call (after the mode's prompt layer)."""
+    turn_context: list[str] = Field(default_factory=list)
+    """Emitted once (welcome/bootstrap), then cleared by the reasoner."""
+    turn_context_emitted: bool = False
+    """Set by compose when the turn context went into a request; the reasoner clears it after the call."""
+
+
+class LedgerEntry(BaseModel):
+    """One tool call the model made in this turn, and what became of it."""
+
+    call_id: str
+    name: str
+    arguments: str
+    kind: Literal["server", "client"]
+    iteration: int
+    status: Literal["pending", "done", "failed"] = "pending"
+    output: str | None = None
+
+
+class TurnState(BaseModel):
+    """The whole hot state of one turn."""
+
+    turn_id: str
+    session_id: str
+    org_id: str
+    user_id: str
+    batch_id: str | None = None
+    version: int = 0
+    """Bumped by every save; a save from a stale copy is refused."""
+    round: int = 0
+    status: TurnStatus = TurnStatus.RUNNING
+    new_session: bool
+    requested_mode: str | None = None
+    mode: str | None = None
+    user_input: str
+    client_tools: list[ClientTool] = Field(default_factory=list)
+    history: list[dict[str, Any]] = Field(default_factory=list)
+    """Conversation context: earlier turns' inputs and answers, as Responses API input items."""
+    transcript: list[dict[str, Any]] = Field(default_factory=list)
+    """This turn's input items so far: the user message, replayed outputs, tool outputs."""
+    providers: Providers = Field(default_factory=Providers)
+    pending_request: dict[str, Any] | None = None
+    last_response: dict[str, Any] | None = None
+    ledger: list[LedgerEntry] = Field(default_factory=list)
+    mode_changes: list[ModeChange] = Field(default_factory=list)
+    pending_tool_calls: list[PendingToolCall] = Field(default_factory=list)
+    output_text: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    error: ErrorInfo | None = None
+    exit_mode: int | None = None
+    steps_done: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    """step key -> the next envelope it sent (None at the end of the chain)."""
+    trace: list[TraceStep] = Field(default_factory=list)
+
+    def record(
+        self,
+        kind: str,
+        *,
+        at: datetime,
+        step: str,
+        worker: str,
+        duration_ms: float | None = None,
+        **data: Any,
+    ) -> None:
+        """Append a trace step."""
+        self.trace.append(
+            TraceStep(
+                seq=len(self.trace) + 1,
+                kind=kind,
+                at=at,
+                step=step,
+                worker=worker,
+                duration_ms=duration_ms,
+                data=data,
+            )
+        )

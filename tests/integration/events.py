@@ -1,0 +1,68 @@
+"""TaskEventRecorder: listens to the workers' Celery task events (the stream Flower shows)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from celery import Celery
+
+
+class TaskEventRecorder:
+    """Collects task-received/succeeded/failed events in a background thread."""
+
+    def __init__(self, broker_url: str) -> None:
+        self._app = Celery("aptix-test-events", broker=broker_url, set_as_current=False)
+        self._app.conf.accept_content = ["json"]
+        self._app.conf.event_serializer = "json"
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._receiver: Any = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="task-events")
+
+    def start(self) -> None:
+        """Start listening; returns once the event queue is bound."""
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise RuntimeError("could not subscribe to Celery task events")
+
+    def stop(self) -> None:
+        """Stop listening."""
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(timeout=10)
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event so far."""
+        with self._lock:
+            return list(self._events)
+
+    def succeeded_tasks(self, turn_id: str, *, settle_seconds: float = 0.0) -> list[str]:
+        """Names of the tasks that succeeded for ``turn_id``, in order (after waiting ``settle_seconds``)."""
+        time.sleep(settle_seconds)
+        names_by_uuid = {e["uuid"]: e.get("name") for e in self.events() if e["type"] == "task-received"}
+        args_by_uuid = {e["uuid"]: str(e.get("args", "")) for e in self.events() if e["type"] == "task-received"}
+        return [
+            str(names_by_uuid[e["uuid"]])
+            for e in self.events()
+            if e["type"] == "task-succeeded" and turn_id in args_by_uuid.get(e["uuid"], "")
+        ]
+
+    def _run(self) -> None:
+        with self._app.connection() as connection:
+            self._receiver = self._app.events.Receiver(connection, handlers={"*": self._on_event})
+            with self._receiver.consumer_context(wakeup=False) as (conn, _channel, _consumers):
+                self._ready.set()
+                while not self._receiver.should_stop:
+                    try:
+                        conn.drain_events(timeout=0.5)
+                    except socket.timeout:
+                        continue
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if str(event.get("type", "")).startswith("task-"):
+            with self._lock:
+                self._events.append(event)

@@ -1,0 +1,172 @@
+"""A plain turn end to end: gateway -> Celery chain of steps -> scripted model -> PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, func, select
+
+from shared.db.engine import normalise_database_url
+from shared.db.tables import SessionRow, TranscriptItemRow, TurnRow
+from shared.broker import create_producer, send_step
+from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
+from shared.task_names import StepName
+from tests.integration.conftest import System
+from tests.integration.events import TaskEventRecorder
+from tests.responses_fixtures import validate_request_bodies
+
+pytestmark = pytest.mark.integration
+
+
+def _marker() -> str:
+    return f"m{uuid.uuid4().hex[:10]}"
+
+
+def test_new_turn_completes_with_the_scripted_answer_when_posted(system: System) -> None:
+    # Given a new session's first turn
+    marker = _marker()
+    # When it runs
+    turn = system.run_turn({"input": f"hello {marker}"})
+    # Then it completed with the model's text, in mode general, and GET returns the same
+    assert turn["status"] == "completed"
+    assert turn["output_text"] == f"Echo: hello {marker}"
+    assert turn["mode"] == "general"
+    assert turn["usage"]["llm_calls"] == 1
+    assert turn["usage"]["input_tokens"] > 0
+    assert turn["completed_at"] is not None
+    again = system.http.get(f"/v1/turns/{turn['turn_id']}", headers=system.headers()).json()
+    assert again == turn
+    session = system.http.get(f"/v1/sessions/{turn['session_id']}", headers=system.headers())
+    assert session.status_code == 200
+    assert session.json()["mode"] == "general"
+    assert [t["turn_id"] for t in session.json()["turns"]] == [turn["turn_id"]]
+
+
+def test_first_call_carries_mode_prompt_layer_and_welcome_when_session_is_new(system: System) -> None:
+    marker = _marker()
+    system.run_turn({"input": f"first {marker}"})
+    (request,) = system.llm_requests(marker)
+    assert "general" in request["instructions"]
+    texts = [item["content"] for item in request["input"] if item.get("role") == "developer"]
+    assert texts and texts[0].startswith("Welcome to Aptix")
+    assert {tool["name"] for tool in request["tools"]} == {"get_current_time", "agent_change_mode"}
+    assert request["store"] is False
+    validate_request_bodies([request])
+
+
+def test_requested_mode_is_honoured_when_the_catalog_knows_it(system: System) -> None:
+    marker = _marker()
+    turn = system.run_turn({"input": f"draft a record {marker}", "mode": "ddr-authoring"})
+    assert turn["mode"] == "ddr-authoring"
+    (request,) = system.llm_requests(marker)
+    assert "ddr-authoring" in request["instructions"]
+    assert any("DDR authoring mode" in str(item["content"]) for item in request["input"])
+    session = system.http.get(f"/v1/sessions/{turn['session_id']}", headers=system.headers()).json()
+    assert session["mode"] == "ddr-authoring"
+
+
+def test_unknown_mode_is_422_when_starting_a_session(system: System) -> None:
+    response = system.post_turn({"input": "hi", "mode": "no-such-mode"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "no-such-mode" in error["message"] and "general" in error["message"]
+
+
+def test_follow_up_turn_sends_earlier_turns_and_keeps_the_persisted_mode(system: System) -> None:
+    # Given a session in ddr-authoring with one completed turn
+    first_marker, second_marker = _marker(), _marker()
+    first = system.run_turn({"input": f"one {first_marker}", "mode": "ddr-authoring"})
+    # When a follow-up turn asks for another mode
+    second = system.run_turn(
+        {"session_id": first["session_id"], "input": f"two {second_marker}", "mode": "rag-indexing"}
+    )
+    # Then the persisted mode wins and the LLM request carries the earlier input and answer
+    assert second["status"] == "completed"
+    assert second["mode"] == "ddr-authoring"
+    (request,) = system.llm_requests(second_marker)
+    contents = [(item.get("role"), item.get("content")) for item in request["input"]]
+    assert contents[:3] == [
+        ("user", f"one {first_marker}"),
+        ("assistant", f"Echo: one {first_marker}"),
+        ("user", f"two {second_marker}"),
+    ]
+    assert "ddr-authoring" in request["instructions"]
+    assert not any(role == "developer" for role, _ in contents), "the welcome text was sent again"
+    validate_request_bodies([request])
+
+
+def test_each_step_runs_as_its_own_task_when_a_turn_runs(system: System, task_events: TaskEventRecorder) -> None:
+    turn = system.run_turn({"input": f"tasks {_marker()}"})
+    names = task_events.succeeded_tasks(turn["turn_id"], settle_seconds=1.0)
+    assert names == [
+        "aptix.step.request_handler",
+        "aptix.step.session_creator",
+        "aptix.step.session_context_resolver",
+        "aptix.step.context_provider_initializer",
+        "aptix.step.reasoner",
+        "aptix.step.compose",
+        "aptix.step.llm_call",
+        "aptix.step.reasoner",
+        "aptix.step.persist",
+    ]
+
+
+def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
+    system: System, task_events: TaskEventRecorder
+) -> None:
+    # Given a completed follow-up turn
+    marker = _marker()
+    first = system.run_turn({"input": f"base {_marker()}"})
+    turn = system.run_turn({"session_id": first["session_id"], "input": f"dup {marker}"})
+    engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
+    before = _row_counts(engine, turn["session_id"])
+    # When every step message of the turn is delivered again
+    producer = create_producer(Settings(broker_url=system.env["APTIX_BROKER_URL"]))
+    steps = [
+        (StepName.REQUEST_HANDLER, 0),
+        (StepName.SESSION_RESTORER, 0),
+        (StepName.SESSION_CONTEXT_RESOLVER, 0),
+        (StepName.CONTEXT_PROVIDER_INITIALIZER, 0),
+        (StepName.REASONER, 0),
+        (StepName.COMPOSE, 1),
+        (StepName.LLM_CALL, 1),
+        (StepName.REASONER, 1),
+        (StepName.PERSIST, 1),
+    ]
+    for step, iteration in steps:
+        send_step(producer, TurnEnvelope(turn_id=turn["turn_id"], step=step, iteration=iteration))
+        send_step(producer, TurnEnvelope(turn_id=turn["turn_id"], step=step, iteration=iteration))
+    _wait_for_tasks(task_events, turn["turn_id"], at_least=9 + 2 * len(steps))
+    # Then there is still one LLM call, and the rows and the turn are unchanged
+    assert len(system.llm_requests(marker)) == 1
+    assert _row_counts(engine, turn["session_id"]) == before
+    after = system.http.get(f"/v1/turns/{turn['turn_id']}", headers=system.headers()).json()
+    assert after == turn
+    engine.dispose()
+
+
+def _row_counts(engine: object, session_id: str) -> tuple[int, int, int]:
+    from sqlalchemy import Engine
+
+    assert isinstance(engine, Engine)
+    with engine.connect() as conn:
+        sessions = conn.scalar(select(func.count()).select_from(SessionRow).where(SessionRow.session_id == session_id))
+        turns = conn.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.session_id == session_id))
+        items = conn.scalar(
+            select(func.count()).select_from(TranscriptItemRow).where(TranscriptItemRow.session_id == session_id)
+        )
+    return int(sessions or 0), int(turns or 0), int(items or 0)
+
+
+def _wait_for_tasks(task_events: TaskEventRecorder, turn_id: str, *, at_least: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if len(task_events.succeeded_tasks(turn_id)) >= at_least:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"only {len(task_events.succeeded_tasks(turn_id))} tasks ran for {turn_id}")

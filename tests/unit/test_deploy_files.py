@@ -1,0 +1,358 @@
+"""Offline validation of the deployment files: docker-compose.yml, deploy/Dockerfile, deploy/k8s/.
+
+The schemas are checked by real validators (the Compose specification's JSON schema through
+check-jsonschema, the Kubernetes OpenAPI schemas through kubernetes-validate), run as the
+executables installed next to this interpreter. The rest checks the files against the public
+contract in shared/API.md: every process runs a documented command, every variable is documented.
+No Docker engine or cluster is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "deploy" / "Dockerfile"
+K8S_DIR = REPO / "deploy" / "k8s"
+IMAGE = "aptix/agent-workers:0.1.0"
+KUBERNETES_VERSION = "1.33.0"
+
+K8S_FILES = {
+    "namespace.yaml",
+    "configmap.yaml",
+    "secret.yaml",
+    "gateway.yaml",
+    "worker-pipeline.yaml",
+    "worker-llm.yaml",
+    "worker-tools.yaml",
+    "migrate-job.yaml",
+    "flower.yaml",
+}
+
+# shared/API.md, "Configuration (environment variables)": the contract says these never change name.
+DOCUMENTED_ENV = {
+    "APTIX_DATABASE_URL",
+    "APTIX_REDIS_URL",
+    "APTIX_BROKER_URL",
+    "APTIX_LLM_BASE_URL",
+    "APTIX_LLM_API_KEY",
+    "APTIX_LLM_MODEL",
+    "APTIX_API_KEYS",
+    "APTIX_MODES_FILE",
+    "APTIX_MAX_ITERATIONS",
+    "APTIX_STEP_LEASE_SECONDS",
+    "APTIX_CLIENT_TOOL_TIMEOUT_SECONDS",
+    "APTIX_MAX_BODY_BYTES",
+}
+QUEUES = {"pipeline", "llm", "tools"}
+POOLS = {"prefork", "threads", "gevent", "solo", "eventlet"}
+
+
+def _allowed_env_name(name: str) -> bool:
+    return name in DOCUMENTED_ENV or name.startswith("POSTGRES_") or name == "FLOWER_BASIC_AUTH"
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def _tool(name: str) -> Path:
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(
+            f"{name} is not installed next to {sys.executable}; run `make test` "
+            f"(it installs the test extras, which include {name})",
+            pytrace=False,
+        )
+    return path
+
+
+def _run(argv: list[str | Path]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in argv], cwd=REPO, capture_output=True, text=True, timeout=90, check=False
+    )
+
+
+def _check_compose(path: Path) -> subprocess.CompletedProcess[str]:
+    return _run([_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", path])
+
+
+def _k8s_manifests() -> list[Path]:
+    return sorted(K8S_DIR.glob("*.yaml"))
+
+
+def _validate_k8s(paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    return _run([_tool("kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSION, *paths])
+
+
+def test_compose_file_matches_the_compose_specification() -> None:
+    result = _check_compose(COMPOSE_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_validator_rejects_an_unknown_service_key(tmp_path: Path) -> None:
+    # Guards against a validator that passes everything (wrong schema, merge keys not resolved).
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    data["services"]["gateway"]["comand"] = ["aptix", "gateway"]
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(yaml.safe_dump(data))
+    result = _check_compose(bad)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "comand" in result.stdout + result.stderr
+
+
+def test_k8s_manifests_are_all_there() -> None:
+    assert {p.name for p in _k8s_manifests()} == K8S_FILES
+
+
+def test_k8s_manifests_validate_strictly() -> None:
+    paths = _k8s_manifests()
+    result = _validate_k8s(paths)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    # An unknown kind or apiVersion is only a warning for kubernetes-validate: refuse it here.
+    assert "WARN" not in output and "ERROR" not in output, output
+    documents = sum(len([d for d in yaml.safe_load_all(p.read_text()) if d]) for p in paths)
+    assert output.count(" passed for resource ") == documents, output
+
+
+def test_k8s_validator_rejects_an_unknown_field(tmp_path: Path) -> None:
+    doc = yaml.safe_load((K8S_DIR / "worker-tools.yaml").read_text())
+    doc["spec"]["template"]["spec"]["terminationGracePeriodSecs"] = 60
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    result = _validate_k8s([bad])
+    assert result.returncode != 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def _dockerfile_cmd() -> list[str]:
+    cmd_lines = [ln for ln in DOCKERFILE.read_text().splitlines() if ln.startswith("CMD ")]
+    assert len(cmd_lines) == 1, cmd_lines
+    return json.loads(cmd_lines[0][len("CMD ") :])
+
+
+def _argv(command: str | list[str]) -> list[str]:
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if argv[:2] == ["sh", "-c"] and len(argv) == 3:
+        argv = shlex.split(argv[2])
+        if argv and argv[0] == "exec":
+            argv = argv[1:]
+    return argv
+
+
+def _options(args: list[str], where: str) -> dict[str, str]:
+    """--name value and --name=value pairs; anything else is an error."""
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        assert arg.startswith("--"), f"{where}: unexpected argument {arg!r}"
+        if "=" in arg:
+            name, value = arg.split("=", 1)
+            i += 1
+        else:
+            assert i + 1 < len(args), f"{where}: {arg} has no value"
+            name, value = arg, args[i + 1]
+            i += 2
+        options[name] = value
+    return options
+
+
+def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]:
+    """Which documented process (shared/API.md, "Processes") a command runs, and its options."""
+    argv = _argv(command)
+    assert argv, f"{where}: empty command"
+    if argv[:2] == ["aptix", "gateway"]:
+        options = _options(argv[2:], where)
+        assert set(options) <= {"--host", "--port"}, f"{where}: {argv}"
+        return "gateway", options
+    if argv[:2] == ["aptix", "worker"]:
+        options = _options(argv[2:], where)
+        assert set(options) <= {"--queues", "--pool", "--concurrency", "--hostname"}, f"{where}: {argv}"
+        if "--queues" in options:
+            assert set(options["--queues"].split(",")) <= QUEUES, f"{where}: {argv}"
+        if "--pool" in options:
+            assert options["--pool"] in POOLS, f"{where}: {argv}"
+        if "--concurrency" in options:
+            assert int(options["--concurrency"]) > 0, f"{where}: {argv}"
+        return "worker", options
+    if argv == ["aptix", "db", "upgrade"]:
+        return "migrate", {}
+    if argv[:3] == ["python", "-m", "scripted_llm"]:
+        return "scripted-llm", _options(argv[3:], where)
+    if argv[0] == "celery" and "flower" in argv:
+        at = argv.index("flower")
+        global_options = _options(argv[1:at], where)
+        assert set(global_options) == {"--broker"}, f"{where}: Flower needs only the broker: {argv}"
+        options = _options(argv[at + 1 :], where)
+        assert "--basic-auth" in options, f"{where}: Flower must run with --basic-auth: {argv}"
+        return "flower", options
+    raise AssertionError(f"{where}: {argv} is not a process documented in shared/API.md")
+
+
+def _our_services() -> dict[str, dict]:
+    services = _compose()["services"]
+    ours = {name: svc for name, svc in services.items() if svc.get("image") == IMAGE or "build" in svc}
+    for name, svc in ours.items():
+        assert svc.get("image") == IMAGE, f"{name}: image must be {IMAGE}"
+        assert svc["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}, name
+    return ours
+
+
+def test_compose_services_run_documented_commands() -> None:
+    ours = _our_services()
+    kinds = {}
+    for name, svc in ours.items():
+        kinds[name], _ = _process(svc.get("command", _dockerfile_cmd()), f"docker-compose.yml {name}")
+    assert kinds == {
+        "migrate": "migrate",
+        "gateway": "gateway",
+        "worker-pipeline": "worker",
+        "worker-llm": "worker",
+        "worker-tools": "worker",
+        "scripted-llm": "scripted-llm",
+        "flower": "flower",
+    }
+    assert "beat" not in " ".join(_compose()["services"]), "there is no beat schedule yet"
+
+
+def test_compose_workers_cover_each_queue_once() -> None:
+    served: list[str] = []
+    pools = {}
+    for name, svc in _our_services().items():
+        kind, options = _process(svc["command"], name)
+        if kind == "worker":
+            served += options["--queues"].split(",")
+            pools[options["--queues"]] = options["--pool"]
+    assert sorted(served) == sorted(QUEUES)
+    assert pools["llm"] in {"threads", "gevent"}, "LLM calls are I/O-bound: use a threads or gevent pool"
+
+
+def _compose_env_names(svc: dict) -> set[str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, dict):
+        return set(env)
+    return {item.split("=", 1)[0] for item in env}
+
+
+def test_compose_environment_is_documented() -> None:
+    services = _compose()["services"]
+    names = set().union(*(_compose_env_names(svc) for svc in services.values()))
+    assert names, "no environment at all?"
+    undocumented = sorted(n for n in names if not _allowed_env_name(n))
+    assert not undocumented, f"not in shared/API.md: {undocumented}"
+    # Variables interpolated from the operator's shell or .env ($$ is an escaped literal $).
+    text = COMPOSE_FILE.read_text()
+    interpolated = set(re.findall(r"(?<!\$)\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))
+    undocumented = sorted(n for n in interpolated if not _allowed_env_name(n))
+    assert not undocumented, f"interpolated but not documented: {undocumented}"
+    gateway = _compose_env_names(services["gateway"])
+    assert {"APTIX_DATABASE_URL", "APTIX_REDIS_URL", "APTIX_BROKER_URL", "APTIX_API_KEYS"} <= gateway
+
+
+def test_compose_gateway_waits_for_migrations_and_flower_stays_local() -> None:
+    services = _compose()["services"]
+    assert services["migrate"]["restart"] == "no"
+    depends = services["gateway"]["depends_on"]
+    assert depends["migrate"]["condition"] == "service_completed_successfully"
+    assert depends["redis"]["condition"] == "service_healthy"
+    for port in services["flower"].get("ports", []):
+        assert str(port).startswith("127.0.0.1:"), f"Flower's /metrics has no auth: {port!r}"
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+def _k8s_docs() -> list[tuple[str, dict]]:
+    return [
+        (p.name, doc) for p in _k8s_manifests() for doc in yaml.safe_load_all(p.read_text()) if doc
+    ]
+
+
+def _pod_specs() -> list[tuple[str, dict]]:
+    return [
+        (f"{file} {doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"])
+        for file, doc in _k8s_docs()
+        if doc["kind"] in {"Deployment", "Job"}
+    ]
+
+
+def test_k8s_pods_run_documented_commands_as_non_root() -> None:
+    served: list[str] = []
+    kinds = set()
+    for where, pod in _pod_specs():
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        for container in pod["containers"]:
+            assert container["image"] == IMAGE, where
+            assert "resources" in container, where
+            kind, options = _process(container["command"], where)
+            kinds.add(kind)
+            if kind == "worker":
+                served += options["--queues"].split(",")
+                assert pod["terminationGracePeriodSeconds"] >= 60, f"{where}: warm shutdown"
+    assert sorted(served) == sorted(QUEUES)
+    assert kinds == {"gateway", "worker", "migrate", "flower"}
+
+
+def test_k8s_environment_is_documented() -> None:
+    names: set[str] = set()
+    for _, doc in _k8s_docs():
+        if doc["kind"] == "ConfigMap":
+            names |= set(doc["data"])
+        if doc["kind"] == "Secret":
+            names |= set(doc.get("stringData", {})) | set(doc.get("data", {}))
+    for _, pod in _pod_specs():
+        for container in pod["containers"]:
+            names |= {e["name"] for e in container.get("env", [])}
+    undocumented = sorted(n for n in names if not _allowed_env_name(n))
+    assert not undocumented, f"not in shared/API.md: {undocumented}"
+
+
+def test_k8s_gateway_probes_and_flower_is_cluster_internal() -> None:
+    docs = {(doc["kind"], doc["metadata"]["name"]): doc for _, doc in _k8s_docs()}
+    gateway = docs[("Deployment", "aptix-gateway")]
+    assert gateway["spec"]["replicas"] == 2
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert docs[("Service", "aptix-flower")]["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert not [key for key in docs if key[0] == "Ingress"], "never expose Flower directly"
+
+
+# --------------------------------------------------------------------------- the image
+
+
+def test_dockerfile_builds_every_package_and_runs_the_gateway_as_non_root() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
+    assert "pip install --no-cache-dir ." in text
+    user = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert user and user[-1].split(":")[0].isdigit() and user[-1].split(":")[0] != "0", (
+        "a numeric non-root USER (Kubernetes runAsNonRoot can only verify a numeric one)"
+    )
+    assert re.search(r"^EXPOSE 8000\b", text, re.M)
+    assert re.search(r"^HEALTHCHECK\b.*\\\n.*urllib.*/healthz", text, re.M)
+    assert _process(_dockerfile_cmd(), "Dockerfile CMD")[0] == "gateway"
+    # Every package that pyproject.toml installs is copied into the build context.
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    includes = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    copied = set(re.findall(r"^COPY\s+(\S+)\s", text, re.M))
+    packages = {pattern.rstrip("*").rstrip(".") for pattern in includes}
+    missing = sorted(p for p in packages if p not in copied)
+    assert not missing, f"deploy/Dockerfile does not COPY {missing}"

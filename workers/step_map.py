@@ -1,0 +1,65 @@
+"""THE step map (AGN-032 §4, ARCHITECTURE.md "The turn, step by step"): step -> function, next steps.
+
+The queue of each step comes from :data:`shared.task_names.TASK_QUEUES`. The driver refuses a move
+this table does not allow. ``persist`` is reachable from every step: a failure at any point is
+committed there (AGN-027 §5), so it is listed once in :data:`ALWAYS_ALLOWED`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shared.models.envelope import TurnEnvelope
+from shared.result import InvokeResult
+from shared.state import TurnState
+from shared.task_names import StepName as S
+from workers.context import StepContext
+from workers.next_step import Next
+from workers.steps import (
+    compose,
+    context_provider_initializer,
+    llm_call,
+    persist,
+    reasoner,
+    request_handler,
+    session_context_resolver,
+    session_creator,
+    session_restorer,
+)
+
+__all__ = ["ALWAYS_ALLOWED", "STEP_MAP", "StepFunction", "StepSpec"]
+
+StepFunction = Callable[[StepContext, TurnEnvelope, TurnState], InvokeResult[Next]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec:
+    """One row of the step map."""
+
+    run: StepFunction
+    next: frozenset[S]
+
+
+def _spec(run: StepFunction, *next_steps: S) -> StepSpec:
+    return StepSpec(run, frozenset(next_steps))
+
+
+ALWAYS_ALLOWED = frozenset({S.PERSIST})
+
+STEP_MAP: dict[S, StepSpec] = {
+    S.REQUEST_HANDLER: _spec(
+        request_handler.run, S.SESSION_CREATOR, S.SESSION_RESTORER, S.CLIENT_TOOL_SESSION_RESTORER
+    ),
+    S.SESSION_CREATOR: _spec(session_creator.run, S.SESSION_CONTEXT_RESOLVER),
+    S.SESSION_RESTORER: _spec(session_restorer.run, S.SESSION_CONTEXT_RESOLVER),
+    S.SESSION_CONTEXT_RESOLVER: _spec(session_context_resolver.run, S.CONTEXT_PROVIDER_INITIALIZER),
+    S.CONTEXT_PROVIDER_INITIALIZER: _spec(
+        context_provider_initializer.run, S.REASONER, S.CLIENT_TOOL_CONTINUATION_RESOLVER
+    ),
+    S.REASONER: _spec(reasoner.run, S.COMPOSE, S.EXECUTE_SERVER_TOOLS),
+    S.COMPOSE: _spec(compose.run, S.LLM_CALL),
+    S.LLM_CALL: _spec(llm_call.run, S.REASONER),
+    S.PERSIST: _spec(persist.run),
+}
+"""Every step the pipeline runs, with the steps it may send the turn to."""

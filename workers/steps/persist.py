@@ -1,0 +1,44 @@
+"""Persistence (AGN-027 layer F): the commit point of a turn.
+
+Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (status,
+mode, output, pending tool calls, error, usage, trace), its transcript items (user input and
+answer, for the next turns' context) and a snapshot of the state (to rehydrate a paused turn when
+Redis lost it). Next: Stop. Fails with: nothing (a database blip raises and the task is retried).
+"""
+
+from __future__ import annotations
+
+from shared.models.envelope import TurnEnvelope
+from shared.models.turn import TurnStatus
+from shared.result import InvokeResult, success
+from shared.state import TurnState
+from workers.context import StepContext
+from workers.next_step import Next, Stop
+from workers.trace import trace
+
+__all__ = ["run"]
+
+
+def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
+    """Commit the turn."""
+    if not any(step.kind == "committed" and step.data.get("round") == env.round for step in state.trace):
+        trace(ctx, state, env, "committed", status=state.status.value)
+    transcript: list[tuple[str, str]] = []
+    if state.status is TurnStatus.COMPLETED:
+        transcript = [("user", state.user_input), ("assistant", state.output_text or "")]
+    ctx.turns.commit(
+        state.turn_id,
+        status=state.status,
+        mode=state.mode,
+        output_text=state.output_text,
+        pending_tool_calls=state.pending_tool_calls,
+        mode_changes=state.mode_changes,
+        error=state.error,
+        usage=state.usage,
+        trace=[step.model_dump(mode="json") for step in state.trace],
+        transcript=transcript,
+        snapshot=state.model_dump(mode="json"),
+        now=ctx.clock(),
+    )
+    ctx.sessions.touch(state.session_id, now=ctx.clock())
+    return success(Stop())

@@ -1,0 +1,54 @@
+"""AgentRequestHandler (AGN-032 §5.1): entry; builds the turn state and routes it.
+
+Reads: the turn row the gateway recorded. Writes: a new TurnState (first round), turn status
+``running``, the ``turn_start`` trace step. Next: session_creator (new session), session_restorer
+(follow-up turn) or client_tool_session_restorer (tool-results re-entry); Stop when the turn was
+cancelled before it started. Fails with: nothing of its own.
+
+The commit that AGN-032 gives this handler "once downstream returns" is the ``persist`` step: in a
+chain of tasks, downstream returns by sending the turn there.
+"""
+
+from __future__ import annotations
+
+from shared.models.envelope import TurnEnvelope
+from shared.models.turn import ClientTool
+from shared.result import InvokeResult, success
+from shared.state import TurnState
+from shared.task_names import StepName
+from workers.context import StepContext
+from workers.next_step import Continue, Next, Stop
+from workers.trace import trace
+
+__all__ = ["build_state", "run"]
+
+
+def build_state(ctx: StepContext, turn_id: str) -> TurnState | None:
+    """The initial state of a turn from its recorded request; None when the turn is unknown."""
+    row = ctx.turns.get(turn_id)
+    if row is None:
+        return None
+    return TurnState(
+        turn_id=row.turn_id,
+        session_id=row.session_id,
+        org_id=row.org_id,
+        user_id=row.user_id,
+        batch_id=row.batch_id,
+        new_session=row.new_session,
+        requested_mode=row.requested_mode,
+        user_input=str(row.request["input"]),
+        client_tools=[ClientTool.model_validate(tool) for tool in row.request.get("tools", [])],
+    )
+
+
+def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
+    """Start (or re-enter) the turn and choose its session path."""
+    if env.round > 0:
+        trace(ctx, state, env, "turn_reentered")
+        return success(Continue(StepName.CLIENT_TOOL_SESSION_RESTORER))
+    if not ctx.turns.mark_running(state.turn_id, now=ctx.clock()):
+        return success(Stop())
+    trace(ctx, state, env, "turn_start", session_id=state.session_id, new_session=state.new_session)
+    if state.new_session:
+        return success(Continue(StepName.SESSION_CREATOR))
+    return success(Continue(StepName.SESSION_RESTORER))

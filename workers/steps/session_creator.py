@@ -1,0 +1,31 @@
+"""AgentSessionCreator (AGN-032 §5.2): creates the session and starts its first turn.
+
+Reads: the requested mode. Writes: the session row (mode: the requested one if the catalog knows
+it, else the default; AGN-011 §3.1), ``state.mode``, the ``session_created`` trace step.
+Next: session_context_resolver. Fails with: nothing (an unknown mode was refused at the gateway;
+one that left the catalog since falls back to the default).
+"""
+
+from __future__ import annotations
+
+from shared.models.envelope import TurnEnvelope
+from shared.result import InvokeResult, success
+from shared.state import TurnState
+from shared.task_names import StepName
+from workers.context import StepContext
+from workers.next_step import Continue, Next
+from workers.trace import trace
+
+__all__ = ["run"]
+
+
+def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
+    """Create the session (once, even when this step is delivered twice)."""
+    known = ctx.catalog.get(state.requested_mode)
+    mode = known.name if known is not None else ctx.catalog.default_mode
+    session, created = ctx.sessions.create_if_absent(
+        session_id=state.session_id, org_id=state.org_id, user_id=state.user_id, mode=mode, now=ctx.clock()
+    )
+    state.mode = session.mode
+    trace(ctx, state, env, "session_created", mode=session.mode, created=created)
+    return success(Continue(StepName.SESSION_CONTEXT_RESOLVER))

@@ -1,0 +1,74 @@
+"""One thin task per pipeline step, all through :func:`workers.driver.run_step`.
+
+A task validates its JSON envelope, runs the step and sends the next task by name. Transient
+connection errors are retried by Celery; a step that failed is never retried here (the driver
+already committed the failure).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery, Task
+from pydantic import ValidationError
+
+from shared.broker import send_step
+from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
+from shared.task_names import StepName, task_name
+from workers.context import StepContext, build_context
+from workers.driver import TRANSIENT_ERRORS, StepBusy, run_step
+
+__all__ = ["register_tasks"]
+
+logger = logging.getLogger(__name__)
+
+_contexts: dict[str, StepContext] = {}
+_contexts_lock = threading.Lock()
+
+
+def register_tasks(app: Celery) -> None:
+    """Register the task of every step on ``app``."""
+    for step in StepName:
+        _register(app, step)
+
+
+def _register(app: Celery, step: StepName) -> None:
+    @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
+        name=task_name(step),
+        bind=True,
+        acks_late=True,
+        autoretry_for=TRANSIENT_ERRORS,
+        retry_backoff=True,
+        retry_backoff_max=30,
+        max_retries=20,
+        ignore_result=True,
+    )
+    def step_task(self: Task, payload: dict[str, Any]) -> None:
+        try:
+            envelope = TurnEnvelope.model_validate(payload)
+        except ValidationError as exc:
+            logger.error("dropping a malformed %s message: %s", step.value, exc.errors(include_input=False))
+            return
+        if envelope.step is not step:
+            logger.error("dropping a %s envelope delivered to %s", envelope.step.value, step.value)
+            return
+        ctx = _context(self.app, self.request.hostname or "worker")
+        try:
+            dispatch = run_step(ctx, envelope)
+        except StepBusy as busy:
+            raise self.retry(countdown=busy.retry_in, max_retries=None) from busy
+        if dispatch is not None:
+            send_step(self.app, dispatch.envelope, countdown=dispatch.countdown)
+
+
+def _context(app: Celery, hostname: str) -> StepContext:
+    with _contexts_lock:
+        ctx = _contexts.get(hostname)
+        if ctx is None:
+            settings: Settings = app.conf.aptix_settings
+            ctx = build_context(settings, hostname=hostname)
+            _contexts[hostname] = ctx
+        return ctx

@@ -1,0 +1,33 @@
+"""Writing CompositionTrace steps (AGN-031 §9) from inside a pipeline step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.models.envelope import TurnEnvelope
+from shared.state import TurnState
+from workers.context import StepContext
+
+__all__ = ["trace"]
+
+
+def trace(
+    ctx: StepContext,
+    state: TurnState,
+    env: TurnEnvelope,
+    kind: str,
+    *,
+    duration_ms: float | None = None,
+    **data: Any,
+) -> None:
+    """Append a trace step stamped with the clock, the step and this worker's host."""
+    state.record(
+        kind,
+        at=ctx.clock(),
+        step=env.step.value,
+        worker=ctx.hostname,
+        duration_ms=duration_ms,
+        round=env.round,
+        iteration=env.iteration,
+        **data,
+    )
