@@ -1,0 +1,51 @@
+"""The process commands of API.md: ``aptix db upgrade`` on a real database; ``aptix`` help."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from shared.db.engine import normalise_database_url
+from tests.services_check import database_admin_url
+
+pytestmark = pytest.mark.integration
+
+
+def test_db_upgrade_creates_every_table_when_the_database_is_empty(services: None) -> None:
+    # Given an empty database
+    name = f"aptix_cli_{uuid.uuid4().hex[:10]}"
+    admin = database_admin_url()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = admin.rsplit("/", 1)[0] + "/" + name
+    try:
+        # When `aptix db upgrade` runs (twice: it is idempotent)
+        for _ in range(2):
+            done = subprocess.run(
+                [sys.executable, "-m", "aptix_cli", "db", "upgrade"],
+                env={**os.environ, "APTIX_DATABASE_URL": url},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 0, done.stderr
+        # Then the schema is there
+        engine = create_engine(normalise_database_url(url))
+        tables = set(inspect(engine).get_table_names())
+        engine.dispose()
+        assert {"sessions", "mode_history", "turns", "transcript_items", "provider_snapshots"} <= tables
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_aptix_lists_its_commands() -> None:
+    done = subprocess.run([sys.executable, "-m", "aptix_cli", "--help"], capture_output=True, text=True, check=True)
+    for command in ("gateway", "worker", "db", "demo"):
+        assert command in done.stdout

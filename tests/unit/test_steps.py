@@ -1,0 +1,108 @@
+"""Unit tests of the composition, LLM call and reasoner steps, on in-process fakes."""
+
+from __future__ import annotations
+
+from shared.errors import LlmError
+from shared.models.envelope import TurnEnvelope
+from shared.models.turn import ClientTool, TurnStatus
+from shared.result import ErrorCode
+from shared.task_names import StepName
+from workers.llm.types import FunctionCall, LlmResponse, response_to_dict
+from workers.next_step import Continue, RetryAfter
+from workers.steps import compose, llm_call, reasoner
+from tests.unit.fakes import FakeLlm, make_context, make_state
+
+
+def _env(step: StepName, iteration: int = 1, attempt: int = 0) -> TurnEnvelope:
+    return TurnEnvelope(turn_id="turn_" + "0" * 32, step=step, iteration=iteration, attempt=attempt)
+
+
+def test_compose_offers_mode_tools_change_mode_and_client_tools_when_composing() -> None:
+    ctx = make_context()
+    state = make_state(client_tools=[ClientTool(name="open_file", description="Open a file.")])
+    request = compose.compose_request(ctx, state)
+    assert [tool["name"] for tool in request["tools"]] == ["get_current_time", "agent_change_mode", "open_file"]
+    assert all("strict" in tool and "parameters" in tool for tool in request["tools"])
+    assert request["store"] is False
+    assert request["model"] == ctx.settings.llm_model
+
+
+def test_compose_emits_turn_context_as_a_developer_message_when_armed() -> None:
+    ctx = make_context()
+    state = make_state()
+    state.providers.turn_context = ["Welcome!"]
+    result = compose.run(ctx, _env(StepName.COMPOSE), state)
+    assert result.unwrap() == Continue(StepName.LLM_CALL, 1)
+    assert state.pending_request is not None
+    assert {"type": "message", "role": "developer", "content": "Welcome!"} in state.pending_request["input"]
+    assert state.providers.turn_context_emitted
+
+
+def test_reasoner_clears_turn_context_after_it_was_emitted() -> None:
+    ctx = make_context()
+    state = make_state()
+    state.providers.turn_context = ["Welcome!"]
+    state.providers.turn_context_emitted = True
+    state.last_response = response_to_dict(LlmResponse(response_id="r", output_text="hi"))
+    result = reasoner.run(ctx, _env(StepName.REASONER), state)
+    assert result.unwrap() == Continue(StepName.PERSIST)
+    assert state.providers.turn_context == []
+    assert state.status is TurnStatus.COMPLETED and state.exit_mode == 1
+    assert state.output_text == "hi"
+    assert [step.kind for step in state.trace] == ["turn_context_cleared", "exit"]
+
+
+def test_reasoner_fails_iteration_limit_when_calls_are_used_up() -> None:
+    ctx = make_context(max_iterations=2)
+    state = make_state()
+    state.usage.llm_calls = 2
+    result = reasoner.run(ctx, _env(StepName.REASONER, iteration=2), state)
+    assert not result.ok and result.error is not None
+    assert result.error.code is ErrorCode.ITERATION_LIMIT
+
+
+def test_reasoner_fails_unknown_tool_when_the_model_calls_an_undeclared_tool() -> None:
+    ctx = make_context()
+    state = make_state()
+    call = FunctionCall(call_id="c1", name="delete_everything", arguments="{}")
+    state.last_response = response_to_dict(LlmResponse(response_id="r", output_text=None, function_calls=(call,)))
+    result = reasoner.run(ctx, _env(StepName.REASONER), state)
+    assert result.error is not None and result.error.code is ErrorCode.UNKNOWN_TOOL
+    assert "delete_everything" in result.error.message
+
+
+def test_llm_call_asks_to_retry_after_the_servers_delay_when_rate_limited() -> None:
+    llm = FakeLlm(LlmError("slow down", status_code=429, retryable=True, retry_after=1.5))
+    ctx = make_context(llm)
+    state = make_state(pending_request={"model": "m", "input": []})
+    result = llm_call.run(ctx, _env(StepName.LLM_CALL), state)
+    assert result.unwrap() == RetryAfter(1.5, "slow down")
+    assert state.usage.llm_calls == 0
+
+
+def test_llm_call_fails_llm_rate_limited_when_attempts_run_out() -> None:
+    llm = FakeLlm(LlmError("slow down", status_code=429, retryable=True))
+    ctx = make_context(llm, llm_max_attempts=2)
+    state = make_state(pending_request={"model": "m", "input": []})
+    result = llm_call.run(ctx, _env(StepName.LLM_CALL, attempt=1), state)
+    assert result.error is not None and result.error.code is ErrorCode.LLM_RATE_LIMITED
+
+
+def test_llm_call_fails_llm_error_at_once_when_the_error_is_not_retryable() -> None:
+    llm = FakeLlm(LlmError("LLM server answered 400: bad", status_code=400))
+    ctx = make_context(llm)
+    state = make_state(pending_request={"model": "m", "input": []})
+    result = llm_call.run(ctx, _env(StepName.LLM_CALL), state)
+    assert result.error is not None and result.error.code is ErrorCode.LLM_ERROR
+    assert "400" in result.error.message
+
+
+def test_llm_call_records_usage_and_trace_when_the_model_answers() -> None:
+    llm = FakeLlm(LlmResponse(response_id="r", output_text="hi", input_tokens=7, output_tokens=3))
+    ctx = make_context(llm)
+    state = make_state(pending_request={"model": "m", "input": [], "tools": [{"name": "t"}]})
+    result = llm_call.run(ctx, _env(StepName.LLM_CALL), state)
+    assert result.unwrap() == Continue(StepName.REASONER, 1)
+    assert (state.usage.llm_calls, state.usage.input_tokens, state.usage.output_tokens) == (1, 7, 3)
+    assert state.trace[-1].kind == "llm_call" and state.trace[-1].data["tools_offered"] == ["t"]
+    assert state.pending_request is None and state.last_response is not None
