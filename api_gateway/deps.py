@@ -1,17 +1,24 @@
-"""Route dependencies: the gateway state and the authenticated caller, as Annotated aliases."""
+"""Route dependencies: the gateway state and the authenticated caller, as Annotated aliases.
+
+``AuthenticatedRoute`` is the route class of every router whose routes take a ``Caller``: it checks
+the key before FastAPI reads the body, so a request without a valid key is a 401 whatever its body.
+"""
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
 from api_gateway.errors import ApiError
 from api_gateway.state import GatewayState
 from shared.settings import ApiKey
 
-__all__ = ["Caller", "Gateway"]
+__all__ = ["AuthenticatedRoute", "Caller", "Gateway"]
 
 
 def _gateway(request: Request) -> GatewayState:
@@ -19,7 +26,7 @@ def _gateway(request: Request) -> GatewayState:
     return state
 
 
-def _caller(request: Request, gateway: Annotated[GatewayState, Depends(_gateway)]) -> ApiKey:
+def _authenticate(gateway: GatewayState, request: Request) -> ApiKey:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -29,6 +36,40 @@ def _caller(request: Request, gateway: Annotated[GatewayState, Depends(_gateway)
         if hmac.compare_digest(key.encode(), token.encode()):
             return identity
     raise ApiError(401, "unauthorized", "the API key is not valid")
+
+
+def _caller(request: Request, gateway: Annotated[GatewayState, Depends(_gateway)]) -> ApiKey:
+    return _authenticate(gateway, request)
+
+
+class AuthenticatedRoute(APIRoute):
+    """An APIRoute that answers 401 before the body is read, and 422 for a body that is not JSON.
+
+    FastAPI parses a JSON body before it solves dependencies, so without this a request with no key and
+    a malformed body would get 422, and a body it cannot decode (invalid UTF-8, nesting too deep,
+    numbers too long) a bare 400 instead of the contract's 422 ``invalid_request``.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def authenticated_handler(request: Request) -> Response:
+            _authenticate(_gateway(request), request)
+            try:
+                return await handler(request)
+            except HTTPException as exc:
+                # FastAPI raises a 400 "from" the decoding error when it cannot parse the body.
+                if exc.status_code != 400 or exc.__cause__ is None:
+                    raise
+                reason = f"{type(exc.__cause__).__name__}: {exc.__cause__}"
+                raise ApiError(
+                    422,
+                    "invalid_request",
+                    "the request body is not valid JSON",
+                    [{"loc": ["body"], "msg": reason, "type": "json_invalid"}],
+                ) from exc
+
+        return authenticated_handler
 
 
 Gateway = Annotated[GatewayState, Depends(_gateway)]

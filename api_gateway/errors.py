@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -38,13 +39,17 @@ class ApiError(Exception):
         self.details = details
 
 
-def error_response(status_code: int, code: str, message: str, details: Any = None) -> JSONResponse:
-    """The error body as a response."""
-    headers = {"WWW-Authenticate": "Bearer"} if status_code == 401 else None
+def error_response(
+    status_code: int, code: str, message: str, details: Any = None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The error body as a response (with ``headers``, such as the ``Allow`` of a 405)."""
+    extra = dict(headers or {})
+    if status_code == 401:
+        extra.setdefault("WWW-Authenticate", "Bearer")
     return JSONResponse(
         status_code=status_code,
         content={"error": {"code": code, "message": message, "details": details}},
-        headers=headers,
+        headers=extra or None,
     )
 
 
@@ -58,7 +63,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [
-            {"loc": list(error.get("loc", ())), "msg": str(error.get("msg", "")), "type": str(error.get("type", ""))}
+            {
+                "loc": [_text(part) if isinstance(part, str) else part for part in error.get("loc", ())],
+                "msg": _text(str(error.get("msg", ""))),
+                "type": str(error.get("type", "")),
+            }
             for error in exc.errors()
         ]
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
@@ -68,9 +77,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail))
+        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in the gateway")
         return error_response(500, "internal_error", "the gateway failed to handle the request")
+
+
+def _text(value: str) -> str:
+    # A field name or message can echo the client's lone surrogates, which UTF-8 cannot encode.
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")

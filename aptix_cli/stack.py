@@ -94,11 +94,16 @@ class LocalStack:
         self._wait(process, lambda: "ready." in process.log(), timeout)
         return process
 
-    def start_gateway(self, *, port: int | None = None, timeout: float = 30.0) -> tuple[ManagedProcess, str]:
-        """Start ``aptix gateway`` and wait until ``/healthz`` answers. Returns the process and base URL."""
+    def start_gateway(
+        self, *, port: int | None = None, timeout: float = 30.0, env: dict[str, str] | None = None
+    ) -> tuple[ManagedProcess, str]:
+        """Start ``aptix gateway`` and wait until ``/healthz`` answers. Returns the process and base URL.
+
+        ``env`` overrides the stack's environment for this process only.
+        """
         port = port or free_port()
         argv = [sys.executable, "-m", "aptix_cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
-        process = self._start(f"gateway-{port}", argv)
+        process = self._start(f"gateway-{port}", argv, env)
         url = f"http://127.0.0.1:{port}"
         self._wait(process, lambda: _answers(f"{url}/healthz"), timeout)
         return process, url
@@ -109,8 +114,8 @@ class LocalStack:
             process.stop()
         self.processes.clear()
 
-    def _start(self, name: str, argv: list[str]) -> ManagedProcess:
-        process = ManagedProcess(name, argv, self.env, self.log_dir)
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
+        process = ManagedProcess(name, argv, {**self.env, **(env or {})}, self.log_dir)
         self.processes.append(process)
         return process
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from kombu import Exchange
 from kombu import Queue as KombuQueue
 
 from shared.models.envelope import TurnEnvelope
@@ -38,7 +39,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_default_queue": Queue.PIPELINE.value,
-        "task_queues": [KombuQueue(queue.value) for queue in Queue],
+        # One direct exchange per queue, keyed by its name: a shared exchange with one key would
+        # copy every message into every queue.
+        "task_queues": [KombuQueue(q.value, Exchange(q.value, type="direct"), routing_key=q.value) for q in Queue],
+        "task_default_exchange": Queue.PIPELINE.value,
+        "task_default_routing_key": Queue.PIPELINE.value,
         "task_routes": {name: {"queue": queue.value} for name, queue in TASK_QUEUES.items()},
         "worker_hijack_root_logger": False,
     }

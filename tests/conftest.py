@@ -21,8 +21,7 @@ os.environ.setdefault("APTIX_LLM_LOCAL_ONLY", "1")
 KEY_A, ORG_A, USER_A = "test-key-a", "org-a", "user-a"
 KEY_B, ORG_B, USER_B = "test-key-b", "org-b", "user-b"
 API_KEYS = f"{KEY_A}:{ORG_A}:{USER_A},{KEY_B}:{ORG_B}:{USER_B}"
-STATE_REDIS_DB = int(os.environ.get("APTIX_TEST_REDIS_STATE_DB", "13"))
-BROKER_REDIS_DB = int(os.environ.get("APTIX_TEST_REDIS_BROKER_DB", "14"))
+_OWNER_KEY = "aptix:test:owner"
 
 
 @pytest.fixture(scope="session")
@@ -47,13 +46,30 @@ def database_url(services: None) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def claim_redis_databases(count: int, run_id: str) -> list[int]:
+    """Claim ``count`` empty Redis databases for this run, so concurrent runs never share a broker."""
+    base = redis_url().rstrip("/")
+    claimed: list[int] = []
+    for index in range(15, 0, -1):
+        client = redis.Redis.from_url(f"{base}/{index}")
+        if client.dbsize() == 0 and client.set(_OWNER_KEY, run_id, nx=True, ex=6 * 3600):
+            if client.dbsize() == 1:
+                claimed.append(index)
+                if len(claimed) == count:
+                    return claimed
+                continue
+            client.delete(_OWNER_KEY)
+    for index in claimed:
+        redis.Redis.from_url(f"{base}/{index}").flushdb()
+    raise RuntimeError(f"no {count} empty Redis databases are free at {base} (another test run holds them?)")
+
+
 @pytest.fixture(scope="session")
 def redis_urls(services: None) -> Iterator[tuple[str, str]]:
-    """(state URL, broker URL): two Redis databases of this run, flushed before and after."""
+    """(state URL, broker URL): two empty Redis databases claimed by this run, flushed after it."""
     base = redis_url().rstrip("/")
-    urls = (f"{base}/{STATE_REDIS_DB}", f"{base}/{BROKER_REDIS_DB}")
-    for url in urls:
-        redis.Redis.from_url(url).flushdb()
+    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
+    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
     yield urls
     for url in urls:
         redis.Redis.from_url(url).flushdb()

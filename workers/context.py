@@ -49,6 +49,11 @@ class StepContext:
     clock: Callable[[], datetime] = utc_now
     hostname: str = socket.gethostname()
 
+    @property
+    def state_ttl_seconds(self) -> int:
+        """How long Redis keeps a turn's state; past the client-tool timeout the snapshot takes over."""
+        return max(86400, self.settings.client_tool_timeout_seconds + 3600)
+
 
 def build_context(settings: Settings, *, hostname: str | None = None, llm: LlmPort | None = None) -> StepContext:
     """Build the context of a worker process from its settings."""

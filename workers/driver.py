@@ -74,6 +74,9 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
         if state is None:
             logger.warning("no state for turn %s; dropping %s", env.turn_id, env.step_key)
             return None
+        if env.step is not StepName.PERSIST and ctx.store.is_cancelled(env.turn_id):
+            logger.info("turn %s was cancelled; stopping at %s", env.turn_id, env.step_key)
+            return None
         if env.step_key in state.steps_done:
             logger.info("step %s already ran; passing the turn on", env.step_key)
             return _recorded(state, env)
@@ -87,11 +90,6 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
             return _conclude(ctx, env, state, result)
         finally:
             ctx.store.release(env.turn_id, env.step_key, owner=owner)
-
-
-def state_ttl_seconds(ctx: StepContext) -> int:
-    """How long Redis keeps a turn's state: past the client-tool timeout, the snapshot takes over."""
-    return max(86400, ctx.settings.client_tool_timeout_seconds + 3600)
 
 
 def _load(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
@@ -143,7 +141,7 @@ def _conclude(ctx: StepContext, env: TurnEnvelope, state: TurnState, result: Inv
         dispatch = _dispatch_for(env, result.value)
     if dispatch is None or dispatch.envelope.step_key != env.step_key:
         state.steps_done[env.step_key] = None if dispatch is None else dispatch.envelope.model_dump(mode="json")
-    ctx.store.save(state, ttl_seconds=state_ttl_seconds(ctx))
+    ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds)
     return dispatch
 
 
@@ -151,9 +149,7 @@ def _dispatch_for(env: TurnEnvelope, next_step: Next | None) -> Dispatch | None:
     if isinstance(next_step, Continue):
         return Dispatch(env.to(next_step.step, iteration=next_step.iteration))
     if isinstance(next_step, RetryAfter):
-        again = TurnEnvelope(
-            turn_id=env.turn_id, step=env.step, round=env.round, iteration=env.iteration, attempt=env.attempt + 1
-        )
+        again = env.model_copy(update={"attempt": env.attempt + 1})
         return Dispatch(again, countdown=next_step.seconds)
     assert isinstance(next_step, Stop)
     return None

@@ -17,8 +17,11 @@ from shared.task_names import StepName as S
 from workers.context import StepContext
 from workers.next_step import Next
 from workers.steps import (
+    client_tool_continuation_resolver,
+    client_tool_session_restorer,
     compose,
     context_provider_initializer,
+    execute_server_tools,
     llm_call,
     persist,
     reasoner,
@@ -53,11 +56,14 @@ STEP_MAP: dict[S, StepSpec] = {
     ),
     S.SESSION_CREATOR: _spec(session_creator.run, S.SESSION_CONTEXT_RESOLVER),
     S.SESSION_RESTORER: _spec(session_restorer.run, S.SESSION_CONTEXT_RESOLVER),
+    S.CLIENT_TOOL_SESSION_RESTORER: _spec(client_tool_session_restorer.run, S.SESSION_CONTEXT_RESOLVER),
     S.SESSION_CONTEXT_RESOLVER: _spec(session_context_resolver.run, S.CONTEXT_PROVIDER_INITIALIZER),
     S.CONTEXT_PROVIDER_INITIALIZER: _spec(
         context_provider_initializer.run, S.REASONER, S.CLIENT_TOOL_CONTINUATION_RESOLVER
     ),
+    S.CLIENT_TOOL_CONTINUATION_RESOLVER: _spec(client_tool_continuation_resolver.run, S.REASONER),
     S.REASONER: _spec(reasoner.run, S.COMPOSE, S.EXECUTE_SERVER_TOOLS),
+    S.EXECUTE_SERVER_TOOLS: _spec(execute_server_tools.run, S.REASONER),
     S.COMPOSE: _spec(compose.run, S.LLM_CALL),
     S.LLM_CALL: _spec(llm_call.run, S.REASONER),
     S.PERSIST: _spec(persist.run),

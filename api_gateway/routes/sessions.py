@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import Caller, Gateway
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.errors import ApiError
 from api_gateway.ids import is_session_id
 from api_gateway.state import GatewayState
@@ -14,7 +14,7 @@ from shared.models.turn import TurnStatus
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["sessions"])
+router = APIRouter(prefix="/v1", tags=["sessions"], route_class=AuthenticatedRoute)
 
 
 @router.get("/sessions/{session_id}", response_model=Session, response_model_by_alias=True)

@@ -16,8 +16,9 @@ from kombu.exceptions import OperationalError as BrokerError
 from redis import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import Caller, Gateway
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.errors import ApiError
+from api_gateway.expiry import expire_overdue
 from api_gateway.ids import is_session_id, is_turn_id, new_session_id, new_turn_id
 from api_gateway.state import GatewayState
 from shared.broker import send_step
@@ -31,7 +32,7 @@ __all__ = ["router"]
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/turns", tags=["turns"])
+router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
 WaitSeconds = Annotated[float | None, Query(ge=0, le=60, description="Long-poll up to this many seconds.")]
 _IN_FLIGHT = (TurnStatus.QUEUED.value, TurnStatus.RUNNING.value)
@@ -43,7 +44,7 @@ async def create_turn(body: TurnRequest, caller: Caller, gateway: Gateway, wait:
     _check_client_tools(gateway, body)
     row = await run_in_threadpool(_record_turn, gateway, body, caller.org_id, caller.user_id)
     if wait:
-        row = await _wait_for(gateway, row.turn_id, caller.org_id, wait)
+        row = await wait_for(gateway, row.turn_id, caller.org_id, wait)
         return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
     handle = TurnHandle(turn_id=row.turn_id, session_id=row.session_id, status=TurnStatus(row.status))
     return JSONResponse(handle.model_dump(mode="json"), status_code=202)
@@ -52,9 +53,13 @@ async def create_turn(body: TurnRequest, caller: Caller, gateway: Gateway, wait:
 @router.get("/{turn_id}", response_model=Turn)
 async def get_turn(turn_id: str, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
     """The turn's state and result; ``?wait=S`` long-polls until it leaves queued/running."""
-    row = await run_in_threadpool(_require_turn, gateway, turn_id, caller.org_id)
+    row = await run_in_threadpool(require_turn, gateway, turn_id, caller.org_id)
+    if row.status == TurnStatus.REQUIRES_CLIENT_TOOLS.value and await run_in_threadpool(
+        expire_overdue, gateway, turn_id=turn_id
+    ):
+        row = await run_in_threadpool(require_turn, gateway, turn_id, caller.org_id)
     if wait and row.status in _IN_FLIGHT:
-        row = await _wait_for(gateway, turn_id, caller.org_id, wait)
+        row = await wait_for(gateway, turn_id, caller.org_id, wait)
     return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
 
 
@@ -85,6 +90,7 @@ def _record_turn(gateway: GatewayState, body: TurnRequest, org_id: str, user_id:
         session_id = body.session_id
         if not is_session_id(session_id) or gateway.sessions.get(session_id, org_id=org_id) is None:
             raise ApiError(404, "session_not_found", f"session {session_id!r} does not exist")
+        expire_overdue(gateway, session_id=session_id)
     request = body.model_dump(mode="json", exclude={"idempotency_key"})
     turn = NewTurn(
         turn_id=new_turn_id(),
@@ -119,18 +125,18 @@ def _enqueue(gateway: GatewayState, row: TurnRow) -> None:
         raise ApiError(503, "unavailable", "the task broker is unavailable; the turn was not accepted") from exc
 
 
-def _require_turn(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
+def require_turn(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
     row = gateway.turns.get(turn_id, org_id=org_id) if is_turn_id(turn_id) else None
     if row is None:
         raise ApiError(404, "not_found", f"turn {turn_id!r} does not exist")
     return row
 
 
-async def _wait_for(gateway: GatewayState, turn_id: str, org_id: str, seconds: float) -> TurnRow:
+async def wait_for(gateway: GatewayState, turn_id: str, org_id: str, seconds: float) -> TurnRow:
     deadline = time.monotonic() + seconds
     delay = 0.02
     while True:
-        row = await run_in_threadpool(_require_turn, gateway, turn_id, org_id)
+        row = await run_in_threadpool(require_turn, gateway, turn_id, org_id)
         if row.status not in _IN_FLIGHT or time.monotonic() >= deadline:
             return row
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))

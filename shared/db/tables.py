@@ -91,6 +91,10 @@ class TurnRow(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     usage: Mapped[dict[str, Any]] = mapped_column(default=dict)
     trace: Mapped[list[Any]] = mapped_column(default=list)
+    round: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times the turn was entered; bumped by each accepted tool-results post."""
+    client_tool_results: Mapped[list[Any] | None] = mapped_column(JSON)
+    """The client tool outputs of the latest re-entry, as posted."""
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     completed_at: Mapped[datetime | None]

@@ -198,6 +198,71 @@ class TurnRepository:
             self._snapshot(db, turn_id, snapshot, now=now)
         return True
 
+    def accept_tool_results(self, turn_id: str, *, results: list[dict[str, str]], now: datetime) -> int | None:
+        """Move a turn waiting for client tools back to running with the posted results.
+
+        Returns:
+            The new round number, or None when the turn was not waiting (a concurrent post won).
+        """
+        with self._sessions.begin() as db:
+            row = db.get(TurnRow, turn_id, with_for_update=True)
+            if row is None or row.status != TurnStatus.REQUIRES_CLIENT_TOOLS.value:
+                return None
+            row.round += 1
+            row.status = TurnStatus.RUNNING.value
+            row.client_tool_results = results
+            row.pending_tool_calls = []
+            row.updated_at = now
+            return row.round
+
+    def reopen_for_tool_results(self, turn_id: str, *, round_: int, pending: list[Any], now: datetime) -> None:
+        """Undo :meth:`accept_tool_results` when the re-entry could not be enqueued."""
+        with self._sessions.begin() as db:
+            row = db.get(TurnRow, turn_id, with_for_update=True)
+            if row is not None and row.round == round_ and row.status == TurnStatus.RUNNING.value:
+                row.round -= 1
+                row.status = TurnStatus.REQUIRES_CLIENT_TOOLS.value
+                row.pending_tool_calls = pending
+                row.client_tool_results = None
+                row.updated_at = now
+
+    def finish_early(
+        self, turn_id: str, *, status: TurnStatus, error: ErrorInfo, now: datetime, only_if: tuple[str, ...]
+    ) -> TurnRow | None:
+        """End a turn from outside the pipeline (cancel, client-tool timeout) if its status is in ``only_if``.
+
+        Returns:
+            The updated row, or None when the turn was not in one of those statuses.
+        """
+        with self._sessions.begin() as db:
+            row = db.get(TurnRow, turn_id, with_for_update=True)
+            if row is None or row.status not in only_if:
+                return None
+            row.status = status.value
+            row.error = error.model_dump(mode="json")
+            row.pending_tool_calls = []
+            row.updated_at = now
+            row.completed_at = now
+            row.trace = [
+                *row.trace,
+                {"seq": len(row.trace) + 1, "kind": "turn_" + status.value, "at": now.isoformat(), "step": "gateway",
+                 "worker": "gateway", "duration_ms": None, "data": {"code": error.code.value, "message": error.message}},
+            ]  # fmt: skip
+            return row
+
+    def overdue_waiting(self, *, older_than: datetime, session_id: str | None = None, limit: int = 500) -> list[str]:
+        """Ids of turns waiting for client tools since before ``older_than``."""
+        query = (
+            select(TurnRow.turn_id)
+            .where(TurnRow.status == TurnStatus.REQUIRES_CLIENT_TOOLS.value)
+            .where(TurnRow.updated_at < older_than)
+            .limit(limit)
+        )
+        if session_id is not None:
+            query = query.where(TurnRow.session_id == session_id)
+        with self._sessions() as db:
+            return list(db.scalars(query))
+
     def load_snapshot(self, turn_id: str) -> dict[str, Any] | None:
         """The state snapshot of the turn's last commit point."""
         with self._sessions() as db:

@@ -18,6 +18,8 @@ class TurnEnvelope(BaseModel):
     step: StepName
     round: int = Field(default=0, ge=0)
     """How many times the turn has been entered: 0 for the first run, +1 per tool-results re-entry."""
+    hop: int = Field(default=0, ge=0)
+    """The message's position in this round's chain; a redelivered message repeats it."""
     iteration: int = Field(default=0, ge=0)
     """The LLM call this step belongs to (0 before the first call)."""
     attempt: int = Field(default=0, ge=0)
@@ -26,7 +28,7 @@ class TurnEnvelope(BaseModel):
     @property
     def step_key(self) -> str:
         """The identity of this step within its turn, for idempotency."""
-        return f"{self.round}:{self.step.value}:{self.iteration}"
+        return f"{self.round}:{self.hop}:{self.step.value}:{self.iteration}"
 
     def to(self, step: StepName, *, iteration: int | None = None) -> TurnEnvelope:
         """The envelope of the next step of the same turn."""
@@ -34,5 +36,6 @@ class TurnEnvelope(BaseModel):
             turn_id=self.turn_id,
             step=step,
             round=self.round,
+            hop=self.hop + 1,
             iteration=self.iteration if iteration is None else iteration,
         )

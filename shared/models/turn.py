@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -28,6 +27,7 @@ __all__ = [
 ]
 
 JsonObject = dict[str, Any]
+_MAX_JSON_DEPTH = 64
 ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
@@ -35,6 +35,36 @@ def _no_nul(value: str) -> str:
     # PostgreSQL text and JSON cannot hold NUL; refuse it at the edge instead of failing later.
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
+    return value
+
+
+def _check_json_strings(value: Any) -> None:
+    """Refuse NUL, lone surrogates and nesting deeper than ``_MAX_JSON_DEPTH`` anywhere in ``value``.
+
+    Iterative, so a hostile nesting depth is a validation error, never a RecursionError.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _valid_text(item)
+        elif isinstance(item, dict | list):
+            if depth > _MAX_JSON_DEPTH:
+                raise ValueError(f"must not be nested deeper than {_MAX_JSON_DEPTH} levels")
+            if isinstance(item, dict):
+                stack.extend((key, depth) for key in item)
+                stack.extend((child, depth + 1) for child in item.values())
+            else:
+                stack.extend((child, depth + 1) for child in item)
+
+
+def _valid_text(value: str) -> str:
+    # Free-form JSON (tool parameters) is not checked by pydantic's str validation: do it here.
+    _no_nul(value)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
     return value
 
 
@@ -71,7 +101,7 @@ class ClientTool(BaseModel):
     def _schema_is_object(cls, value: JsonObject) -> JsonObject:
         if value.get("type", "object") != "object":
             raise ValueError("parameters must be a JSON Schema of type object")
-        _no_nul(json.dumps(value))
+        _check_json_strings(value)
         return value
 
     @field_validator("description")

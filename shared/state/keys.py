@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["claim_key", "state_key"]
+__all__ = ["cancel_key", "claim_key", "state_key"]
 
 PREFIX = "aptix"
 
@@ -15,3 +15,8 @@ def state_key(turn_id: str) -> str:
 def claim_key(turn_id: str, step_key: str) -> str:
     """The lease a worker holds while it runs one step of a turn."""
     return f"{PREFIX}:turn:{turn_id}:claim:{step_key}"
+
+
+def cancel_key(turn_id: str) -> str:
+    """Set when a client cancelled the turn; every step checks it before it runs."""
+    return f"{PREFIX}:turn:{turn_id}:cancelled"

@@ -18,6 +18,7 @@ class MemoryStateStore:
         self._lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
+        self._cancelled: set[str] = set()
 
     def load(self, turn_id: str) -> TurnState | None:
         with self._lock:
@@ -55,11 +56,20 @@ class MemoryStateStore:
             if held is not None and held[0] == owner:
                 del self._claims[(turn_id, step_key)]
 
+    def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
+        with self._lock:
+            self._cancelled.add(turn_id)
+
+    def is_cancelled(self, turn_id: str) -> bool:
+        with self._lock:
+            return turn_id in self._cancelled
+
     def flush(self) -> None:
         """Forget everything, as a Redis restart without persistence would."""
         with self._lock:
             self._states.clear()
             self._claims.clear()
+            self._cancelled.clear()
 
     def ping(self) -> bool:
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from shared.errors import StateConflict
-from shared.state.keys import claim_key, state_key
+from shared.state.keys import cancel_key, claim_key, state_key
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore"]
@@ -76,6 +76,12 @@ class RedisStateStore:
                     pipe.execute()
             except redis.WatchError:
                 pass  # someone else took the lease after ours expired; theirs stays
+
+    def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
+        self._redis.set(cancel_key(turn_id), b"1", ex=ttl_seconds)
+
+    def is_cancelled(self, turn_id: str) -> bool:
+        return bool(self._redis.exists(cancel_key(turn_id)))
 
     def ping(self) -> bool:
         try:

@@ -31,5 +31,11 @@ class StateStore(Protocol):
     def release(self, turn_id: str, step_key: str, *, owner: str) -> None:
         """Give a lease back."""
 
+    def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
+        """Record that the turn was cancelled."""
+
+    def is_cancelled(self, turn_id: str) -> bool:
+        """Whether the turn was cancelled."""
+
     def ping(self) -> bool:
         """Whether the store answers."""

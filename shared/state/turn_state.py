@@ -28,6 +28,8 @@ class Providers(BaseModel):
     """Emitted once (welcome/bootstrap), then cleared by the reasoner."""
     turn_context_emitted: bool = False
     """Set by compose when the turn context went into a request; the reasoner clears it after the call."""
+    client_results: list[dict[str, str]] = Field(default_factory=list)
+    """ToolResults provider: client tool outputs written by the re-entry path, verified by the reasoner."""
 
 
 class LedgerEntry(BaseModel):
@@ -73,6 +75,8 @@ class TurnState(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     error: ErrorInfo | None = None
     exit_mode: int | None = None
+    continuation: bool = False
+    """Set on re-entry once client results are in the ToolResults provider; the reasoner verifies them."""
     steps_done: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     """step key -> the next envelope it sent (None at the end of the chain)."""
     trace: list[TraceStep] = Field(default_factory=list)

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
+import yaml
 
 from aptix_cli.stack import LocalStack
 from scripted_llm import ScriptedServer
-from tests.conftest import API_KEYS, KEY_A
+from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
 from tests.integration.events import TaskEventRecorder
+from tests.responses_fixtures import validate_request_bodies
+
+TEST_TOOLS = [
+    {"name": "record_call", "description": "Count a call.", "handler": "tests.support.tools:record_call",
+     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}},
+    {"name": "explode", "description": "Always fails.", "handler": "tests.support.tools:explode",
+     "parameters": {"type": "object", "properties": {"reason": {"type": "string"}}}},
+    {"name": "sleepy", "description": "Too slow.", "handler": "tests.support.tools:sleepy", "timeout_seconds": 0.5,
+     "parameters": {"type": "object", "properties": {"seconds": {"type": "number"}}}},
+    {"name": "whoami", "description": "The tool context.", "handler": "tests.support.tools:whoami",
+     "parameters": {"type": "object", "properties": {}}},
+]  # fmt: skip
 
 
 class System:
@@ -24,6 +39,7 @@ class System:
         self.llm = llm
         self.env = env
         self.http = httpx.Client(base_url=gateway_url, timeout=90.0)
+        self.redis = redis.Redis.from_url(env["APTIX_REDIS_URL"])
 
     def headers(self, key: str = KEY_A) -> dict[str, str]:
         """Authorization for ``key``."""
@@ -41,6 +57,18 @@ class System:
         turn: dict[str, Any] = response.json()
         return self.wait_turn(turn["turn_id"], key=key) if turn["status"] in ("queued", "running") else turn
 
+    def post_results(self, turn_id: str, results: list[dict[str, str]], *, key: str = KEY_A) -> httpx.Response:
+        """POST /v1/turns/{id}/tool-results."""
+        return self.http.post(
+            f"/v1/turns/{turn_id}/tool-results", json={"tool_results": results}, headers=self.headers(key)
+        )
+
+    def resume(self, turn_id: str, results: list[dict[str, str]]) -> dict[str, Any]:
+        """Post client tool results and wait for the turn to leave running."""
+        response = self.post_results(turn_id, results)
+        assert response.status_code == 202, response.text
+        return self.wait_turn(turn_id)
+
     def wait_turn(self, turn_id: str, *, key: str = KEY_A, seconds: float = 60) -> dict[str, Any]:
         """GET the turn, long-polling until it is no longer queued/running."""
         deadline = time.monotonic() + seconds
@@ -51,34 +79,121 @@ class System:
             if turn["status"] not in ("queued", "running") or time.monotonic() > deadline:
                 return turn
 
+    def trace(self, turn_id: str) -> list[dict[str, Any]]:
+        """The turn's trace steps."""
+        response = self.http.get(f"/v1/turns/{turn_id}/trace", headers=self.headers())
+        assert response.status_code == 200, response.text
+        steps: list[dict[str, Any]] = response.json()["steps"]
+        return steps
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        """GET /v1/sessions/{id}."""
+        response = self.http.get(f"/v1/sessions/{session_id}", headers=self.headers())
+        assert response.status_code == 200, response.text
+        session: dict[str, Any] = response.json()
+        return session
+
     def llm_requests(self, contains: str) -> list[dict[str, Any]]:
         """The request bodies the scripted model received that contain ``contains``."""
         return [entry["body"] for entry in self.llm.requests(contains)]
 
+    def tool_calls(self, key: str) -> int:
+        """How often ``record_call`` ran for ``key``."""
+        return int(self.redis.get(f"aptix:test:calls:{key}") or 0)
+
 
 @pytest.fixture(scope="session")
-def system(database_url: str, redis_urls: tuple[str, str]) -> Iterator[System]:
-    """Scripted model + one worker process (threads pool) + the gateway process."""
+def modes_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packaged catalog plus the test operator tools, offered in mode general."""
+    from importlib import resources
+
+    catalog = yaml.safe_load(resources.files("shared.modes").joinpath("default_catalog.yaml").read_text())
+    catalog["tools"] = TEST_TOOLS
+    for mode in catalog["modes"]:
+        if mode["name"] == "general":
+            mode["tools"] = [*mode["tools"], *(tool["name"] for tool in TEST_TOOLS)]
+    path = tmp_path_factory.mktemp("catalog") / "modes.yaml"
+    path.write_text(yaml.safe_dump(catalog))
+    return path
+
+
+@pytest.fixture(scope="session")
+def scripted_llm() -> Iterator[ScriptedServer]:
+    """The scripted model; at the end, every request it received must pass validate.py."""
+    with ScriptedServer(journal_size=100_000) as llm:
+        yield llm
+        bodies = [entry["body"] for entry in llm.requests()]
+        if bodies:
+            validate_request_bodies(bodies)
+
+
+def start_system(
+    *, database_url: str, redis_urls: tuple[str, str], llm: ScriptedServer, modes_file: Path, workers: list[str]
+) -> tuple[LocalStack, System]:
+    """Start worker processes and a gateway process on the given services."""
     state_url, broker_url = redis_urls
-    with ScriptedServer() as llm:
-        env = {
-            "APTIX_DATABASE_URL": database_url,
-            "APTIX_REDIS_URL": state_url,
-            "APTIX_BROKER_URL": broker_url,
-            "APTIX_LLM_BASE_URL": llm.base_url,
-            "APTIX_LLM_API_KEY": "test-llm-key",
-            "APTIX_LLM_MODEL": "scripted-model",
-            "APTIX_API_KEYS": API_KEYS,
-            "APTIX_MAX_BODY_BYTES": "65536",
-            "APTIX_LLM_LOCAL_ONLY": "1",
-        }
-        stack = LocalStack(env)
-        try:
-            stack.start_worker("w1")
-            _, url = stack.start_gateway()
-            yield System(stack=stack, gateway_url=url, llm=llm, env=env)
-        finally:
-            stack.stop_all()
+    env = {
+        "APTIX_DATABASE_URL": database_url,
+        "APTIX_REDIS_URL": state_url,
+        "APTIX_BROKER_URL": broker_url,
+        "APTIX_LLM_BASE_URL": llm.base_url,
+        "APTIX_LLM_API_KEY": "test-llm-key",
+        "APTIX_LLM_MODEL": "scripted-model",
+        "APTIX_API_KEYS": API_KEYS,
+        "APTIX_MAX_BODY_BYTES": "65536",
+        "APTIX_LLM_LOCAL_ONLY": "1",
+        "APTIX_MODES_FILE": str(modes_file),
+        "APTIX_STEP_LEASE_SECONDS": "5",
+    }
+    stack = LocalStack(env)
+    try:
+        for name in workers:
+            stack.start_worker(name)
+        _, url = stack.start_gateway()
+    except BaseException:
+        stack.stop_all()
+        raise
+    return stack, System(stack=stack, gateway_url=url, llm=llm, env=env)
+
+
+@pytest.fixture(scope="session")
+def system(
+    database_url: str, redis_urls: tuple[str, str], scripted_llm: ScriptedServer, modes_file: Path
+) -> Iterator[System]:
+    """Scripted model + one worker process (threads pool) + the gateway process."""
+    stack, running = start_system(
+        database_url=database_url, redis_urls=redis_urls, llm=scripted_llm, modes_file=modes_file, workers=["w1"]
+    )
+    try:
+        yield running
+    finally:
+        stack.stop_all()
+
+
+@pytest.fixture(scope="module")
+def two_worker_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
+    """A separate broker and state store served by two worker processes (for kill and flush tests)."""
+    import uuid
+
+    base = redis_urls_base()
+    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
+    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
+    stack, running = start_system(
+        database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file, workers=["wa", "wb"]
+    )
+    try:
+        yield running
+    finally:
+        stack.stop_all()
+        for url in urls:
+            redis.Redis.from_url(url).flushdb()
+
+
+def redis_urls_base() -> str:
+    """The test Redis server's URL without a database."""
+    from tests.services_check import redis_url
+
+    return redis_url().rstrip("/")
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ def test_new_turn_completes_with_the_scripted_answer_when_posted(system: System)
     again = system.http.get(f"/v1/turns/{turn['turn_id']}", headers=system.headers()).json()
     assert again == turn
     session = system.http.get(f"/v1/sessions/{turn['session_id']}", headers=system.headers())
-    assert session.status_code == 200
+    assert session.status_code == 200, session.text
     assert session.json()["mode"] == "general"
     assert [t["turn_id"] for t in session.json()["turns"]] == [turn["turn_id"]]
 
@@ -51,7 +51,9 @@ def test_first_call_carries_mode_prompt_layer_and_welcome_when_session_is_new(sy
     assert "general" in request["instructions"]
     texts = [item["content"] for item in request["input"] if item.get("role") == "developer"]
     assert texts and texts[0].startswith("Welcome to Aptix")
-    assert {tool["name"] for tool in request["tools"]} == {"get_current_time", "agent_change_mode"}
+    assert [tool["name"] for tool in request["tools"]] == [
+        "get_current_time", "record_call", "explode", "sleepy", "whoami", "agent_change_mode"
+    ]
     assert request["store"] is False
     validate_request_bodies([request])
 
@@ -136,9 +138,10 @@ def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
         (StepName.REASONER, 1),
         (StepName.PERSIST, 1),
     ]
-    for step, iteration in steps:
-        send_step(producer, TurnEnvelope(turn_id=turn["turn_id"], step=step, iteration=iteration))
-        send_step(producer, TurnEnvelope(turn_id=turn["turn_id"], step=step, iteration=iteration))
+    for hop, (step, iteration) in enumerate(steps):
+        envelope = TurnEnvelope(turn_id=turn["turn_id"], step=step, hop=hop, iteration=iteration)
+        send_step(producer, envelope)
+        send_step(producer, envelope)
     _wait_for_tasks(task_events, turn["turn_id"], at_least=9 + 2 * len(steps))
     # Then there is still one LLM call, and the rows and the turn are unchanged
     assert len(system.llm_requests(marker)) == 1

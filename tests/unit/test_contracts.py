@@ -91,8 +91,10 @@ def test_every_step_task_is_routed_to_its_queue() -> None:
 
 def test_envelope_step_key_separates_rounds_steps_and_iterations() -> None:
     env = TurnEnvelope(turn_id="t", step=StepName.REASONER, iteration=2)
-    assert env.step_key == "0:reasoner:2"
-    assert env.to(StepName.COMPOSE, iteration=3).step_key == "0:compose:3"
+    assert env.step_key == "0:0:reasoner:2"
+    assert env.to(StepName.COMPOSE, iteration=3).step_key == "0:1:compose:3"
+    retried = env.model_copy(update={"attempt": 1})
+    assert retried.step_key == env.step_key
     with pytest.raises(ValidationError):
         TurnEnvelope.model_validate({"turn_id": "t", "step": "reasoner", "pickle": "x"})
 
@@ -103,3 +105,11 @@ def test_turn_request_normalises_empty_session_and_refuses_blank_input() -> None
         TurnRequest(input="   ")
     with pytest.raises(ValidationError):
         TurnRequest(input="a\x00b")
+
+
+def test_each_queue_has_its_own_exchange_and_routing_key() -> None:
+    from shared.broker import create_producer
+
+    app = create_producer(Settings())
+    bindings = {(q.exchange.name, q.routing_key) for q in app.amqp.queues.values()}
+    assert bindings == {(queue.value, queue.value) for queue in Queue}

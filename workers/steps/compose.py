@@ -20,6 +20,7 @@ from shared.state import TurnState
 from shared.task_names import StepName
 from workers.context import StepContext
 from workers.next_step import Continue, Next
+from workers.trace import trace
 
 __all__ = ["compose_request", "run"]
 
@@ -28,6 +29,8 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     """Compose the request of LLM call ``env.iteration``."""
     state.pending_request = compose_request(ctx, state)
     state.providers.turn_context_emitted = bool(state.providers.turn_context)
+    if state.providers.turn_context_emitted:
+        trace(ctx, state, env, "welcome_emitted", mode=state.mode, items=len(state.providers.turn_context))
     return success(Continue(StepName.LLM_CALL, env.iteration))
 
 

@@ -1,0 +1,113 @@
+"""Actions on an existing turn: post client tool results, cancel, read the CompositionTrace."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerError
+from redis import RedisError
+from starlette.concurrency import run_in_threadpool
+
+from api_gateway.deps import Caller, Gateway
+from api_gateway.errors import ApiError
+from api_gateway.expiry import expire_overdue
+from api_gateway.routes.turns import WaitSeconds, require_turn, wait_for
+from api_gateway.state import GatewayState
+from shared.broker import send_step
+from shared.db.tables import TurnRow
+from shared.db.turns import to_turn
+from shared.models.envelope import TurnEnvelope
+from shared.models.trace import TraceStep, TurnTrace
+from shared.models.turn import UNFINISHED_STATUSES, Turn, TurnHandle, ToolResultsRequest, TurnStatus
+from shared.result import ErrorCode, ErrorInfo
+from shared.state import RedisStateStore
+from shared.task_names import StepName
+
+__all__ = ["router"]
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/turns", tags=["turns"])
+
+
+@router.post("/{turn_id}/tool-results", status_code=202, response_model=TurnHandle, responses={200: {"model": Turn}})
+async def post_tool_results(
+    turn_id: str, body: ToolResultsRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None
+) -> JSONResponse:
+    """Client tool outputs: the same turn resumes on any worker."""
+    row = await run_in_threadpool(_resume, gateway, turn_id, caller.org_id, body)
+    if wait:
+        row = await wait_for(gateway, turn_id, caller.org_id, wait)
+        return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
+    handle = TurnHandle(turn_id=row.turn_id, session_id=row.session_id, status=TurnStatus(row.status))
+    return JSONResponse(handle.model_dump(mode="json"), status_code=202)
+
+
+@router.post("/{turn_id}/cancel", response_model=Turn)
+async def cancel_turn(turn_id: str, caller: Caller, gateway: Gateway) -> JSONResponse:
+    """Cancel a turn that has not finished; its session is free at once."""
+    row = await run_in_threadpool(_cancel, gateway, turn_id, caller.org_id)
+    return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
+
+
+@router.get("/{turn_id}/trace", response_model=TurnTrace)
+async def get_trace(turn_id: str, caller: Caller, gateway: Gateway) -> TurnTrace:
+    """The turn's CompositionTrace: the live one while it runs, else the committed one."""
+    row = await run_in_threadpool(require_turn, gateway, turn_id, caller.org_id)
+    live = await run_in_threadpool(_live_state_trace, gateway, turn_id)
+    steps = live if live is not None and len(live) >= len(row.trace) else [TraceStep.model_validate(s) for s in row.trace]
+    return TurnTrace(turn_id=turn_id, steps=steps)
+
+
+def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsRequest) -> TurnRow:
+    row = require_turn(gateway, turn_id, org_id)
+    expire_overdue(gateway, turn_id=turn_id)
+    results = [result.model_dump() for result in body.tool_results]
+    round_ = gateway.turns.accept_tool_results(turn_id, results=results, now=datetime.now(UTC))
+    if round_ is None:
+        current = require_turn(gateway, turn_id, org_id)
+        raise ApiError(
+            409,
+            "turn_not_awaiting_tool_results",
+            f"turn {turn_id!r} is {current.status}, not requires_client_tools",
+        )
+    try:
+        send_step(gateway.producer, TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_))
+    except (BrokerError, RedisError, OSError) as exc:
+        logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
+        gateway.turns.reopen_for_tool_results(turn_id, round_=round_, pending=row.pending_tool_calls, now=datetime.now(UTC))
+        raise ApiError(503, "unavailable", "the task broker is unavailable; the results were not accepted") from exc
+    return require_turn(gateway, turn_id, org_id)
+
+
+def _cancel(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
+    row = require_turn(gateway, turn_id, org_id)
+    expire_overdue(gateway, turn_id=turn_id)
+    cancelled = gateway.turns.finish_early(
+        turn_id,
+        status=TurnStatus.CANCELLED,
+        error=ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client"),
+        now=datetime.now(UTC),
+        only_if=tuple(status.value for status in UNFINISHED_STATUSES),
+    )
+    if cancelled is None:
+        current = require_turn(gateway, turn_id, org_id)
+        raise ApiError(409, "turn_finished", f"turn {turn_id!r} already finished ({current.status})")
+    try:
+        RedisStateStore(gateway.redis).mark_cancelled(turn_id, ttl_seconds=7 * 86400)
+    except RedisError:
+        # The database already says cancelled and the commit point will not overwrite it; the
+        # flag only stops the remaining steps early.
+        logger.warning("could not flag turn %s as cancelled in Redis", row.turn_id)
+    return cancelled
+
+
+def _live_state_trace(gateway: GatewayState, turn_id: str) -> list[TraceStep] | None:
+    try:
+        state = RedisStateStore(gateway.redis).load(turn_id)
+    except RedisError:
+        return None
+    return None if state is None else state.trace

@@ -1,0 +1,310 @@
+"""The reasoner contract (AGN-031 §11, AGN-011 §4-5, TUL-007) over HTTP, with real workers.
+
+Server tools, mid-turn mode changes, the client-tool pause and re-entry, ledger verification,
+turn-context clearing, failures, busy sessions, cancel and the client-tool timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import System
+from tests.responses_fixtures import validate_request_bodies
+
+pytestmark = pytest.mark.integration
+
+OPEN_FILE = {
+    "type": "function",
+    "name": "open_file",
+    "description": "Open a file on the client.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
+
+
+def _marker() -> str:
+    return f"m{uuid.uuid4().hex[:10]}"
+
+
+def _call(name: str, arguments: dict[str, Any] | None = None) -> str:
+    return f"[[call:{name} {json.dumps(arguments or {})}]]"
+
+
+def _kinds(trace: list[dict[str, Any]]) -> list[str]:
+    return [step["kind"] for step in trace]
+
+
+def test_server_tool_result_goes_back_to_the_model_when_the_model_calls_one(system: System) -> None:
+    marker = _marker()
+    turn = system.run_turn({"input": f"{_call('get_current_time')} what time is it {marker}"})
+    assert turn["status"] == "completed", turn
+    assert turn["output_text"].startswith("Tool results: get_current_time=20")
+    assert turn["usage"]["llm_calls"] == 2
+    first, second = system.llm_requests(marker)
+    call, output = second["input"][-2:]
+    assert call["type"] == "function_call" and call["name"] == "get_current_time"
+    assert output == {"type": "function_call_output", "call_id": call["call_id"], "output": output["output"]}
+    trace = system.trace(turn["turn_id"])
+    assert [s["data"]["tool"] for s in trace if s["kind"] == "tool_execution"] == ["get_current_time"]
+    validate_request_bodies([first, second])
+
+
+def test_operator_tool_gets_validated_arguments_and_the_tool_context(system: System) -> None:
+    turn = system.run_turn({"input": f"{_call('whoami')} {_marker()}"})
+    assert turn["status"] == "completed"
+    context = json.loads(turn["output_text"].removeprefix("Tool results: whoami="))
+    assert context == {
+        "session_id": turn["session_id"], "turn_id": turn["turn_id"], "org_id": "org-a", "user_id": "user-a",
+        "mode": "general",
+    }  # fmt: skip
+
+
+def test_invalid_tool_arguments_are_refused_without_running_the_tool(system: System) -> None:
+    key = _marker()
+    turn = system.run_turn({"input": f"{_call('record_call', {'key': 5})} {key}"})
+    assert turn["status"] == "completed"
+    assert "invalid arguments for record_call" in turn["output_text"]
+    assert system.tool_calls("5") == 0
+
+
+def test_mode_change_applies_to_the_next_call_of_the_same_turn(system: System) -> None:
+    # Given a turn whose model asks to switch to ddr-authoring
+    marker = _marker()
+    change = _call("agent_change_mode", {"targetMode": "ddr-authoring", "reason": "the user wants a DDR"})
+    # When it runs
+    turn = system.run_turn({"input": f"{change} write a DDR {marker}"})
+    # Then the turn ends in the new mode, and the second call used its prompt layer, tools and welcome
+    assert turn["status"] == "completed", turn
+    assert turn["mode"] == "ddr-authoring"
+    assert turn["mode_changes"] == [
+        {"from": "general", "to": "ddr-authoring", "reason": "the user wants a DDR", "branch": False}
+    ]
+    first, second = system.llm_requests(marker)
+    assert "general" in first["instructions"] and "ddr-authoring" in second["instructions"]
+    assert [t["name"] for t in second["tools"]] == ["get_current_time", "agent_change_mode"]
+    developer = [item["content"] for item in second["input"] if item.get("role") == "developer"]
+    assert developer == ["DDR authoring mode is on. Ask for the record's id and title if the user has not given them."]
+    result = json.loads(second["input"][-1]["output"])
+    assert result["success"] is True and result["mode"] == "ddr-authoring" and result["branch"] is False
+    session = system.session(turn["session_id"])
+    assert session["mode"] == "ddr-authoring"
+    assert [(h["from"], h["to"], h["reason"]) for h in session["mode_history"]] == [
+        ("general", "ddr-authoring", "the user wants a DDR")
+    ]
+    kinds = _kinds(system.trace(turn["turn_id"]))
+    assert kinds.count("welcome_emitted") == 2 and "mode_change" in kinds
+
+
+def test_branch_flag_is_surfaced_when_the_model_sets_it(system: System) -> None:
+    change = _call("agent_change_mode", {"targetMode": "rag-indexing", "branch": True})
+    turn = system.run_turn({"input": f"{change} {_marker()}"})
+    assert turn["mode_changes"][0]["branch"] is True
+    assert turn["mode"] == "rag-indexing"
+
+
+def test_rejected_mode_change_is_a_normal_result_and_the_mode_stays(system: System) -> None:
+    marker = _marker()
+    turn = system.run_turn({"input": f"{_call('agent_change_mode', {'targetMode': 'astrology'})} {marker}"})
+    assert turn["status"] == "completed"
+    assert turn["mode"] == "general" and turn["mode_changes"] == []
+    result = json.loads(system.llm_requests(marker)[1]["input"][-1]["output"])
+    assert result["success"] is False and result["mode"] == "general"
+    assert "astrology" in result["message"] and "rag-indexing" in result["valid_modes"]
+    assert system.session(turn["session_id"])["mode_history"] == []
+    assert "mode_change_rejected" in _kinds(system.trace(turn["turn_id"]))
+
+
+def test_two_mode_changes_in_one_response_keep_the_last_and_record_both(system: System) -> None:
+    first = _call("agent_change_mode", {"targetMode": "ddr-authoring"})
+    second = _call("agent_change_mode", {"targetMode": "rag-indexing"})
+    turn = system.run_turn({"input": f"{first} {second} {_marker()}"})
+    assert turn["status"] == "completed"
+    assert turn["mode"] == "rag-indexing"
+    assert [(c["from"], c["to"]) for c in turn["mode_changes"]] == [
+        ("general", "ddr-authoring"), ("ddr-authoring", "rag-indexing")
+    ]  # fmt: skip
+    history = system.session(turn["session_id"])["mode_history"]
+    assert [(h["from"], h["to"]) for h in history] == [("general", "ddr-authoring"), ("ddr-authoring", "rag-indexing")]
+
+
+def test_client_tool_call_pauses_the_turn_and_results_resume_it(system: System) -> None:
+    # Given a turn whose model calls a client tool
+    marker = _marker()
+    paused = system.run_turn({"input": f"{_call('open_file', {'path': 'a.txt'})} {marker}", "tools": [OPEN_FILE]})
+    # Then it pauses with the pending call (exit mode 2)
+    assert paused["status"] == "requires_client_tools", paused
+    (pending,) = paused["pending_tool_calls"]
+    assert pending["name"] == "open_file" and json.loads(pending["arguments"]) == {"path": "a.txt"}
+    # When the client posts the output
+    done = system.resume(paused["turn_id"], [{"call_id": pending["call_id"], "output": "hello from a.txt"}])
+    # Then the same turn completes, and the model saw its call followed by the output
+    assert done["status"] == "completed", done
+    assert done["turn_id"] == paused["turn_id"]
+    assert done["output_text"] == "Tool results: open_file=hello from a.txt"
+    assert done["pending_tool_calls"] == []
+    resumed = system.llm_requests(marker)[-1]
+    assert resumed["input"][-2]["type"] == "function_call" and resumed["input"][-2]["call_id"] == pending["call_id"]
+    assert resumed["input"][-1] == {
+        "type": "function_call_output", "call_id": pending["call_id"], "output": "hello from a.txt"
+    }  # fmt: skip
+    kinds = _kinds(system.trace(done["turn_id"]))
+    assert kinds.index("exit") < kinds.index("reentry_verification")
+    assert [s["data"]["exit_mode"] for s in system.trace(done["turn_id"]) if s["kind"] == "exit"] == [2, 1]
+
+
+def _pause(system: System, calls: int = 1) -> dict[str, Any]:
+    directives = " ".join(_call("open_file", {"path": f"{i}.txt"}) for i in range(calls))
+    turn = system.run_turn({"input": f"{directives} {_marker()}", "tools": [OPEN_FILE]})
+    assert turn["status"] == "requires_client_tools", turn
+    assert len(turn["pending_tool_calls"]) == calls
+    return turn
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing", "missing results"),
+        ("extra", "not expected"),
+        ("unknown", "unknown call ids"),
+    ],
+)
+def test_reentry_with_mismatched_results_fails_continuation_mismatch(system: System, case: str, expected: str) -> None:
+    turn = _pause(system, calls=2)
+    first, second = (call["call_id"] for call in turn["pending_tool_calls"])
+    results = {
+        "missing": [{"call_id": first, "output": "one"}],
+        "extra": [{"call_id": first, "output": "one"}, {"call_id": second, "output": "2"}, {"call_id": second, "output": "2"}],
+        "unknown": [{"call_id": first, "output": "one"}, {"call_id": second, "output": "2"}, {"call_id": "call_nope", "output": "x"}],
+    }[case]  # fmt: skip
+    failed = system.resume(turn["turn_id"], results)
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "continuation_mismatch"
+    assert expected in failed["error"]["message"]
+    verification = [s for s in system.trace(turn["turn_id"]) if s["kind"] == "reentry_verification"]
+    assert verification and verification[0]["data"]["ok"] is False
+    # A failed turn never breaks its session
+    follow_up = system.run_turn({"session_id": turn["session_id"], "input": f"still there? {_marker()}"})
+    assert follow_up["status"] == "completed"
+
+
+def test_tool_results_are_409_when_the_turn_is_not_waiting(system: System) -> None:
+    turn = system.run_turn({"input": f"plain {_marker()}"})
+    response = system.post_results(turn["turn_id"], [{"call_id": "call_x", "output": "x"}])
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "turn_not_awaiting_tool_results"
+
+
+def test_turn_context_is_cleared_after_its_one_emission(system: System) -> None:
+    marker = _marker()
+    turn = system.run_turn({"input": f"{_call('get_current_time')} {marker}"})
+    first, second = system.llm_requests(marker)
+    assert any(item.get("role") == "developer" for item in first["input"])
+    assert not any(item.get("role") == "developer" for item in second["input"])
+    kinds = _kinds(system.trace(turn["turn_id"]))
+    assert kinds.index("welcome_emitted") < kinds.index("llm_call") < kinds.index("turn_context_cleared")
+
+
+def test_server_tool_runs_once_across_a_pause_and_resume_when_a_response_mixes_both(system: System) -> None:
+    key = _marker()
+    directives = f"{_call('record_call', {'key': key})} {_call('open_file', {'path': 'b.txt'})}"
+    paused = system.run_turn({"input": f"{directives} {key}", "tools": [OPEN_FILE]})
+    assert paused["status"] == "requires_client_tools"
+    assert [c["name"] for c in paused["pending_tool_calls"]] == ["open_file"]
+    assert system.tool_calls(key) == 1
+    done = system.resume(paused["turn_id"], [{"call_id": paused["pending_tool_calls"][0]["call_id"], "output": "B"}])
+    assert done["status"] == "completed"
+    assert done["output_text"] == f"Tool results: record_call=recorded {key} #1; open_file=B"
+    assert system.tool_calls(key) == 1
+
+
+def test_unknown_tool_fails_the_turn_with_unknown_tool(system: System) -> None:
+    turn = system.run_turn({"input": f"{_call('format_disk')} {_marker()}"})
+    assert turn["status"] == "failed"
+    assert turn["error"]["code"] == "unknown_tool"
+    assert "format_disk" in turn["error"]["message"]
+
+
+def test_failing_tool_fails_the_turn_with_its_message(system: System) -> None:
+    turn = system.run_turn({"input": f"{_call('explode', {'reason': 'disk on fire'})} {_marker()}"})
+    assert turn["status"] == "failed"
+    assert turn["error"]["code"] == "tool_failed"
+    assert "disk on fire" in turn["error"]["message"]
+
+
+def test_tool_that_overruns_its_timeout_fails_the_turn(system: System) -> None:
+    turn = system.run_turn({"input": f"{_call('sleepy', {'seconds': 3})} {_marker()}"})
+    assert turn["status"] == "failed"
+    assert turn["error"]["code"] == "tool_failed"
+    assert "timed out" in turn["error"]["message"]
+
+
+def test_iteration_limit_fails_the_turn_when_the_model_never_stops(system: System) -> None:
+    turn = system.run_turn({"input": f"[[loop]] {_marker()}"})
+    assert turn["status"] == "failed"
+    assert turn["error"]["code"] == "iteration_limit"
+    assert "10" in turn["error"]["message"]
+    assert turn["usage"]["llm_calls"] == 10
+
+
+def test_session_with_a_paused_turn_is_busy(system: System) -> None:
+    turn = _pause(system)
+    response = system.post_turn({"session_id": turn["session_id"], "input": "next"})
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "session_busy"
+
+
+def test_cancel_ends_a_paused_turn_and_frees_its_session(system: System) -> None:
+    turn = _pause(system)
+    response = system.http.post(f"/v1/turns/{turn['turn_id']}/cancel", headers=system.headers())
+    assert response.status_code == 200
+    cancelled = response.json()
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["error"]["code"] == "cancelled"
+    assert system.post_results(turn["turn_id"], [{"call_id": "x", "output": "y"}]).status_code == 409
+    again = system.http.post(f"/v1/turns/{turn['turn_id']}/cancel", headers=system.headers())
+    assert again.status_code == 409 and again.json()["error"]["code"] == "turn_finished"
+    follow_up = system.run_turn({"session_id": turn["session_id"], "input": f"after cancel {_marker()}"})
+    assert follow_up["status"] == "completed"
+
+
+def test_cancel_stops_a_running_turn(system: System) -> None:
+    marker = _marker()
+    started = system.post_turn({"input": f"[[sleep:1500]] {_call('get_current_time')} {marker}"})
+    turn_id = started.json()["turn_id"]
+    time.sleep(0.5)
+    response = system.http.post(f"/v1/turns/{turn_id}/cancel", headers=system.headers())
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    time.sleep(3)
+    final = system.wait_turn(turn_id)
+    assert final["status"] == "cancelled"
+    assert len(system.llm_requests(marker)) == 1, "the turn went on after it was cancelled"
+
+
+def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(system: System) -> None:
+    _, url = system.stack.start_gateway(env={"APTIX_CLIENT_TOOL_TIMEOUT_SECONDS": "1"})
+    turn = _pause(system)
+    time.sleep(1.5)
+    response = system.http.get(f"{url}/v1/turns/{turn['turn_id']}", headers=system.headers())
+    assert response.status_code == 200
+    failed = response.json()
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "client_tool_timeout"
+    assert "1s" in failed["error"]["message"]
+    late = system.http.post(
+        f"{url}/v1/turns/{turn['turn_id']}/tool-results",
+        json={"tool_results": [{"call_id": turn["pending_tool_calls"][0]["call_id"], "output": "late"}]},
+        headers=system.headers(),
+    )
+    assert late.status_code == 409
+
+
+def test_modes_endpoint_lists_the_catalog(system: System) -> None:
+    response = system.http.get("/v1/modes", headers=system.headers())
+    assert response.status_code == 200
+    modes = {mode["name"]: mode for mode in response.json()["modes"]}
+    assert {"general", "ddr-authoring", "workflow-authoring", "rag-indexing"} <= set(modes)
+    assert modes["workflow-authoring"]["tools"] == ["agent_change_mode"]

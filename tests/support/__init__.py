@@ -1,0 +1,1 @@
+"""Operator tools and a mode catalog used by the integration tests."""

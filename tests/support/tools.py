@@ -1,0 +1,31 @@
+"""Operator tools the test catalog registers by import path (as an operator's would be)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+
+def record_call(key: str) -> str:
+    """Count one execution under ``key`` in Redis, so tests can see how often a tool ran."""
+    client = redis.Redis.from_url(os.environ["APTIX_REDIS_URL"])
+    count = client.incr(f"aptix:test:calls:{key}")
+    return f"recorded {key} #{count}"
+
+
+def explode(reason: str = "kaboom") -> str:
+    """Always raise."""
+    raise RuntimeError(reason)
+
+
+def sleepy(seconds: float = 5.0) -> str:
+    """Overrun the tool's timeout."""
+    time.sleep(seconds)
+    return "woke up"
+
+
+def whoami(context: dict[str, str]) -> dict[str, str]:
+    """Return the tool context the worker passed."""
+    return context
