@@ -20,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 from shared.errors import StateConflict
 from shared.logging import log_context
 from shared.models.envelope import TurnEnvelope
-from shared.models.turn import TurnStatus
+from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import TurnState
 from shared.task_names import StepName
@@ -30,7 +30,7 @@ from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
 from workers.steps import request_handler
 from workers.trace import trace
 
-__all__ = ["Dispatch", "StepBusy", "TRANSIENT_ERRORS", "run_step"]
+__all__ = ["Dispatch", "StepBusy", "TRANSIENT_ERRORS", "fail_turn", "run_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,17 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
             return _conclude(ctx, env, state, result)
         finally:
             ctx.store.release(env.turn_id, env.step_key, owner=owner)
+
+
+def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
+    """Commit an unfinished turn as failed (``internal_error``) when the pipeline cannot carry it on."""
+    ctx.turns.finish_early(
+        turn_id,
+        status=TurnStatus.FAILED,
+        error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message),
+        now=ctx.clock(),
+        only_if=tuple(status.value for status in UNFINISHED_STATUSES),
+    )
 
 
 def _load(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:

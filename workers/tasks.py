@@ -19,7 +19,7 @@ from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.task_names import StepName, task_name
 from workers.context import StepContext, build_context
-from workers.driver import TRANSIENT_ERRORS, StepBusy, run_step
+from workers.driver import TRANSIENT_ERRORS, StepBusy, fail_turn, run_step
 
 __all__ = ["register_tasks"]
 
@@ -60,6 +60,12 @@ def _register(app: Celery, step: StepName) -> None:
             dispatch = run_step(ctx, envelope)
         except StepBusy as busy:
             raise self.retry(countdown=busy.retry_in, max_retries=None) from busy
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception:  # outside any step (loading, saving): fail the turn rather than strand it
+            logger.exception("turn %s could not run %s", envelope.turn_id, envelope.step_key)
+            fail_turn(ctx, envelope.turn_id, "the pipeline could not run this turn")
+            return
         if dispatch is not None:
             send_step(self.app, dispatch.envelope, countdown=dispatch.countdown)
 

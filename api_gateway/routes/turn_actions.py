@@ -11,7 +11,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from redis import RedisError
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import Caller, Gateway
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.errors import ApiError
 from api_gateway.expiry import expire_overdue
 from api_gateway.routes.turns import WaitSeconds, require_turn, wait_for
@@ -30,7 +30,7 @@ __all__ = ["router"]
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/turns", tags=["turns"])
+router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
 
 @router.post("/{turn_id}/tool-results", status_code=202, response_model=TurnHandle, responses={200: {"model": Turn}})

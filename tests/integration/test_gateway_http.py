@@ -121,7 +121,9 @@ _INVALID_BODIES_WITHOUT_AUTH: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("request_kwargs", list(_INVALID_BODIES_WITHOUT_AUTH.values()), ids=list(_INVALID_BODIES_WITHOUT_AUTH))
+@pytest.mark.parametrize(
+    "request_kwargs", list(_INVALID_BODIES_WITHOUT_AUTH.values()), ids=list(_INVALID_BODIES_WITHOUT_AUTH)
+)
 def test_post_turn_is_401_not_422_when_an_invalid_body_comes_without_a_key(
     system: System, engine: Engine, request_kwargs: dict[str, Any]
 ) -> None:
@@ -229,7 +231,10 @@ _INVALID_REQUESTS: dict[str, dict[str, Any]] = {
     "tool with an empty name": {"json": {"input": "hi", "tools": [{"type": "function", "name": ""}]}},
     "tool name too long": {"json": {"input": "hi", "tools": [{"type": "function", "name": "t" * 65}]}},
     "duplicate tool names": {
-        "json": {"input": "hi", "tools": [{"type": "function", "name": "open_file"}, {"type": "function", "name": "open_file"}]}
+        "json": {
+            "input": "hi",
+            "tools": [{"type": "function", "name": "open_file"}, {"type": "function", "name": "open_file"}],
+        }
     },
     "client tool named get_current_time": {
         "json": {"input": "hi", "tools": [{"type": "function", "name": "get_current_time"}]}
@@ -532,7 +537,11 @@ _HOSTILE: dict[str, tuple[str, str, dict[str, Any]]] = {
     "input NaN literal": ("POST", "/v1/turns", {"content": b'{"input": NaN}', "headers": _JSON}),
     "input Infinity literal": ("POST", "/v1/turns", {"content": b'{"input": -Infinity}', "headers": _JSON}),
     "input 1e999": ("POST", "/v1/turns", {"content": b'{"input": 1e999}', "headers": _JSON}),
-    "input 5000-digit integer": ("POST", "/v1/turns", {"content": b'{"input": 1' + b"0" * 5000 + b"}", "headers": _JSON}),
+    "input 5000-digit integer": (
+        "POST",
+        "/v1/turns",
+        {"content": b'{"input": 1' + b"0" * 5000 + b"}", "headers": _JSON},
+    ),
     "session_id integer": ("POST", "/v1/turns", {"json": {"input": "hi", "session_id": 2**70}}),
     "session_id list": ("POST", "/v1/turns", {"json": {"input": "hi", "session_id": ["sess_x"]}}),
     "session_id too long": ("POST", "/v1/turns", {"json": {"input": "hi", "session_id": "s" * 129}}),
@@ -541,7 +550,11 @@ _HOSTILE: dict[str, tuple[str, str, dict[str, Any]]] = {
     "tools string": ("POST", "/v1/turns", {"json": {"input": "hi", "tools": "open_file"}}),
     "tools object": ("POST", "/v1/turns", {"json": {"input": "hi", "tools": {"name": "t"}}}),
     "tools of numbers": ("POST", "/v1/turns", {"json": {"input": "hi", "tools": [1, 2, 3]}}),
-    "tool parameters string": ("POST", "/v1/turns", {"json": {"input": "hi", "tools": [{"name": "t", "parameters": "x"}]}}),
+    "tool parameters string": (
+        "POST",
+        "/v1/turns",
+        {"json": {"input": "hi", "tools": [{"name": "t", "parameters": "x"}]}},
+    ),
     "tool parameters type list": (
         "POST",
         "/v1/turns",

@@ -308,3 +308,27 @@ def test_modes_endpoint_lists_the_catalog(system: System) -> None:
     modes = {mode["name"]: mode for mode in response.json()["modes"]}
     assert {"general", "ddr-authoring", "workflow-authoring", "rag-indexing"} <= set(modes)
     assert modes["workflow-authoring"]["tools"] == ["agent_change_mode"]
+
+
+def test_turn_actions_refuse_bad_callers_and_bodies_without_touching_the_turn(system: System) -> None:
+    from tests.conftest import KEY_B
+
+    turn = _pause(system)
+    turn_id = turn["turn_id"]
+    no_key = system.http.post(f"/v1/turns/{turn_id}/tool-results", content=b"{not json")
+    assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "unauthorized"
+    for body in ({"tool_results": "x"}, {"tool_results": [{"call_id": "", "output": "x"}]}, {"results": []}):
+        invalid = system.http.post(f"/v1/turns/{turn_id}/tool-results", json=body, headers=system.headers())
+        assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "invalid_request"
+    for method, path in (
+        ("POST", f"/v1/turns/{turn_id}/tool-results"),
+        ("POST", f"/v1/turns/{turn_id}/cancel"),
+        ("GET", f"/v1/turns/{turn_id}/trace"),
+    ):
+        other_org = system.http.request(
+            method, path, headers=system.headers(KEY_B), json={"tool_results": []} if "results" in path else None
+        )
+        assert other_org.status_code == 404, (path, other_org.text)
+    unknown = system.http.post("/v1/turns/turn_nope/cancel", headers=system.headers())
+    assert unknown.status_code == 404
+    assert system.wait_turn(turn_id)["status"] == "requires_client_tools"
