@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import uuid
 
-__all__ = ["is_session_id", "is_turn_id", "new_session_id", "new_turn_id"]
+__all__ = ["is_batch_id", "is_session_id", "is_turn_id", "new_batch_id", "new_session_id", "new_turn_id"]
 
 _SESSION = re.compile(r"^sess_[0-9a-f]{32}$")
 _TURN = re.compile(r"^turn_[0-9a-f]{32}$")
+_BATCH = re.compile(r"^batch_[0-9a-f]{32}$")
 
 
 def new_session_id() -> str:
@@ -29,3 +30,13 @@ def is_session_id(value: str) -> bool:
 def is_turn_id(value: str) -> bool:
     """Whether ``value`` has the shape of a turn id."""
     return bool(_TURN.match(value))
+
+
+def new_batch_id() -> str:
+    """A fresh batch id."""
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def is_batch_id(value: str) -> bool:
+    """Whether ``value`` has the shape of a batch id."""
+    return bool(_BATCH.match(value))

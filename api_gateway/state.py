@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shared.broker import create_producer
 from shared.db import create_db_engine, session_factory
+from shared.db.batches import BatchRepository
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
@@ -29,6 +30,7 @@ class GatewayState:
     db: sessionmaker[Session]
     sessions: SessionRepository
     turns: TurnRepository
+    batches: BatchRepository
     catalog: ModeCatalog
     producer: Celery
     redis: redis.Redis
@@ -45,6 +47,7 @@ def build_state(settings: Settings) -> GatewayState:
         db=db,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),
+        batches=BatchRepository(db),
         catalog=load_catalog(settings.modes_file),
         producer=create_producer(settings),
         redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),

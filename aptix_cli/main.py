@@ -47,8 +47,20 @@ def _parser() -> argparse.ArgumentParser:
     upgrade.add_argument("--revision", default="head")
     upgrade.set_defaults(run=_db_upgrade)
 
-    demo = commands.add_parser("demo", help="run one scripted turn through the gateway and a worker")
+    dev = commands.add_parser("dev", help="everything in one process with embedded defaults")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=8000)
+    dev.add_argument("--workers", type=int, default=8, help="worker threads")
+    dev.add_argument("--sqlite", default="aptix-dev.sqlite", help="the SQLite file of the durable store")
+    dev.set_defaults(run=_dev)
+
+    demo = commands.add_parser("demo", help="tour the system on the embedded stack")
     demo.set_defaults(run=_demo)
+
+    # HTTP client commands (turn, tool-results, trace, session, batch); they import httpx only when run.
+    from aptix_cli.client_commands import add_client_commands
+
+    add_client_commands(commands)
     return parser
 
 
@@ -89,6 +101,31 @@ def _db_upgrade(args: argparse.Namespace) -> int:
 
     upgrade(get_settings().database_url, args.revision)
     sys.stdout.write(f"database migrated to {args.revision}\n")
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from aptix_cli.dev import DevStack
+    from shared.logging import configure_logging
+
+    configure_logging("WARNING")
+    stack = DevStack(host=args.host, port=args.port, worker_threads=args.workers, sqlite_path=args.sqlite)
+    info = stack.start()
+    out = sys.stdout
+    out.write(f"Aptix dev stack on {info.url}\n")
+    out.write(f"  API key:   {info.api_key}\n")
+    out.write(f"  embedded:  {', '.join(info.embedded) or 'nothing (every APTIX_* URL was set)'}\n")
+    out.write(f"  database:  {info.database_url}\n")
+    out.write(f"  model:     {info.llm_base_url}\n")
+    out.write(f"  try:       APTIX_URL={info.url} APTIX_KEY={info.api_key} aptix turn 'hello'\n")
+    out.write("  stop:      Ctrl-C\n")
+    out.flush()
+    try:
+        stack.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
     return 0
 
 

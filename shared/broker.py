@@ -12,11 +12,20 @@ from celery import Celery
 from kombu import Exchange
 from kombu import Queue as KombuQueue
 
-from shared.models.envelope import TurnEnvelope
+from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.settings import Settings
 from shared.task_names import TASK_QUEUES, Queue, task_name
 
-__all__ = ["celery_config", "create_producer", "send_step"]
+__all__ = [
+    "BATCH_PRIORITY",
+    "BATCH_START_PRIORITY",
+    "INTERACTIVE_PRIORITY",
+    "celery_config",
+    "create_producer",
+    "send_step",
+]
+
+
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -56,12 +65,14 @@ def create_producer(settings: Settings) -> Celery:
     return app
 
 
-def send_step(app: Celery, envelope: TurnEnvelope, *, countdown: float | None = None) -> None:
-    """Send the task of ``envelope.step`` with the envelope as its only argument."""
+def send_step(app: Celery, envelope: TurnEnvelope, *, countdown: float | None = None, producer: Any = None) -> None:
+    """Send the task of ``envelope.step`` with the envelope as its only argument, at its priority."""
     name = task_name(envelope.step)
     app.send_task(
         name,
         args=[envelope.model_dump(mode="json")],
         queue=TASK_QUEUES[name].value,
         countdown=countdown if countdown else None,
+        priority=envelope.priority,
+        producer=producer,
     )

@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     """A turn waiting this long for client tool results fails."""
     max_body_bytes: PositiveInt = 4 * 1024 * 1024
     """Larger request bodies are refused with 413."""
+    max_batch_requests: PositiveInt = 1000
+    """Most requests one ``POST /v1/batches`` may carry."""
     history_turns: PositiveInt = 50
     """How many earlier turns of a session a follow-up turn sends as conversation context."""
 

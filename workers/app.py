@@ -21,9 +21,11 @@ def create_celery(settings: Settings) -> Celery:
     from workers.tasks import register_tasks
 
     app = Celery("aptix", set_as_current=True)
+    # Tasks run by an in-process WorkController (aptix dev) resolve ``self.app`` through the
+    # default app; make that this one so retries and sends use this app's broker.
+    app.set_default()
     app.conf.update(celery_config(settings))
-    app.conf.aptix_settings = settings
-    register_tasks(app)
+    register_tasks(app, settings)
     return app
 
 

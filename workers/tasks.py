@@ -29,13 +29,13 @@ _contexts: dict[str, StepContext] = {}
 _contexts_lock = threading.Lock()
 
 
-def register_tasks(app: Celery) -> None:
-    """Register the task of every step on ``app``."""
+def register_tasks(app: Celery, settings: Settings) -> None:
+    """Register the task of every step on ``app``; its steps run with ``settings``."""
     for step in StepName:
-        _register(app, step)
+        _register(app, step, settings)
 
 
-def _register(app: Celery, step: StepName) -> None:
+def _register(app: Celery, step: StepName, settings: Settings) -> None:
     @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
         name=task_name(step),
         bind=True,
@@ -55,7 +55,7 @@ def _register(app: Celery, step: StepName) -> None:
         if envelope.step is not step:
             logger.error("dropping a %s envelope delivered to %s", envelope.step.value, step.value)
             return
-        ctx = _context(self.app, self.request.hostname or "worker")
+        ctx = _context(settings, self.request.hostname or "worker")
         try:
             dispatch = run_step(ctx, envelope)
         except StepBusy as busy:
@@ -70,11 +70,10 @@ def _register(app: Celery, step: StepName) -> None:
             send_step(self.app, dispatch.envelope, countdown=dispatch.countdown)
 
 
-def _context(app: Celery, hostname: str) -> StepContext:
+def _context(settings: Settings, hostname: str) -> StepContext:
     with _contexts_lock:
         ctx = _contexts.get(hostname)
         if ctx is None:
-            settings: Settings = app.conf.aptix_settings
             ctx = build_context(settings, hostname=hostname)
             _contexts[hostname] = ctx
         return ctx

@@ -19,7 +19,7 @@ from api_gateway.state import GatewayState
 from shared.broker import send_step
 from shared.db.tables import TurnRow
 from shared.db.turns import to_turn
-from shared.models.envelope import TurnEnvelope
+from shared.models.envelope import BATCH_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.models.trace import TraceStep, TurnTrace
 from shared.models.turn import UNFINISHED_STATUSES, Turn, TurnHandle, ToolResultsRequest, TurnStatus
 from shared.result import ErrorCode, ErrorInfo
@@ -75,7 +75,9 @@ def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsR
             f"turn {turn_id!r} is {current.status}, not requires_client_tools",
         )
     try:
-        send_step(gateway.producer, TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_))
+        priority = BATCH_PRIORITY if row.batch_id else INTERACTIVE_PRIORITY
+        envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)
+        send_step(gateway.producer, envelope)
     except (BrokerError, RedisError, OSError) as exc:
         logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
         gateway.turns.reopen_for_tool_results(turn_id, round_=round_, pending=row.pending_tool_calls, now=datetime.now(UTC))

@@ -6,21 +6,41 @@ Portable between PostgreSQL and SQLite (plain JSON, no dialect-only types). API 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import JSON, DateTime, Dialect, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
-__all__ = ["Base", "ModeHistoryRow", "ProviderSnapshotRow", "SessionRow", "TranscriptItemRow", "TurnRow"]
+__all__ = ["BatchRow", "Base", "ModeHistoryRow", "ProviderSnapshotRow", "SessionRow", "TranscriptItemRow", "TurnRow"]
 
 UNFINISHED_SQL = "status IN ('queued', 'running', 'requires_client_tools')"
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every database (SQLite keeps no zone; we put UTC back)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored")
+        return value.astimezone(UTC) if dialect.name != "sqlite" else value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
     """Declarative base of every Aptix table."""
 
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UTCDateTime()}
 
 
 class SessionRow(Base):
@@ -78,6 +98,8 @@ class TurnRow(Base):
     org_id: Mapped[str] = mapped_column(String(128), index=True)
     user_id: Mapped[str] = mapped_column(String(128))
     batch_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    batch_index: Mapped[int | None] = mapped_column(Integer)
+    """The turn's position in its batch's requests."""
     status: Mapped[str] = mapped_column(String(32))
     new_session: Mapped[bool]
     requested_mode: Mapped[str | None] = mapped_column(String(64))
@@ -123,3 +145,15 @@ class ProviderSnapshotRow(Base):
     turn_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[dict[str, Any]]
     updated_at: Mapped[datetime]
+
+
+class BatchRow(Base):
+    """A batch of turns submitted together."""
+
+    __tablename__ = "batches"
+
+    batch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(128), index=True)
+    user_id: Mapped[str] = mapped_column(String(128))
+    total: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]

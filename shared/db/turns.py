@@ -13,7 +13,7 @@ from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
 from shared.models.turn import ModeChange, PendingToolCall, Turn, TurnStatus, Usage
 from shared.result import ErrorInfo
 
-__all__ = ["IdempotencyConflict", "NewTurn", "SessionBusy", "TurnRepository", "to_turn"]
+__all__ = ["IdempotencyConflict", "NewTurn", "SessionBusy", "TurnRepository", "new_turn_row", "to_turn"]
 
 TERMINAL = (TurnStatus.COMPLETED.value, TurnStatus.FAILED.value, TurnStatus.CANCELLED.value)
 
@@ -42,6 +42,7 @@ class NewTurn:
         request_hash: str,
         idempotency_key: str | None = None,
         batch_id: str | None = None,
+        batch_index: int | None = None,
     ) -> None:
         self.turn_id = turn_id
         self.session_id = session_id
@@ -53,6 +54,7 @@ class NewTurn:
         self.request_hash = request_hash
         self.idempotency_key = idempotency_key
         self.batch_id = batch_id
+        self.batch_index = batch_index
 
 
 class TurnRepository:
@@ -75,26 +77,7 @@ class TurnRepository:
             earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
             if earlier is not None:
                 return self._same_request(earlier, turn), False
-        row = TurnRow(
-            turn_id=turn.turn_id,
-            session_id=turn.session_id,
-            org_id=turn.org_id,
-            user_id=turn.user_id,
-            batch_id=turn.batch_id,
-            status=TurnStatus.QUEUED.value,
-            new_session=turn.new_session,
-            requested_mode=turn.requested_mode,
-            mode=None,
-            request=turn.request,
-            request_hash=turn.request_hash,
-            idempotency_key=turn.idempotency_key,
-            pending_tool_calls=[],
-            mode_changes=[],
-            usage=Usage().model_dump(),
-            trace=[],
-            created_at=now,
-            updated_at=now,
-        )
+        row = new_turn_row(turn, now=now)
         try:
             with self._sessions.begin() as db:
                 db.add(row)
@@ -311,6 +294,31 @@ class TurnRepository:
         else:
             row.state = state
             row.updated_at = now
+
+
+def new_turn_row(turn: NewTurn, *, now: datetime) -> TurnRow:
+    """The row of a newly accepted (queued) turn."""
+    return TurnRow(
+        turn_id=turn.turn_id,
+        session_id=turn.session_id,
+        org_id=turn.org_id,
+        user_id=turn.user_id,
+        batch_id=turn.batch_id,
+        batch_index=turn.batch_index,
+        status=TurnStatus.QUEUED.value,
+        new_session=turn.new_session,
+        requested_mode=turn.requested_mode,
+        mode=None,
+        request=turn.request,
+        request_hash=turn.request_hash,
+        idempotency_key=turn.idempotency_key,
+        pending_tool_calls=[],
+        mode_changes=[],
+        usage=Usage().model_dump(),
+        trace=[],
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def to_turn(row: TurnRow) -> Turn:

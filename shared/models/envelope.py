@@ -6,7 +6,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.task_names import StepName
 
-__all__ = ["TurnEnvelope"]
+__all__ = ["BATCH_PRIORITY", "BATCH_START_PRIORITY", "INTERACTIVE_PRIORITY", "TurnEnvelope"]
+
+# Message priorities (Redis transport: 0 is served first; kombu's default steps are 0, 3, 6, 9).
+# Every step of an interactive turn outranks every batch message, so a batch never starves a
+# single turn; inside a batch, turns already running outrank batch turns not yet started, so a
+# batch finishes turn by turn instead of every turn finishing near the end (FIELD-NOTES: one
+# shared queue is breadth-first).
+INTERACTIVE_PRIORITY = 0
+BATCH_PRIORITY = 3
+BATCH_START_PRIORITY = 9
 
 
 class TurnEnvelope(BaseModel):
@@ -24,6 +33,8 @@ class TurnEnvelope(BaseModel):
     """The LLM call this step belongs to (0 before the first call)."""
     attempt: int = Field(default=0, ge=0)
     """Retries of this same step (LLM 429/5xx back-off)."""
+    priority: int = Field(default=0, ge=0, le=9)
+    """Broker priority (0 first); see ``shared.broker``. A batch turn's later steps move up to 3."""
 
     @property
     def step_key(self) -> str:
@@ -38,4 +49,5 @@ class TurnEnvelope(BaseModel):
             round=self.round,
             hop=self.hop + 1,
             iteration=self.iteration if iteration is None else iteration,
+            priority=min(self.priority, BATCH_PRIORITY),
         )

@@ -1,0 +1,218 @@
+"""``ApiClient``: a small synchronous HTTP client for the gateway's public API (API.md).
+
+One method per endpoint, each returning the decoded JSON body. A response that is not a success
+raises :class:`ApiError` with the ``{"error": {"code", "message"}}`` of the body; a gateway that
+cannot be reached raises :class:`GatewayUnreachable`. Both derive from :class:`ClientError`::
+
+    with ApiClient("http://127.0.0.1:8000", key="…") as api:
+        turn = api.create_turn({"input": "Hello"}, wait=30)
+
+The ``aptix`` client commands and the demo use it; it imports nothing of the server packages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+__all__ = ["ApiClient", "ApiError", "ClientError", "GatewayUnreachable", "MAX_WAIT_SECONDS"]
+
+MAX_WAIT_SECONDS = 60.0
+"""The longest ``?wait=`` the gateway accepts (API.md)."""
+
+_CONNECT_TIMEOUT = 10.0
+_READ_MARGIN = 30.0
+"""Seconds a read may take beyond the long-poll the request asked for."""
+
+
+class ClientError(Exception):
+    """Any failure of a call through :class:`ApiClient`."""
+
+
+class ApiError(ClientError):
+    """The gateway answered with an error status.
+
+    Attributes:
+        status: The HTTP status code.
+        code: The ``error.code`` of the body (``http_<status>`` when the body has none).
+        message: The ``error.message`` of the body (or the start of the raw body).
+        details: The ``error.details`` of the body, if any.
+    """
+
+    def __init__(self, status: int, code: str, message: str, details: object = None) -> None:
+        super().__init__(f"error {status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class GatewayUnreachable(ClientError):
+    """No HTTP answer came from the gateway (refused, DNS, timeout, broken connection).
+
+    Attributes:
+        url: The gateway's base URL.
+        reason: What went wrong, from the transport.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the gateway at {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class ApiClient:
+    """The gateway's ``/v1`` API over one pooled ``httpx.Client``.
+
+    Args:
+        base_url: The gateway, e.g. ``http://127.0.0.1:8000`` (without ``/v1``).
+        key: The API key sent as ``Authorization: Bearer <key>``.
+        timeout: Seconds for calls that do not long-poll (long-polls add their ``wait``).
+        transport: An httpx transport to use instead of the network (tests).
+    """
+
+    def __init__(
+        self, base_url: str, *, key: str, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {key}", "User-Agent": "aptix-cli"},
+            timeout=httpx.Timeout(timeout, connect=_CONNECT_TIMEOUT),
+            transport=transport,
+        )
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def create_turn(self, request: Mapping[str, Any], *, wait: float | None = None) -> dict[str, Any]:
+        """``POST /v1/turns``.
+
+        Args:
+            request: A TurnRequest (``input``, optional ``session_id``, ``mode``, ``tools``, …).
+            wait: Long-poll up to this many seconds (capped at 60); falsy returns at once.
+
+        Returns:
+            A ``Turn`` when ``wait`` is given, else a ``TurnHandle`` (``turn_id``, ``session_id``, ``status``).
+
+        Raises:
+            ApiError: The gateway refused the request.
+            GatewayUnreachable: No answer.
+        """
+        return self._call("POST", "/v1/turns", json_body=request, wait=wait)
+
+    def post_tool_results(
+        self, turn_id: str, results: Sequence[Mapping[str, str]], *, wait: float | None = None
+    ) -> dict[str, Any]:
+        """``POST /v1/turns/{turn_id}/tool-results`` with ``[{"call_id", "output"}, …]``.
+
+        Returns:
+            A ``Turn`` when ``wait`` is given, else a ``TurnHandle``.
+
+        Raises:
+            ApiError: E.g. 409 when the turn is not waiting for tool results.
+            GatewayUnreachable: No answer.
+        """
+        body = {"tool_results": [dict(result) for result in results]}
+        return self._call("POST", f"/v1/turns/{turn_id}/tool-results", json_body=body, wait=wait)
+
+    def get_turn(self, turn_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        """``GET /v1/turns/{turn_id}``, long-polling up to ``wait`` seconds while queued or running."""
+        return self._call("GET", f"/v1/turns/{turn_id}", wait=wait)
+
+    def get_trace(self, turn_id: str) -> dict[str, Any]:
+        """``GET /v1/turns/{turn_id}/trace``: ``{"turn_id", "steps": [...]}``."""
+        return self._call("GET", f"/v1/turns/{turn_id}/trace")
+
+    def get_session(self, session_id: str) -> dict[str, Any]:
+        """``GET /v1/sessions/{session_id}``: mode, mode history and turns."""
+        return self._call("GET", f"/v1/sessions/{session_id}")
+
+    def create_batch(self, requests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``POST /v1/batches`` with ``{"requests": [TurnRequest, …]}``; returns the ``Batch``."""
+        return self._call("POST", "/v1/batches", json_body={"requests": list(requests)})
+
+    def get_batch(self, batch_id: str) -> dict[str, Any]:
+        """``GET /v1/batches/{batch_id}``: the ``Batch`` with its counts by status."""
+        return self._call("GET", f"/v1/batches/{batch_id}")
+
+    def batch_results(self, batch_id: str) -> list[dict[str, Any]]:
+        """``GET /v1/batches/{batch_id}/results``: one ``Turn`` per JSON line, in order.
+
+        Raises:
+            ApiError: An error status, or a line that is not a JSON object.
+            GatewayUnreachable: No answer.
+        """
+        response = self._send("GET", f"/v1/batches/{batch_id}/results", json_body=None, wait=None)
+        turns: list[dict[str, Any]] = []
+        for number, line in enumerate(response.text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                turn = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ApiError(response.status_code, "bad_response", f"results line {number}: {exc}") from exc
+            if not isinstance(turn, dict):
+                raise ApiError(response.status_code, "bad_response", f"results line {number} is not an object")
+            turns.append(turn)
+        return turns
+
+    def _call(
+        self, method: str, path: str, *, json_body: object = None, wait: float | None = None
+    ) -> dict[str, Any]:
+        response = self._send(method, path, json_body=json_body, wait=wait)
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise ApiError(response.status_code, "bad_response", "the response is not JSON") from exc
+        if not isinstance(body, dict):
+            raise ApiError(response.status_code, "bad_response", "the response is not a JSON object")
+        return body
+
+    def _send(self, method: str, path: str, *, json_body: object, wait: float | None) -> httpx.Response:
+        params: dict[str, str] = {}
+        timeout = httpx.Timeout(self._timeout, connect=_CONNECT_TIMEOUT)
+        if wait and wait > 0:
+            seconds = min(float(wait), MAX_WAIT_SECONDS)
+            params["wait"] = f"{seconds:g}"
+            timeout = httpx.Timeout(seconds + _READ_MARGIN, connect=_CONNECT_TIMEOUT)
+        try:
+            response = self._http.request(method, path, json=json_body, params=params, timeout=timeout)
+        except httpx.TransportError as exc:
+            raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from exc
+        if response.is_success:
+            return response
+        raise _api_error(response)
+
+
+def _api_error(response: httpx.Response) -> ApiError:
+    """Decode ``{"error": {"code", "message", "details"}}``, tolerating other bodies (proxies, 404s)."""
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        return ApiError(status, f"http_{status}", response.text.strip()[:200] or response.reason_phrase)
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return ApiError(
+            status,
+            str(error.get("code") or f"http_{status}"),
+            str(error.get("message") or response.reason_phrase),
+            error.get("details"),
+        )
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return ApiError(status, f"http_{status}", str(detail or response.reason_phrase))
