@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aptix_cli.client import ApiClient
 
-__all__ = ["add_client_commands"]
+__all__ = ["add_client_commands", "trace_table"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 _IN_FLIGHT = ("queued", "running")
@@ -177,18 +177,25 @@ def _read_tools(path: Path) -> list[Any]:
 
 
 def _trace(api: ApiClient, args: argparse.Namespace) -> int:
-    trace = api.get_trace(args.turn_id)
+    for line in trace_table(api.get_trace(args.turn_id)):
+        _out(line)
+    return 0
+
+
+def trace_table(trace: Mapping[str, Any]) -> list[str]:
+    """The lines of a readable table of a ``GET /v1/turns/{id}/trace`` body (also used by the demo)."""
     header = ("seq", "kind", "step", "worker", "r", "i", "ms", "details")
     rows = [header] + [_trace_row(step) for step in trace.get("steps", [])]
     widths = [max(len(row[col]) for row in rows) for col in range(len(header) - 1)]
     right = {0, 4, 5, 6}
+    lines = []
     for row in rows:
         cells = [cell.rjust(w) if col in right else cell.ljust(w) for col, (cell, w) in enumerate(zip(row, widths))]
         line = "  ".join(cells)
         room = max(_TRACE_WIDTH - len(line) - 2, 10)
-        _out(f"{line}  {_clip(row[-1], room)}".rstrip())
-    _out(f"{len(rows) - 1} steps, turn {trace.get('turn_id', args.turn_id)}")
-    return 0
+        lines.append(f"{line}  {_clip(row[-1], room)}".rstrip())
+    lines.append(f"{len(rows) - 1} steps, turn {trace.get('turn_id', '?')}")
+    return lines
 
 
 def _trace_row(step: Mapping[str, Any]) -> tuple[str, ...]:

@@ -1,86 +1,151 @@
-"""``aptix demo``: one scripted conversation through the real gateway and a real worker.
+"""``aptix demo`` (what ``make demo`` runs): a tour of the system on the embedded stack.
 
-Runs against the local Redis and PostgreSQL (``APTIX_DATABASE_URL`` / ``APTIX_REDIS_URL`` win when
-set), with the bundled scripted model, and prints what happened.
+No external service: the dev stack runs in this process (SQLite in a temporary folder, the
+embedded Redis, worker threads, the gateway, the scripted model). Every step goes through the real
+HTTP API: a new session, a server tool, a mode change, a client-tool pause and re-entry, and a
+batch of 500 turns with a progress bar; then a summary and one turn's trace. Exits 0 only when
+every step did what it should.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
+import tempfile
+import time
+from datetime import datetime
 from typing import Any
 
-import httpx
-import psycopg
-
-from aptix_cli.stack import LocalStack
-from scripted_llm import ScriptedServer
+from aptix_cli.client import ApiClient
+from aptix_cli.client_commands import trace_table
+from aptix_cli.dev import DevStack
+from aptix_cli.progress import ProgressBar
 
 __all__ = ["run_demo"]
 
-_DEMO_KEY = "demo-key"
-_DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/aptix_demo"
-_DEFAULT_REDIS = "redis://127.0.0.1:6379"
+BATCH_SIZE = 500
+_OPEN_FILE = {
+    "type": "function",
+    "name": "open_file",
+    "description": "Read a file on the user's machine.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
 
 
-def run_demo() -> int:
-    """Run the demo; 0 when every turn completed."""
-    from shared.db.migrate import upgrade
+class DemoFailed(Exception):
+    """A step of the tour did not do what it should."""
 
-    database_url = os.environ.get("APTIX_DATABASE_URL") or _create_database(_DEFAULT_DATABASE_URL)
-    redis_url = os.environ.get("APTIX_REDIS_URL") or f"{_DEFAULT_REDIS}/5"
-    broker_url = os.environ.get("APTIX_BROKER_URL") or (redis_url if "APTIX_REDIS_URL" in os.environ else f"{_DEFAULT_REDIS}/6")
-    upgrade(database_url)
-    _say("database ready: %s" % database_url.rsplit("@", 1)[-1])
-    with ScriptedServer() as llm:
-        env = {
-            "APTIX_DATABASE_URL": database_url,
-            "APTIX_REDIS_URL": redis_url,
-            "APTIX_BROKER_URL": broker_url,
-            "APTIX_LLM_BASE_URL": os.environ.get("APTIX_LLM_BASE_URL") or llm.base_url,
-            "APTIX_API_KEYS": f"{_DEMO_KEY}:demo-org:demo-user",
-        }
-        stack = LocalStack(env)
+
+def run_demo(*, batch_size: int = BATCH_SIZE) -> int:
+    """Run the tour; 0 when every step worked."""
+    from shared.logging import configure_logging
+
+    configure_logging("ERROR")
+    with tempfile.TemporaryDirectory(prefix="aptix-demo-") as folder:
+        stack = DevStack(port=0, sqlite_path=os.path.join(folder, "demo.sqlite"), worker_threads=8)
+        info = stack.start()
         try:
-            stack.start_worker("demo-worker")
-            _, url = stack.start_gateway()
-            _say(f"gateway on {url}, one worker, scripted model on {llm.base_url}")
-            return _tour(url)
+            _say(f"Aptix demo: embedded stack on {info.url} (embedded: {', '.join(info.embedded) or 'none'})")
+            with ApiClient(info.url, key=info.api_key, timeout=60) as api:
+                _tour(api, batch_size)
+        except DemoFailed as exc:
+            _say(f"\nDEMO FAILED: {exc}")
+            return 1
         finally:
-            stack.stop_all()
+            stack.stop()
+    _say("\nThe demo finished: every step worked.")
+    return 0
 
 
-def _tour(url: str) -> int:
-    headers = {"Authorization": f"Bearer {_DEMO_KEY}"}
-    with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-        first = _turn(http, {"input": "Hello! What can you do?", "mode": "general"})
-        second = _turn(http, {"session_id": first["session_id"], "input": "Tell me more, please."})
-        session = http.get(f"/v1/sessions/{first['session_id']}").json()
-        _say(f"session {session['session_id']}: mode {session['mode']}, {len(session['turns'])} turns")
-    ok = first["status"] == second["status"] == "completed"
-    _say("demo finished: " + ("every turn completed" if ok else "a turn did not complete"))
-    return 0 if ok else 1
+def _tour(api: ApiClient, batch_size: int) -> None:
+    _section("1. A new session (mode general)")
+    first = _turn(api, {"input": "Hello! What can you do?"}, expect="completed")
+    session_id = first["session_id"]
+
+    _section("2. A server tool: the model calls get_current_time, the worker runs it")
+    _turn(api, {"session_id": session_id, "input": '[[call:get_current_time {}]] What time is it?'}, expect="completed")
+
+    _section("3. A mode change: agent_change_mode applies to the next LLM call of the same turn")
+    change = json.dumps({"targetMode": "ddr-authoring", "reason": "the user wants a design record"})
+    changed = _turn(api, {"session_id": session_id, "input": f"[[call:agent_change_mode {change}]] Let's write a DDR."}, expect="completed")
+    if changed["mode"] != "ddr-authoring":
+        raise DemoFailed(f"the mode did not change: {changed['mode']}")
+    history = api.get_session(session_id)["mode_history"]
+    _say(f"   session mode history: {[(h['from'], h['to']) for h in history]}")
+
+    _section("4. A client tool: the turn pauses, the client posts the result, the same turn resumes")
+    paused = _turn(
+        api,
+        {"session_id": session_id, "input": '[[call:open_file {"path": "notes.txt"}]] Summarise notes.txt', "tools": [_OPEN_FILE]},
+        expect="requires_client_tools",
+    )
+    call = paused["pending_tool_calls"][0]
+    _say(f"   pending: {call['name']}({call['arguments']})  call_id={call['call_id']}")
+    resumed = api.post_tool_results(paused["turn_id"], [{"call_id": call["call_id"], "output": "Buy milk."}], wait=30)
+    _show(resumed, expect="completed")
+
+    _section(f"5. A batch of {batch_size} turns")
+    summary = _batch(api, batch_size)
+    _say(summary)
+
+    _section("6. The CompositionTrace of the mode-change turn")
+    for line in trace_table(api.get_trace(changed["turn_id"])):
+        _say("   " + line)
 
 
-def _turn(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    response = http.post("/v1/turns", json=body, params={"wait": 30})
-    response.raise_for_status()
-    turn: dict[str, Any] = response.json()
-    _say(f"> {body['input']}")
-    _say(f"< [{turn['status']}, mode {turn['mode']}] {turn['output_text']}")
-    if turn.get("error"):
-        _say("  error: " + json.dumps(turn["error"]))
+def _turn(api: ApiClient, request: dict[str, Any], *, expect: str) -> dict[str, Any]:
+    _say(f" > {request['input']}")
+    turn = api.create_turn(request, wait=30)
+    if turn["status"] in ("queued", "running"):
+        turn = api.get_turn(turn["turn_id"], wait=30)
+    return _show(turn, expect=expect)
+
+
+def _show(turn: dict[str, Any], *, expect: str) -> dict[str, Any]:
+    text = turn.get("output_text") or ""
+    _say(f" < [{turn['status']}, mode {turn['mode']}] {text[:150]}")
+    if turn["status"] != expect:
+        raise DemoFailed(f"turn {turn['turn_id']} is {turn['status']}, expected {expect}: {turn.get('error')}")
     return turn
 
 
-def _create_database(url: str) -> str:
-    admin, _, name = url.rpartition("/")
-    with psycopg.connect(f"{admin}/postgres", autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    return url
+def _batch(api: ApiClient, size: int) -> str:
+    requests = [{"input": f"Batch question {index}: what is {index} squared?"} for index in range(size)]
+    batch = api.create_batch(requests)
+    bar = ProgressBar(sys.stdout, total=size, interval=2.0)
+    while True:
+        counts = batch["counts"]
+        done = size - counts["queued"] - counts["running"]
+        if done >= size:
+            break
+        bar.update(done, counts)
+        time.sleep(0.2)
+        batch = api.get_batch(batch["batch_id"])
+    bar.finish(done, counts)
+    elapsed = bar.elapsed
+    turns = api.batch_results(batch["batch_id"])
+    latencies = sorted(_latency(turn) for turn in turns if turn.get("completed_at"))
+    if counts["completed"] != size:
+        raise DemoFailed(f"the batch did not complete every turn: {counts}")
+    p50 = statistics.median(latencies)
+    p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
+    statuses = ", ".join(f"{status} {count}" for status, count in counts.items() if count)
+    return (
+        f"   {size} turns in {elapsed:.1f}s = {size / elapsed:.1f} turns/s; "
+        f"latency p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms (queued to committed); {statuses}"
+    )
+
+
+def _latency(turn: dict[str, Any]) -> float:
+    created = datetime.fromisoformat(turn["created_at"])
+    completed = datetime.fromisoformat(turn["completed_at"])
+    return (completed - created).total_seconds()
+
+
+def _section(title: str) -> None:
+    _say(f"\n{title}")
 
 
 def _say(line: str) -> None:
