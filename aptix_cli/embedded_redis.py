@@ -66,7 +66,8 @@ class EmbeddedRedis:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
         socketserver.TCPServer.allow_reuse_address = True
         self._server = _Server((host, port))
-        self.host, self.port = self._server.server_address[:2]
+        host_bound, self.port = self._server.server_address[:2]
+        self.host = host_bound.decode() if isinstance(host_bound, bytes) else str(host_bound)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="embedded-redis")
 
     def url(self, db: int = 0) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Exchange
-from kombu import Queue as KombuQueue
+from kombu.entity import Exchange
+from kombu.entity import Queue as KombuQueue
 
 from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.settings import Settings
@@ -50,7 +50,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": Queue.PIPELINE.value,
         # One direct exchange per queue, keyed by its name: a shared exchange with one key would
         # copy every message into every queue.
-        "task_queues": [KombuQueue(q.value, Exchange(q.value, type="direct"), routing_key=q.value) for q in Queue],
+        "task_queues": [_queue(q.value) for q in Queue],
         "task_default_exchange": Queue.PIPELINE.value,
         "task_default_routing_key": Queue.PIPELINE.value,
         "task_routes": {name: {"queue": queue.value} for name, queue in TASK_QUEUES.items()},
@@ -76,3 +76,8 @@ def send_step(app: Celery, envelope: TurnEnvelope, *, countdown: float | None = 
         priority=envelope.priority,
         producer=producer,
     )
+
+
+def _queue(name: str) -> KombuQueue:
+    exchange = Exchange(name, type="direct")  # type: ignore[no-untyped-call]  # kombu is untyped
+    return KombuQueue(name, exchange, routing_key=name)  # type: ignore[no-untyped-call]

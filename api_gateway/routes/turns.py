@@ -47,10 +47,10 @@ async def create_turn(body: TurnRequest, caller: Caller, gateway: Gateway, wait:
 async def get_turn(turn_id: str, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
     """The turn's state and result; ``?wait=S`` long-polls until it leaves queued/running."""
     row = await run_in_threadpool(require_turn, gateway, turn_id, caller.org_id)
-    if row.status == TurnStatus.REQUIRES_CLIENT_TOOLS.value and await run_in_threadpool(
-        expire_overdue, gateway, turn_id=turn_id
-    ):
-        row = await run_in_threadpool(require_turn, gateway, turn_id, caller.org_id)
+    if row.status == TurnStatus.REQUIRES_CLIENT_TOOLS.value:
+        expired: int = await run_in_threadpool(expire_overdue, gateway, turn_id=turn_id)
+        if expired:
+            row = await run_in_threadpool(require_turn, gateway, turn_id, caller.org_id)
     if wait and row.status in _IN_FLIGHT:
         row = await wait_for(gateway, turn_id, caller.org_id, wait)
     return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))

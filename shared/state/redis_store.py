@@ -32,7 +32,7 @@ class RedisStateStore:
         expected = state.version
         with self._redis.pipeline() as pipe:
             try:
-                pipe.watch(key)
+                pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
                 raw = pipe.get(key)
                 current = None if raw is None else TurnState.model_validate_json(raw).version
                 if current is not None and current != expected:
@@ -55,7 +55,7 @@ class RedisStateStore:
         key = claim_key(turn_id, step_key)
         with self._redis.pipeline() as pipe:
             try:
-                pipe.watch(key)
+                pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
                 if pipe.get(key) != owner.encode():
                     return False
                 pipe.multi()
@@ -69,7 +69,7 @@ class RedisStateStore:
         key = claim_key(turn_id, step_key)
         with self._redis.pipeline() as pipe:
             try:
-                pipe.watch(key)
+                pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
                 if pipe.get(key) == owner.encode():
                     pipe.multi()
                     pipe.delete(key)

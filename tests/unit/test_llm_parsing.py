@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -11,6 +11,7 @@ exit 2 or a failure). Fails with: ``iteration_limit``, ``unknown_tool``, ``conti
 from __future__ import annotations
 
 from collections import Counter
+from typing import Literal
 
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import PendingToolCall, TurnStatus
@@ -81,7 +82,7 @@ def _on_function_calls(
             )
     state.transcript.extend(replay_items(response))
     for call in response.function_calls:
-        kind = "server" if ctx.tools.get(call.name) is not None else "client"
+        kind: Literal["server", "client"] = "server" if ctx.tools.get(call.name) is not None else "client"
         state.ledger.append(
             LedgerEntry(call_id=call.call_id, name=call.name, arguments=call.arguments, kind=kind, iteration=env.iteration)
         )
