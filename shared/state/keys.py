@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["cancel_key", "claim_key", "state_key"]
+__all__ = ["cancel_key", "claim_key", "state_key", "version_key"]
 
 PREFIX = "aptix"
 
@@ -10,6 +10,11 @@ PREFIX = "aptix"
 def state_key(turn_id: str) -> str:
     """The TurnState document of a turn."""
     return f"{PREFIX}:turn:{turn_id}:state"
+
+
+def version_key(turn_id: str) -> str:
+    """The version of the turn's saved state, compared by every save."""
+    return f"{PREFIX}:turn:{turn_id}:version"
 
 
 def claim_key(turn_id: str, step_key: str) -> str:
