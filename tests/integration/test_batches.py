@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from tests.conftest import KEY_B
 from tests.integration.conftest import System
+from tests.integration.events import TaskEventRecorder
 
 pytestmark = pytest.mark.integration
 
@@ -64,19 +66,40 @@ def test_batch_counts_failed_and_paused_turns_by_status(system: System) -> None:
     assert (done["counts"]["completed"], done["counts"]["failed"], done["counts"]["requires_client_tools"]) == (1, 1, 1)
 
 
-def test_interactive_turn_does_not_wait_for_a_large_batch(system: System) -> None:
-    # Given a large batch whose turns each take a while at the model
+def test_interactive_turn_does_not_wait_for_a_large_batch(system: System, task_events: TaskEventRecorder) -> None:
+    # Given a large batch whose turns each take a while at the model, already being worked on
     requests = [{"input": f"[[sleep:40]] bulk {i}"} for i in range(400)]
     batch = _submit(system, requests).json()
     time.sleep(0.5)
-    # When an interactive turn arrives while the batch is running
+    # When an interactive turn arrives
+    submitted = time.time()
     turn = system.run_turn({"input": f"interactive {uuid.uuid4().hex[:8]}"})
-    # Then it completes while most of the batch is still unfinished
     progress = system.http.get(f"/v1/batches/{batch['batch_id']}", headers=system.headers()).json()["counts"]
+    # Then it completes while most of the batch is unfinished, and its first step jumped the queue:
+    # hardly any batch turn started between its submission and its own start
     assert turn["status"] == "completed"
-    unfinished = progress["queued"] + progress["running"]
-    assert unfinished > 200, f"the interactive turn finished only after most of the batch: {progress}"
+    assert progress["queued"] + progress["running"] > 200, progress
+    started = _starts(task_events)
+    interactive_start = started[turn["turn_id"]]
+    overtaken_by = [t for tid, t in started.items() if tid != turn["turn_id"] and submitted <= t < interactive_start]
+    assert len(overtaken_by) < 20, f"{len(overtaken_by)} batch turns started before the interactive one"
     _wait_batch(system, batch["batch_id"], seconds=300)
+
+
+def _starts(task_events: TaskEventRecorder) -> dict[str, float]:
+    """turn_id -> when its request_handler task started (worker clock)."""
+    received = {
+        e["uuid"]: str(e.get("args", ""))
+        for e in task_events.events()
+        if e["type"] == "task-received" and e.get("name") == "aptix.step.request_handler"
+    }
+    starts: dict[str, float] = {}
+    for event in task_events.events():
+        if event["type"] == "task-started" and event["uuid"] in received:
+            found = re.search(r"turn_[0-9a-f]{32}", received[event["uuid"]])
+            if found:
+                starts.setdefault(found.group(0), float(event["timestamp"]))
+    return starts
 
 
 @pytest.mark.parametrize(
