@@ -101,4 +101,5 @@ def enqueue_turns(gateway: GatewayState, turn_ids: list[str], *, batch: bool = F
             except BROKER_ERRORS as exc:
                 logger.error("could not enqueue turn %s: %s", turn_id, exc)
                 refused.append(turn_id)
+    gateway.metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids) - len(refused))
     return refused

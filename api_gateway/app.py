@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.errors import install_error_handlers
 from api_gateway.expiry import sweep_forever
+from api_gateway.metrics import install_metrics
 from api_gateway.routes import batches, health, sessions, turn_actions, turns
 from api_gateway.state import build_state
 from shared.settings import Settings, get_settings
@@ -44,5 +45,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(turn_actions.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
+    install_metrics(app, gateway.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app

@@ -9,6 +9,7 @@ from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api_gateway.metrics import GatewayMetrics
 from shared.broker import create_producer
 from shared.db import create_db_engine, session_factory
 from shared.db.batches import BatchRepository
@@ -34,6 +35,7 @@ class GatewayState:
     catalog: ModeCatalog
     producer: Celery
     redis: redis.Redis
+    metrics: GatewayMetrics
 
 
 def build_state(settings: Settings) -> GatewayState:
@@ -51,4 +53,5 @@ def build_state(settings: Settings) -> GatewayState:
         catalog=load_catalog(settings.modes_file),
         producer=create_producer(settings),
         redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+        metrics=GatewayMetrics(),
     )

@@ -6,6 +6,7 @@ and, where it could have recorded something, for having changed nothing in the d
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -635,3 +636,12 @@ def test_hostile_request_is_a_4xx_with_the_error_body_when_sent(
     if response.status_code == 405:
         assert response.headers.get("allow"), response.headers
     assert _counts(engine, ORG_A) == before
+
+
+def test_metrics_count_requests_by_route_template_and_accepted_turns(system: System) -> None:
+    system.run_turn({"input": "metrics"})
+    body = system.http.get("/metrics").text
+    assert 'aptix_http_requests_total{method="POST",route="/v1/turns",status="200"}' in body
+    assert 'route="/v1/turns/{turn_id}"' in body or "aptix_turns_accepted_total" in body
+    assert 'aptix_turns_accepted_total{kind="single"}' in body
+    assert not re.search(r"(turn|sess)_[0-9a-f]{32}", body), "raw ids leaked into metric labels"
