@@ -102,17 +102,6 @@ class TurnRepository:
             return None
         return row
 
-    def has_unfinished(self, session_id: str) -> bool:
-        """Whether the session has a turn that is not finished."""
-        with self._sessions() as db:
-            found = db.scalar(
-                select(TurnRow.turn_id)
-                .where(TurnRow.session_id == session_id)
-                .where(TurnRow.status.notin_(TERMINAL))
-                .limit(1)
-            )
-        return found is not None
-
     def for_session(self, session_id: str) -> list[TurnRow]:
         """The session's turns, oldest first."""
         with self._sessions() as db:
@@ -253,28 +242,23 @@ class TurnRepository:
         return None if row is None else row.state
 
     def conversation(self, session_id: str, *, before: datetime, limit: int) -> list[tuple[str, str]]:
-        """(role, content) of the session's completed turns created before ``before``, oldest first."""
+        """(role, content) of the session's last ``limit`` completed turns created before ``before``, oldest first."""
+        recent = (
+            select(TurnRow.turn_id, TurnRow.created_at)
+            .where(TurnRow.session_id == session_id)
+            .where(TurnRow.status == TurnStatus.COMPLETED.value)
+            .where(TurnRow.created_at < before)
+            .order_by(TurnRow.created_at.desc())
+            .limit(limit)
+            .subquery()
+        )
+        query = (
+            select(TranscriptItemRow.role, TranscriptItemRow.content)
+            .join(recent, recent.c.turn_id == TranscriptItemRow.turn_id)
+            .order_by(recent.c.created_at, TranscriptItemRow.seq)
+        )
         with self._sessions() as db:
-            turn_ids = list(
-                db.scalars(
-                    select(TurnRow.turn_id)
-                    .where(TurnRow.session_id == session_id)
-                    .where(TurnRow.status == TurnStatus.COMPLETED.value)
-                    .where(TurnRow.created_at < before)
-                    .order_by(TurnRow.created_at.desc())
-                    .limit(limit)
-                )
-            )
-            if not turn_ids:
-                return []
-            rows = db.execute(
-                select(TranscriptItemRow.role, TranscriptItemRow.content, TranscriptItemRow.turn_id)
-                .where(TranscriptItemRow.turn_id.in_(turn_ids))
-                .order_by(TranscriptItemRow.created_at, TranscriptItemRow.turn_id, TranscriptItemRow.seq)
-            ).all()
-        order = {turn_id: index for index, turn_id in enumerate(reversed(turn_ids))}
-        ordered = sorted(rows, key=lambda r: order[r.turn_id])
-        return [(r.role, r.content) for r in ordered]
+            return [(role, content) for role, content in db.execute(query).all()]
 
     def _by_idempotency_key(self, org_id: str, key: str) -> TurnRow | None:
         with self._sessions() as db:
