@@ -33,8 +33,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.effective_broker_url,
         "broker_connection_retry_on_startup": True,
-        # Above any pool's concurrency: Redis's default of 10 gave duplicate runs under acks_late.
-        "broker_transport_options": {"max_connections": 512, "visibility_timeout": 300},
+        # max_connections: above any pool's concurrency (Redis's default of 10 gave duplicate runs
+        # under acks_late). visibility_timeout: a message whose worker died unacknowledged comes
+        # back after this long; the driver then runs the step only if its lease (renewed by a live
+        # worker's heartbeat) has expired, which is what APTIX_STEP_LEASE_SECONDS promises. kombu
+        # scans for such messages every interval x throttle seconds (10 x 10 by default): scan
+        # every 2 s so recovery takes seconds, not minutes.
+        "broker_transport_options": {
+            "max_connections": 512,
+            "visibility_timeout": max(2 * settings.step_lease_seconds, 10),
+            "unacked_restore_interval": 2,
+            "unacked_restore_throttle": 1,
+        },
         "broker_pool_limit": 64,
         "task_serializer": "json",
         "result_serializer": "json",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import uuid
 
 import pytest
@@ -50,3 +51,31 @@ def test_paused_turn_resumes_after_the_redis_state_is_flushed(two_worker_system:
     done = system.resume(str(turn["turn_id"]), [{"call_id": call_id, "output": "after flush"}])
     assert done["status"] == "completed", done
     assert done["output_text"] == "Tool results: open_file=after flush"
+
+
+def test_step_of_a_killed_worker_runs_again_on_the_other_worker(two_worker_system: System) -> None:
+    system = two_worker_system
+    client = redis.Redis.from_url(system.env["APTIX_REDIS_URL"])
+    workers = [p for p in system.stack.processes if p.name.startswith("w") and p.alive()]
+    if len(workers) < 2:
+        workers.append(system.stack.start_worker(f"wc{uuid.uuid4().hex[:4]}"))
+    # Given a turn whose LLM call is slow, and the worker that holds that step's lease
+    marker = f"m{uuid.uuid4().hex[:8]}"
+    turn_id = system.post_turn({"input": f"[[sleep:4000]] slow {marker}"}).json()["turn_id"]
+    holder = None
+    for _ in range(100):
+        leases = [client.get(key) for key in client.keys(f"aptix:turn:{turn_id}:claim:*llm_call*")]
+        if leases and leases[0]:
+            holder = leases[0].decode().split("@")[0]
+            break
+        time.sleep(0.05)
+    assert holder is not None, "the LLM step never started"
+    victim = next(p for p in workers if p.name == holder)
+    # When that worker dies in the middle of the step
+    victim.kill(signal.SIGKILL)
+    # Then the message comes back, the lease has lapsed, and another worker runs the step to the end
+    done = system.wait_turn(turn_id, seconds=90)
+    assert done["status"] == "completed", done
+    assert done["output_text"] == f"Echo: [[sleep:4000]] slow {marker}"
+    calls = [s for s in system.trace(turn_id) if s["kind"] == "llm_call"]
+    assert len(calls) == 1 and not calls[0]["worker"].startswith(holder + "@")
