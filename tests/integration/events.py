@@ -43,12 +43,14 @@ class TaskEventRecorder:
     def succeeded_tasks(self, turn_id: str, *, settle_seconds: float = 0.0) -> list[str]:
         """Names of the tasks that succeeded for ``turn_id``, in order (after waiting ``settle_seconds``)."""
         time.sleep(settle_seconds)
-        names_by_uuid = {e["uuid"]: e.get("name") for e in self.events() if e["type"] == "task-received"}
-        args_by_uuid = {e["uuid"]: str(e.get("args", "")) for e in self.events() if e["type"] == "task-received"}
+        events = self.events()  # one snapshot: the listener keeps appending meanwhile
+        received = {e["uuid"]: e for e in events if e["type"] == "task-received"}
         return [
-            str(names_by_uuid[e["uuid"]])
-            for e in self.events()
-            if e["type"] == "task-succeeded" and turn_id in args_by_uuid.get(e["uuid"], "")
+            str(received[e["uuid"]].get("name"))
+            for e in events
+            if e["type"] == "task-succeeded"
+            and e["uuid"] in received
+            and turn_id in str(received[e["uuid"]].get("args", ""))
         ]
 
     def _run(self) -> None:
