@@ -30,6 +30,15 @@ TEST_TOOLS = [
 ]  # fmt: skip
 
 
+OPEN_FILE = {
+    "type": "function",
+    "name": "open_file",
+    "description": "Open a file on the client.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
+"""A client tool the tests declare."""
+
+
 class System:
     """Handles on the running system, with helpers the tests share."""
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KEY_B
-from tests.integration.conftest import System
+from tests.integration.conftest import OPEN_FILE, System
 from tests.integration.events import TaskEventRecorder
 
 pytestmark = pytest.mark.integration
@@ -55,11 +55,10 @@ def test_batch_of_200_turns_completes_with_right_counts_and_results(system: Syst
 
 
 def test_batch_counts_failed_and_paused_turns_by_status(system: System) -> None:
-    tool = {"type": "function", "name": "open_file", "parameters": {"type": "object", "properties": {}}}
     requests = [
         {"input": "fine"},
         {"input": "[[call:format_disk {}]]"},
-        {"input": "[[call:open_file {}]]", "tools": [tool]},
+        {"input": '[[call:open_file {"path": "a"}]]', "tools": [OPEN_FILE]},
     ]
     batch = _submit(system, requests).json()
     done = _wait_batch(system, batch["batch_id"])

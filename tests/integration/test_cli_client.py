@@ -21,16 +21,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import KEY_A
-from tests.integration.conftest import System
+from tests.integration.conftest import OPEN_FILE, System
 
 pytestmark = pytest.mark.integration
 
-OPEN_FILE = {
-    "type": "function",
-    "name": "open_file",
-    "description": "Open a file on the client.",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-}
 _TURN_ID = re.compile(r"turn: (\S+)\s+session: (\S+)")
 
 

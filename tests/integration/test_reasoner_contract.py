@@ -13,17 +13,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import System
+from tests.integration.conftest import OPEN_FILE, System
 from tests.responses_fixtures import validate_request_bodies
 
 pytestmark = pytest.mark.integration
 
-OPEN_FILE = {
-    "type": "function",
-    "name": "open_file",
-    "description": "Open a file on the client.",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-}
 
 
 def _marker() -> str:

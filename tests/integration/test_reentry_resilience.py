@@ -10,11 +10,10 @@ import uuid
 import pytest
 import redis
 
-from tests.integration.conftest import System
+from tests.integration.conftest import OPEN_FILE, System
 
 pytestmark = pytest.mark.integration
 
-OPEN_FILE = {"type": "function", "name": "open_file", "parameters": {"type": "object", "properties": {}}}
 
 
 def _pause(system: System) -> dict[str, object]:
