@@ -77,9 +77,12 @@ def _gateway(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     if args.pool == "gevent":
-        from gevent import monkey
-
-        monkey.patch_all()
+        try:
+            from gevent import monkey
+        except ImportError:
+            sys.stderr.write("--pool gevent needs gevent: pip install 'aptix-agent-workers[gevent]'\n")
+            return 2
+        monkey.patch_all()  # before psycopg and httpx are imported (FIELD-NOTES: the import-order trap)
     from shared.logging import configure_logging
     from shared.settings import get_settings
     from workers.app import create_celery
