@@ -89,17 +89,19 @@ def admit(
     )
 
 
-def enqueue_turns(gateway: GatewayState, turn_ids: list[str], *, batch: bool = False) -> list[str]:
-    """Send each turn's first step; returns the ids the broker refused (empty when all went)."""
+def enqueue_turns(gateway: GatewayState, turn_ids: list[str], *, batch: bool = False) -> None:
+    """Send each turn's first step.
+
+    Raises:
+        BrokerUnavailable: the broker refused a message (the caller's transaction then rolls back).
+    """
     priority = BATCH_START_PRIORITY if batch else INTERACTIVE_PRIORITY
-    refused: list[str] = []
-    with gateway.producer.producer_or_acquire() as producer:
-        for turn_id in turn_ids:
-            envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, priority=priority)
-            try:
+    try:
+        with gateway.producer.producer_or_acquire() as producer:
+            for turn_id in turn_ids:
+                envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, priority=priority)
                 send_step(gateway.producer, envelope, producer=producer)
-            except BROKER_ERRORS as exc:
-                logger.error("could not enqueue turn %s: %s", turn_id, exc)
-                refused.append(turn_id)
-    gateway.metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids) - len(refused))
-    return refused
+    except BROKER_ERRORS as exc:
+        logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
+        raise BrokerUnavailable(str(exc)) from exc
+    gateway.metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))

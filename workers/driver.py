@@ -30,7 +30,7 @@ from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
 from workers.steps import request_handler
 from workers.trace import trace
 
-__all__ = ["Dispatch", "StepBusy", "TRANSIENT_ERRORS", "fail_turn", "run_step"]
+__all__ = ["Dispatch", "StepBusy", "TRANSIENT_ERRORS", "TurnNotRecorded", "fail_turn", "run_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,10 @@ class Dispatch:
     countdown: float = 0.0
 
 
+class TurnNotRecorded(Exception):
+    """The turn's row is not visible (yet): the gateway enqueues before it commits."""
+
+
 class StepBusy(Exception):
     """Another worker holds this step's lease; try again after ``retry_in`` seconds."""
 
@@ -67,6 +71,7 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
 
     Raises:
         StepBusy: the step is running elsewhere.
+        TurnNotRecorded: a first message arrived before its turn's row was committed.
         Exception: one of :data:`TRANSIENT_ERRORS`, for the task to retry.
     """
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
@@ -114,7 +119,10 @@ def _load(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
         state.version = 0
         return state
     if env.step is StepName.REQUEST_HANDLER and env.round == 0:
-        return request_handler.build_state(ctx, env.turn_id)
+        state = request_handler.build_state(ctx, env.turn_id)
+        if state is None:
+            raise TurnNotRecorded(env.turn_id)
+        return state
     return None
 
 

@@ -19,12 +19,13 @@ from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.task_names import StepName, task_name
 from workers.context import StepContext, build_context
-from workers.driver import TRANSIENT_ERRORS, StepBusy, fail_turn, run_step
+from workers.driver import TRANSIENT_ERRORS, StepBusy, TurnNotRecorded, fail_turn, run_step
 
 __all__ = ["register_tasks"]
 
 logger = logging.getLogger(__name__)
 
+_UNRECORDED_RETRIES = 40
 _contexts: dict[str, StepContext] = {}
 _contexts_lock = threading.Lock()
 
@@ -60,6 +61,13 @@ def _register(app: Celery, step: StepName, settings: Settings) -> None:
             dispatch = run_step(ctx, envelope)
         except StepBusy as busy:
             raise self.retry(countdown=busy.retry_in, max_retries=None) from busy
+        except TurnNotRecorded as missing:
+            # Usually the gateway's commit is a few milliseconds behind its message. After ~20 s
+            # the turn was never recorded (the gateway failed before committing): drop the message.
+            if self.request.retries >= _UNRECORDED_RETRIES:
+                logger.warning("turn %s was never recorded; dropping its message", envelope.turn_id)
+                return
+            raise self.retry(countdown=0.5, max_retries=None) from missing
         except TRANSIENT_ERRORS:
             raise
         except Exception:  # outside any step (loading, saving): fail the turn rather than strand it

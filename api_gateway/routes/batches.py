@@ -15,7 +15,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.admission import admit, enqueue_turns
+from api_gateway.admission import BrokerUnavailable, admit, enqueue_turns
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.errors import ApiError
 from api_gateway.ids import is_batch_id, new_batch_id
@@ -23,8 +23,6 @@ from api_gateway.state import GatewayState
 from shared.db.tables import BatchRow
 from shared.db.turns import SessionBusy, to_turn
 from shared.models.batch import Batch, BatchRequest
-from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
-from shared.result import ErrorCode, ErrorInfo
 
 __all__ = ["router"]
 
@@ -79,18 +77,16 @@ def _record_batch(gateway: GatewayState, body: BatchRequest, org_id: str, user_i
     now = datetime.now(UTC)
     row = BatchRow(batch_id=batch_id, org_id=org_id, user_id=user_id, total=len(turns), created_at=now)
     try:
-        gateway.batches.create(row, turns, now=now)
+        gateway.batches.create(
+            row,
+            turns,
+            now=now,
+            before_commit=lambda: enqueue_turns(gateway, [turn.turn_id for turn in turns], batch=True),
+        )
     except SessionBusy as exc:
         raise ApiError(409, "session_busy", str(exc)) from exc
-    refused = enqueue_turns(gateway, [turn.turn_id for turn in turns], batch=True)
-    for turn_id in refused:
-        gateway.turns.finish_early(
-            turn_id,
-            status=TurnStatus.FAILED,
-            error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message="the task broker refused this turn"),
-            now=datetime.now(UTC),
-            only_if=tuple(status.value for status in UNFINISHED_STATUSES),
-        )
+    except BrokerUnavailable as exc:
+        raise ApiError(503, "unavailable", "the task broker is unavailable; the batch was not accepted") from exc
     return Batch(batch_id=batch_id, total=len(turns), counts=gateway.batches.counts(batch_id), created_at=now)
 
 

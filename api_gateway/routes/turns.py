@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.errors import ApiError
 from api_gateway.expiry import expire_overdue
-from api_gateway.admission import admit, enqueue_turns
+from api_gateway.admission import BrokerUnavailable, admit, enqueue_turns
 from api_gateway.ids import is_turn_id
 from api_gateway.state import GatewayState
 from shared.db.tables import TurnRow
@@ -59,16 +59,17 @@ async def get_turn(turn_id: str, caller: Caller, gateway: Gateway, wait: WaitSec
 def _record_turn(gateway: GatewayState, body: TurnRequest, org_id: str, user_id: str) -> TurnRow:
     turn = admit(gateway, body, org_id=org_id, user_id=user_id)
     try:
-        row, created = gateway.turns.create(turn, now=datetime.now(UTC))
+        row, _created = gateway.turns.create(
+            turn, now=datetime.now(UTC), before_commit=lambda: enqueue_turns(gateway, [turn.turn_id])
+        )
+    except BrokerUnavailable as exc:
+        raise ApiError(503, "unavailable", "the task broker is unavailable; the turn was not accepted") from exc
     except SessionBusy as exc:
         raise ApiError(409, "session_busy", f"session {turn.session_id!r} has a turn that is not finished") from exc
     except IdempotencyConflict as exc:
         raise ApiError(
             409, "idempotency_key_reused", "this idempotency_key was used before with a different request"
         ) from exc
-    if created and enqueue_turns(gateway, [row.turn_id]):
-        gateway.turns.discard(row.turn_id)
-        raise ApiError(503, "unavailable", "the task broker is unavailable; the turn was not accepted")
     return row
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -22,8 +22,12 @@ class BatchRepository:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
-    def create(self, batch: BatchRow, turns: list[NewTurn], *, now: datetime) -> None:
+    def create(
+        self, batch: BatchRow, turns: list[NewTurn], *, now: datetime, before_commit: Callable[[], None] | None = None
+    ) -> None:
         """Record the batch and all its queued turns, or nothing.
+
+        ``before_commit`` runs with every row written but not committed (see TurnRepository.create).
 
         Raises:
             SessionBusy: one of the turns' sessions has an unfinished turn.
@@ -33,6 +37,9 @@ class BatchRepository:
                 db.add(batch)
                 db.flush()
                 db.add_all([new_turn_row(turn, now=now) for turn in turns])
+                db.flush()
+                if before_commit is not None:
+                    before_commit()
         except IntegrityError as exc:
             raise SessionBusy("a session of this batch has a turn that is not finished") from exc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -63,8 +64,14 @@ class TurnRepository:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
-    def create(self, turn: NewTurn, *, now: datetime) -> tuple[TurnRow, bool]:
+    def create(
+        self, turn: NewTurn, *, now: datetime, before_commit: Callable[[], None] | None = None
+    ) -> tuple[TurnRow, bool]:
         """Record a queued turn.
+
+        ``before_commit`` runs once the row is written but not yet committed (the gateway enqueues
+        the turn there): if it raises, nothing is recorded; if the process dies after it, the
+        message finds no turn and is dropped. Either way no turn is left queued with no message.
 
         Returns:
             The row and whether it was created (False: an earlier turn with the same idempotency key).
@@ -81,6 +88,9 @@ class TurnRepository:
         try:
             with self._sessions.begin() as db:
                 db.add(row)
+                db.flush()
+                if before_commit is not None:
+                    before_commit()
         except IntegrityError as exc:
             if turn.idempotency_key is not None:
                 earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
@@ -88,11 +98,6 @@ class TurnRepository:
                     return self._same_request(earlier, turn), False
             raise SessionBusy(turn.session_id) from exc
         return row, True
-
-    def discard(self, turn_id: str) -> None:
-        """Forget a turn that was never enqueued (the broker refused it)."""
-        with self._sessions.begin() as db:
-            db.execute(delete(TurnRow).where(TurnRow.turn_id == turn_id))
 
     def get(self, turn_id: str, *, org_id: str | None = None) -> TurnRow | None:
         """The turn, scoped to ``org_id`` when given."""

@@ -645,3 +645,26 @@ def test_metrics_count_requests_by_route_template_and_accepted_turns(system: Sys
     assert 'route="/v1/turns/{turn_id}"' in body or "aptix_turns_accepted_total" in body
     assert 'aptix_turns_accepted_total{kind="single"}' in body
     assert not re.search(r"(turn|sess)_[0-9a-f]{32}", body), "raw ids leaked into metric labels"
+
+
+def test_turn_is_503_and_not_recorded_when_the_broker_is_down(system: System) -> None:
+    # Given a gateway whose broker does not answer
+    from aptix_cli.stack import free_port
+
+    _, url = system.stack.start_gateway(env={"APTIX_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
+    with engine.connect() as conn:
+        before = conn.scalar(select(func.count()).select_from(TurnRow))
+    # When a turn and a batch are posted
+    turn = system.http.post(f"{url}/v1/turns", json={"input": "lost?"}, headers=system.headers(), timeout=60)
+    batch = system.http.post(
+        f"{url}/v1/batches", json={"requests": [{"input": "a"}, {"input": "b"}]}, headers=system.headers(), timeout=60
+    )
+    ready = system.http.get(f"{url}/readyz", timeout=60)
+    # Then both are refused with 503, and no turn was left behind without a message
+    assert turn.status_code == 503 and turn.json()["error"]["code"] == "unavailable"
+    assert batch.status_code == 503
+    assert ready.status_code == 503 and ready.json()["error"]["details"]["broker"] == "down"
+    with engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(TurnRow)) == before
+    engine.dispose()
