@@ -237,13 +237,12 @@ def _batch_submit(api: ApiClient, args: argparse.Namespace) -> int:
     if args.out and not args.wait:
         raise UsageError("--out needs --wait (the results are written once every turn has finished)")
     requests = _read_batch(args.file)
+    bar = ProgressBar(sys.stderr, total=len(requests))  # its clock starts before the submission
     batch = api.create_batch(requests)
     batch_id = batch["batch_id"]
     _out(f"batch {batch_id}: {batch.get('total', len(requests))} turns")
     if not args.wait:
         return 0
-    total = int(batch.get("total", len(requests)))
-    bar = ProgressBar(sys.stderr, total=total)
     try:
         while _in_flight(batch):
             bar.update(_done(batch), batch.get("counts", {}))

@@ -113,8 +113,8 @@ def _show(turn: dict[str, Any], *, expect: str) -> dict[str, Any]:
 
 def _batch(api: ApiClient, size: int) -> str:
     requests = [{"input": f"Batch question {index}: what is {index} squared?"} for index in range(size)]
+    bar = ProgressBar(sys.stdout, total=size, interval=2.0)  # the clock starts before the submission
     batch = api.create_batch(requests)
-    bar = ProgressBar(sys.stdout, total=size, interval=2.0)
     while True:
         counts = batch["counts"]
         done = size - counts["queued"] - counts["running"]
