@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="tour the system on the embedded stack")
     demo.set_defaults(run=_demo)
 
+    bench = commands.add_parser("bench", help="print throughput and latency figures of the pipeline")
+    bench.add_argument("--turns", type=int, default=300)
+    bench.add_argument("--llm-latency-ms", type=float, default=0.0)
+    bench.add_argument("--workers", type=int, default=8, help="worker threads")
+    bench.set_defaults(run=_bench)
+
     # HTTP client commands (turn, tool-results, trace, session, batch); they import httpx only when run.
     from aptix_cli.client_commands import add_client_commands
 
@@ -130,6 +136,12 @@ def _dev(args: argparse.Namespace) -> int:
     finally:
         stack.stop()
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from aptix_cli.bench import run_bench
+
+    return run_bench(turns=args.turns, llm_latency_ms=args.llm_latency_ms, worker_threads=args.workers)
 
 
 def _demo(_args: argparse.Namespace) -> int:

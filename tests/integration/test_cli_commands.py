@@ -49,3 +49,17 @@ def test_aptix_lists_its_commands() -> None:
     done = subprocess.run([sys.executable, "-m", "aptix_cli", "--help"], capture_output=True, text=True, check=True)
     for command in ("gateway", "worker", "db", "demo"):
         assert command in done.stdout
+
+
+def test_bench_prints_its_figures(tmp_path: object) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "aptix_cli", "bench", "--turns", "20"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for label in ("throughput:", "turns/s", "latency p50/p95:", "CPU per turn:", "completed 20"):
+        assert label in done.stdout, done.stdout
