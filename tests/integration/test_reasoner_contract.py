@@ -275,7 +275,8 @@ def test_cancel_stops_a_running_turn(system: System) -> None:
     time.sleep(3)
     final = system.wait_turn(turn_id)
     assert final["status"] == "cancelled"
-    assert len(system.llm_requests(marker)) == 1, "the turn went on after it was cancelled"
+    # At most the call in flight when it was cancelled; without the cancel the tool result makes a second.
+    assert len(system.llm_requests(marker)) <= 1, "the turn went on after it was cancelled"
 
 
 def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(system: System) -> None:
