@@ -20,7 +20,7 @@ from sqlalchemy.exc import OperationalError
 from shared.errors import StateConflict
 from shared.logging import log_context
 from shared.models.envelope import TurnEnvelope
-from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
+from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import TurnState
 from shared.task_names import StepName
@@ -104,7 +104,6 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
         status=TurnStatus.FAILED,
         error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message),
         now=ctx.clock(),
-        only_if=tuple(status.value for status in UNFINISHED_STATUSES),
     )
 
 

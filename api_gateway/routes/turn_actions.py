@@ -21,7 +21,7 @@ from shared.db.tables import TurnRow
 from shared.db.turns import to_turn
 from shared.models.envelope import BATCH_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.models.trace import TraceStep, TurnTrace
-from shared.models.turn import UNFINISHED_STATUSES, Turn, TurnHandle, ToolResultsRequest, TurnStatus
+from shared.models.turn import Turn, TurnHandle, ToolResultsRequest, TurnStatus
 from shared.result import ErrorCode, ErrorInfo
 from shared.state import RedisStateStore
 from shared.task_names import StepName
@@ -93,7 +93,6 @@ def _cancel(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
         status=TurnStatus.CANCELLED,
         error=ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client"),
         now=datetime.now(UTC),
-        only_if=tuple(status.value for status in UNFINISHED_STATUSES),
     )
     if cancelled is None:
         current = require_turn(gateway, turn_id, org_id)

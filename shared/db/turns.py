@@ -11,12 +11,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
-from shared.models.turn import ModeChange, PendingToolCall, Turn, TurnStatus, Usage
+from shared.models.turn import UNFINISHED_STATUSES, ModeChange, PendingToolCall, Turn, TurnStatus, Usage
 from shared.result import ErrorInfo
 
 __all__ = ["IdempotencyConflict", "NewTurn", "SessionBusy", "TurnRepository", "new_turn_row", "to_turn"]
 
 TERMINAL = (TurnStatus.COMPLETED.value, TurnStatus.FAILED.value, TurnStatus.CANCELLED.value)
+UNFINISHED = tuple(status.value for status in UNFINISHED_STATUSES)
 
 
 class SessionBusy(Exception):
@@ -204,7 +205,13 @@ class TurnRepository:
                 row.updated_at = now
 
     def finish_early(
-        self, turn_id: str, *, status: TurnStatus, error: ErrorInfo, now: datetime, only_if: tuple[str, ...]
+        self,
+        turn_id: str,
+        *,
+        status: TurnStatus,
+        error: ErrorInfo,
+        now: datetime,
+        only_if: tuple[str, ...] = UNFINISHED,
     ) -> TurnRow | None:
         """End a turn from outside the pipeline (cancel, client-tool timeout) if its status is in ``only_if``.
 

@@ -52,6 +52,8 @@ class TurnState(BaseModel):
     org_id: str
     user_id: str
     batch_id: str | None = None
+    created_at: datetime | None = None
+    """When the gateway accepted the turn: the conversation context is the turns before it."""
     version: int = 0
     """Bumped by every save; a save from a stale copy is refused."""
     round: int = 0

@@ -34,6 +34,7 @@ def build_state(ctx: StepContext, turn_id: str) -> TurnState | None:
         org_id=row.org_id,
         user_id=row.user_id,
         batch_id=row.batch_id,
+        created_at=row.created_at,
         new_session=row.new_session,
         requested_mode=row.requested_mode,
         user_input=str(row.request["input"]),

@@ -26,8 +26,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if ctx.catalog.get(state.mode) is None:
         logger.warning("session %s is in mode %r, which the catalog no longer has", state.session_id, state.mode)
         state.mode = ctx.catalog.default_mode
-    turn = ctx.turns.get(state.turn_id)
-    before = turn.created_at if turn is not None else ctx.clock()
+    before = state.created_at or ctx.clock()
     conversation = ctx.turns.conversation(state.session_id, before=before, limit=ctx.settings.history_turns)
     state.history = [{"type": "message", "role": role, "content": content} for role, content in conversation]
     return success(Continue(StepName.CONTEXT_PROVIDER_INITIALIZER))
