@@ -16,13 +16,13 @@ from api_gateway.errors import ApiError
 from api_gateway.expiry import expire_overdue
 from api_gateway.ids import is_session_id, new_session_id, new_turn_id
 from api_gateway.state import GatewayState
-from shared.broker import BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, send_step
+from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, send_step
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnRequest
 from shared.db.turns import NewTurn
 from shared.task_names import StepName
 
-__all__ = ["BrokerUnavailable", "admit", "enqueue_turns"]
+__all__ = ["BrokerUnavailable", "admit", "enqueue_reentry", "enqueue_turns"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,3 +105,18 @@ def enqueue_turns(gateway: GatewayState, turn_ids: list[str], *, batch: bool = F
         logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
         raise BrokerUnavailable(str(exc)) from exc
     gateway.metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))
+
+
+def enqueue_reentry(gateway: GatewayState, turn_id: str, *, round_: int, batch: bool) -> None:
+    """Send the first step of a tool-results re-entry.
+
+    Raises:
+        BrokerUnavailable: the broker refused the message.
+    """
+    priority = BATCH_PRIORITY if batch else INTERACTIVE_PRIORITY
+    envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)
+    try:
+        send_step(gateway.producer, envelope)
+    except BROKER_ERRORS as exc:
+        logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
+        raise BrokerUnavailable(str(exc)) from exc

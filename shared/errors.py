@@ -3,12 +3,13 @@
     AptixError
     ├── ConfigurationError      bad settings or mode catalog, refused at start-up
     ├── LlmError                the Responses API answered with an error or an unusable body
-    └── StateConflict           a concurrent writer changed turn state first
+    ├── StateConflict           a concurrent writer changed turn state first
+    └── TurnNotRecorded         a message arrived before the gateway's commit of its turn was visible
 """
 
 from __future__ import annotations
 
-__all__ = ["AptixError", "ConfigurationError", "LlmError", "StateConflict"]
+__all__ = ["AptixError", "ConfigurationError", "LlmError", "StateConflict", "TurnNotRecorded"]
 
 
 class AptixError(Exception):
@@ -21,6 +22,10 @@ class ConfigurationError(AptixError):
 
 class StateConflict(AptixError):
     """Turn state changed under us (a duplicate delivery raced this one)."""
+
+
+class TurnNotRecorded(AptixError):
+    """The turn's row (or its latest change) is not visible yet: the gateway enqueues before it commits."""
 
 
 class LlmError(AptixError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import redis
 from sqlalchemy.exc import OperationalError
 
-from shared.errors import StateConflict
+from shared.errors import StateConflict, TurnNotRecorded
 from shared.logging import log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
@@ -41,6 +41,7 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     StateConflict,
 )
 """Errors a task retries: the step's work is either undone or recorded, so running again is safe."""
+_RETRIED: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, TurnNotRecorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +50,6 @@ class Dispatch:
 
     envelope: TurnEnvelope
     countdown: float = 0.0
-
-
-class TurnNotRecorded(Exception):
-    """The turn's row is not visible (yet): the gateway enqueues before it commits."""
 
 
 class StepBusy(Exception):
@@ -136,7 +133,7 @@ def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResu
         return failure(ErrorCode.INTERNAL_ERROR, f"no step {env.step.value!r} in the step map")
     try:
         result = spec.run(ctx, env, state)
-    except TRANSIENT_ERRORS:
+    except _RETRIED:
         raise
     except Exception:  # the one place a bug becomes a failed turn instead of a stuck one
         logger.exception("step %s of turn %s raised", env.step_key, env.turn_id)

@@ -7,24 +7,21 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from kombu.exceptions import OperationalError as BrokerError
 from redis import RedisError
 from starlette.concurrency import run_in_threadpool
 
+from api_gateway.admission import BrokerUnavailable, enqueue_reentry
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.errors import ApiError
 from api_gateway.expiry import expire_overdue
 from api_gateway.routes.turns import WaitSeconds, require_turn, wait_for
 from api_gateway.state import GatewayState
-from shared.broker import send_step
 from shared.db.tables import TurnRow
 from shared.db.turns import to_turn
-from shared.models.envelope import BATCH_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.models.trace import TraceStep, TurnTrace
 from shared.models.turn import Turn, TurnHandle, ToolResultsRequest, TurnStatus
 from shared.result import ErrorCode, ErrorInfo
 from shared.state import RedisStateStore
-from shared.task_names import StepName
 
 __all__ = ["router"]
 
@@ -66,7 +63,15 @@ def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsR
     row = require_turn(gateway, turn_id, org_id)
     expire_overdue(gateway, turn_id=turn_id)
     results = [result.model_dump() for result in body.tool_results]
-    round_ = gateway.turns.accept_tool_results(turn_id, results=results, now=datetime.now(UTC))
+    try:
+        round_ = gateway.turns.accept_tool_results(
+            turn_id,
+            results=results,
+            now=datetime.now(UTC),
+            before_commit=lambda round_: enqueue_reentry(gateway, turn_id, round_=round_, batch=row.batch_id is not None),
+        )
+    except BrokerUnavailable as exc:
+        raise ApiError(503, "unavailable", "the task broker is unavailable; the results were not accepted") from exc
     if round_ is None:
         current = require_turn(gateway, turn_id, org_id)
         raise ApiError(
@@ -74,14 +79,6 @@ def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsR
             "turn_not_awaiting_tool_results",
             f"turn {turn_id!r} is {current.status}, not requires_client_tools",
         )
-    try:
-        priority = BATCH_PRIORITY if row.batch_id else INTERACTIVE_PRIORITY
-        envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)
-        send_step(gateway.producer, envelope)
-    except (BrokerError, RedisError, OSError) as exc:
-        logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
-        gateway.turns.reopen_for_tool_results(turn_id, round_=round_, pending=row.pending_tool_calls, now=datetime.now(UTC))
-        raise ApiError(503, "unavailable", "the task broker is unavailable; the results were not accepted") from exc
     return require_turn(gateway, turn_id, org_id)
 
 

@@ -176,8 +176,18 @@ class TurnRepository:
             self._snapshot(db, turn_id, snapshot, now=now)
         return True
 
-    def accept_tool_results(self, turn_id: str, *, results: list[dict[str, str]], now: datetime) -> int | None:
+    def accept_tool_results(
+        self,
+        turn_id: str,
+        *,
+        results: list[dict[str, str]],
+        now: datetime,
+        before_commit: Callable[[int], None] | None = None,
+    ) -> int | None:
         """Move a turn waiting for client tools back to running with the posted results.
+
+        ``before_commit`` gets the new round once the change is written but not committed (the
+        gateway enqueues the re-entry there, as for new turns): if it raises, nothing changes.
 
         Returns:
             The new round number, or None when the turn was not waiting (a concurrent post won).
@@ -191,18 +201,10 @@ class TurnRepository:
             row.client_tool_results = results
             row.pending_tool_calls = []
             row.updated_at = now
+            db.flush()
+            if before_commit is not None:
+                before_commit(row.round)
             return row.round
-
-    def reopen_for_tool_results(self, turn_id: str, *, round_: int, pending: list[Any], now: datetime) -> None:
-        """Undo :meth:`accept_tool_results` when the re-entry could not be enqueued."""
-        with self._sessions.begin() as db:
-            row = db.get(TurnRow, turn_id, with_for_update=True)
-            if row is not None and row.round == round_ and row.status == TurnStatus.RUNNING.value:
-                row.round -= 1
-                row.status = TurnStatus.REQUIRES_CLIENT_TOOLS.value
-                row.pending_tool_calls = pending
-                row.client_tool_results = None
-                row.updated_at = now
 
     def finish_early(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import pytest
 import redis
 import yaml
 
-from aptix_cli.stack import LocalStack
+from aptix_cli.stack import LocalStack, ManagedProcess
 from scripted_llm import ScriptedServer
 from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
 from tests.integration.events import TaskEventRecorder
@@ -203,6 +203,23 @@ def redis_urls_base() -> str:
     from tests.services_check import redis_url
 
     return redis_url().rstrip("/")
+
+
+@pytest.fixture
+def extra_gateway(system: System) -> Iterator[Callable[[dict[str, str]], str]]:
+    """Start another gateway process with some settings changed; it stops when the test ends
+    (a gateway left running would keep sweeping the shared database with its own settings)."""
+    started: list[ManagedProcess] = []
+
+    def start(env: dict[str, str]) -> str:
+        process, url = system.stack.start_gateway(env=env)
+        started.append(process)
+        return url
+
+    yield start
+    for process in started:
+        process.stop()
+        system.stack.processes.remove(process)
 
 
 @pytest.fixture(scope="session")

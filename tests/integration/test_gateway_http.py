@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -647,11 +647,13 @@ def test_metrics_count_requests_by_route_template_and_accepted_turns(system: Sys
     assert not re.search(r"(turn|sess)_[0-9a-f]{32}", body), "raw ids leaked into metric labels"
 
 
-def test_turn_is_503_and_not_recorded_when_the_broker_is_down(system: System) -> None:
+def test_turn_is_503_and_not_recorded_when_the_broker_is_down(
+    system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
     # Given a gateway whose broker does not answer
     from aptix_cli.stack import free_port
 
-    _, url = system.stack.start_gateway(env={"APTIX_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    url = extra_gateway({"APTIX_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
     engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
     with engine.connect() as conn:
         before = conn.scalar(select(func.count()).select_from(TurnRow))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -279,8 +280,10 @@ def test_cancel_stops_a_running_turn(system: System) -> None:
     assert len(system.llm_requests(marker)) <= 1, "the turn went on after it was cancelled"
 
 
-def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(system: System) -> None:
-    _, url = system.stack.start_gateway(env={"APTIX_CLIENT_TOOL_TIMEOUT_SECONDS": "1"})
+def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(
+    system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    url = extra_gateway({"APTIX_CLIENT_TOOL_TIMEOUT_SECONDS": "1"})
     turn = _pause(system)
     time.sleep(1.5)
     response = system.http.get(f"{url}/v1/turns/{turn['turn_id']}", headers=system.headers())
@@ -327,3 +330,24 @@ def test_turn_actions_refuse_bad_callers_and_bodies_without_touching_the_turn(sy
     unknown = system.http.post("/v1/turns/turn_nope/cancel", headers=system.headers())
     assert unknown.status_code == 404
     assert system.wait_turn(turn_id)["status"] == "requires_client_tools"
+
+
+def test_tool_results_are_503_and_change_nothing_when_the_broker_is_down(
+    system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    from aptix_cli.stack import free_port
+
+    turn = _pause(system)
+    url = extra_gateway({"APTIX_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    call_id = turn["pending_tool_calls"][0]["call_id"]
+    refused = system.http.post(
+        f"{url}/v1/turns/{turn['turn_id']}/tool-results",
+        json={"tool_results": [{"call_id": call_id, "output": "x"}]},
+        headers=system.headers(),
+        timeout=60,
+    )
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable"
+    still = system.wait_turn(turn["turn_id"])
+    assert still["status"] == "requires_client_tools" and still["pending_tool_calls"] == turn["pending_tool_calls"]
+    done = system.resume(turn["turn_id"], [{"call_id": call_id, "output": "after the outage"}])
+    assert done["status"] == "completed" and done["output_text"] == "Tool results: open_file=after the outage"
