@@ -114,8 +114,19 @@ class DevStack:
         while self._gateway is not None and not self._gateway.should_exit:
             time.sleep(0.2)
 
-    def stop(self) -> None:
-        """Stop the gateway, the worker threads and the embedded services."""
+    def stop(self, *, timeout: float = 20.0) -> None:
+        """Stop the gateway, the worker threads and the embedded services, waiting ``timeout`` at most.
+
+        A worker thread stuck in a blocking call must not keep ``aptix dev`` from ending on Ctrl-C;
+        what has not stopped by then is left to the process exit.
+        """
+        stopper = threading.Thread(target=self._stop_all, name="aptix-dev-stop", daemon=True)
+        stopper.start()
+        stopper.join(timeout)
+        if stopper.is_alive():
+            logger.warning("the dev stack did not stop within %.0fs; leaving it to the process exit", timeout)
+
+    def _stop_all(self) -> None:
         if self._gateway is not None:
             self._gateway.should_exit = True
         if self._worker is not None:

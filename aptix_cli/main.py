@@ -7,6 +7,7 @@ standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound w
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +22,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     result: int = args.run(args)
+    if args.command in _IN_PROCESS_STACK_COMMANDS:
+        # The in-process Celery worker leaves non-daemon pool threads behind; the stack is already
+        # stopped, so end now rather than let interpreter shutdown wait on them.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(result)
     return result
+
+
+_IN_PROCESS_STACK_COMMANDS = frozenset({"dev", "demo", "bench"})
 
 
 def _parser() -> argparse.ArgumentParser:
