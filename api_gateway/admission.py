@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 
 from kombu.exceptions import OperationalError as BrokerError
 from redis import RedisError
@@ -90,13 +91,18 @@ def admit(
 
 
 def enqueue_turns(gateway: GatewayState, turn_ids: list[str], *, batch: bool = False) -> None:
-    """Send each turn's first step.
+    """Send each turn's first step, and mark the turns in flight for the reconciler.
+
+    A first message may wait in the broker behind a backlog: the marker says so for
+    ``APTIX_RECONCILER_QUEUED_SECONDS``, so the reconciler does not send it twice meanwhile (a broker
+    that loses its messages loses the markers with them, or the reconciler notices and drops them).
 
     Raises:
-        BrokerUnavailable: the broker refused a message (the caller's transaction then rolls back).
+        BrokerUnavailable: the broker or the state store refused (the caller's transaction then rolls back).
     """
     priority = BATCH_START_PRIORITY if batch else INTERACTIVE_PRIORITY
     try:
+        _mark_queued(gateway, turn_ids)
         with gateway.producer.producer_or_acquire() as producer:
             for turn_id in turn_ids:
                 envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, priority=priority)
@@ -116,7 +122,13 @@ def enqueue_reentry(gateway: GatewayState, turn_id: str, *, round_: int, batch: 
     priority = BATCH_PRIORITY if batch else INTERACTIVE_PRIORITY
     envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)
     try:
+        _mark_queued(gateway, [turn_id])
         send_step(gateway.producer, envelope)
     except BROKER_ERRORS as exc:
         logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
         raise BrokerUnavailable(str(exc)) from exc
+
+
+def _mark_queued(gateway: GatewayState, turn_ids: list[str]) -> None:
+    until = time.time() + gateway.settings.reconciler_queued_seconds
+    gateway.store.mark_alive(turn_ids, until=until)

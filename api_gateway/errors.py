@@ -6,14 +6,30 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["ApiError", "error_response", "install_error_handlers"]
+__all__ = ["ApiError", "RETRY_AFTER_SECONDS", "UNAVAILABLE_ERRORS", "error_response", "install_error_handlers"]
 
 logger = logging.getLogger(__name__)
+
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    OperationalError,
+    InterfaceError,
+    PoolTimeout,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    BrokerError,
+)
+"""A dependency (database, Redis, broker) did not answer: 503 ``unavailable``, never 500."""
+RETRY_AFTER_SECONDS = 2
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -46,6 +62,8 @@ def error_response(
     extra = dict(headers or {})
     if status_code == 401:
         extra.setdefault("WWW-Authenticate", "Bearer")
+    if status_code == 503:
+        extra.setdefault("Retry-After", str(RETRY_AFTER_SECONDS))
     return JSONResponse(
         status_code=status_code,
         content={"error": {"code": code, "message": message, "details": details}},
@@ -78,6 +96,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
         return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+    async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        logger.warning("a dependency is unavailable: %s: %s", type(exc).__name__, str(exc).splitlines()[0][:200])
+        return error_response(
+            503,
+            "unavailable",
+            "a dependency of the gateway (database, Redis or broker) is unavailable; retry shortly "
+            "(with the same idempotency_key, a retried POST /v1/turns cannot create the turn twice)",
+        )
+
+    for error in UNAVAILABLE_ERRORS:
+        app.add_exception_handler(error, _unavailable)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:

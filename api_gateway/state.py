@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import redis
 from celery import Celery
@@ -17,6 +18,7 @@ from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
+from shared.state import RedisStateStore
 
 __all__ = ["GatewayState", "build_state"]
 
@@ -35,13 +37,20 @@ class GatewayState:
     catalog: ModeCatalog
     producer: Celery
     redis: redis.Redis
+    store: RedisStateStore
+    """The turn state store (cancel flags, in-flight markers, live traces)."""
     metrics: GatewayMetrics
+
+    def deadline(self) -> datetime:
+        """The reconciler deadline of a turn accepted or resumed now."""
+        return datetime.now(UTC) + timedelta(seconds=self.settings.reconciler_deadline_seconds)
 
 
 def build_state(settings: Settings) -> GatewayState:
     """Connect the gateway's ports (lazily: nothing is contacted until a request needs it)."""
     engine = create_db_engine(settings.database_url)
     db = session_factory(engine)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     return GatewayState(
         settings=settings,
         api_keys=settings.accepted_api_keys,
@@ -52,6 +61,7 @@ def build_state(settings: Settings) -> GatewayState:
         batches=BatchRepository(db),
         catalog=load_catalog(settings.modes_file),
         producer=create_producer(settings),
-        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+        redis=client,
+        store=RedisStateStore(client),
         metrics=GatewayMetrics(),
     )

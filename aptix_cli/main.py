@@ -49,7 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, default=None)
     worker.add_argument("--hostname", default=None)
     worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument(
+        "--no-reconciler", action="store_true", help="do not run a copy of the reconciler in this worker"
+    )
     worker.set_defaults(run=_worker)
+
+    reconciler = commands.add_parser(
+        "reconciler", help="run the reconciler apart from the workers (re-drives turns that stopped moving)"
+    )
+    reconciler.add_argument("--loglevel", default="INFO")
+    reconciler.set_defaults(run=_reconciler)
 
     db = commands.add_parser("db", help="database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True)
@@ -104,13 +113,52 @@ def _worker(args: argparse.Namespace) -> int:
     from workers.app import create_celery
 
     configure_logging(args.loglevel)
-    app = create_celery(get_settings())
+    app = create_celery(get_settings(), reconciler=not args.no_reconciler)
     argv = ["worker", "-Q", args.queues, "-P", args.pool, "-E", "--loglevel", args.loglevel, "--without-gossip"]
     if args.concurrency:
         argv += ["-c", str(args.concurrency)]
     if args.hostname:
         argv += ["-n", args.hostname]
     app.worker_main(argv)
+    return 0
+
+
+def _reconciler(args: argparse.Namespace) -> int:
+    import signal
+    import socket
+    import threading
+
+    from shared.broker import create_producer, send_step, visibility_timeout
+    from shared.db import create_db_engine, session_factory
+    from shared.db.turns import TurnRepository
+    from shared.logging import configure_logging
+    from shared.models.envelope import TurnEnvelope
+    from shared.settings import get_settings
+    from shared.state import RedisStateStore
+    from workers.dispatcher import Dispatcher
+    from workers.runtime import build_reconciler
+
+    configure_logging(args.loglevel)
+    settings = get_settings()
+    producer = create_producer(settings)
+
+    def send(envelope: TurnEnvelope, countdown: float) -> None:
+        send_step(producer, envelope, countdown=countdown)
+
+    store = RedisStateStore.from_url(settings.redis_url)
+    reconciler = build_reconciler(
+        settings,
+        turns=TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=2))),
+        store=store,
+        dispatcher=Dispatcher(send, store, park_after=visibility_timeout(settings) / 2),
+        owner=f"reconciler@{socket.gethostname()}:{os.getpid()}",
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    sys.stderr.write(f"aptix reconciler running (scan every {settings.reconciler_interval_seconds:g}s); ready.\n")
+    sys.stderr.flush()
+    reconciler.run(stop)
     return 0
 
 

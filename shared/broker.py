@@ -23,6 +23,7 @@ __all__ = [
     "celery_config",
     "create_producer",
     "send_step",
+    "visibility_timeout",
 ]
 
 
@@ -41,7 +42,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # every 2 s so recovery takes seconds, not minutes.
         "broker_transport_options": {
             "max_connections": 512,
-            "visibility_timeout": max(2 * settings.step_lease_seconds, 10),
+            "visibility_timeout": visibility_timeout(settings),
             "unacked_restore_interval": 2,
             "unacked_restore_throttle": 1,
         },
@@ -68,6 +69,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_routes": {name: {"queue": queue.value} for name, queue in TASK_QUEUES.items()},
         "worker_hijack_root_logger": False,
     }
+
+
+def visibility_timeout(settings: Settings) -> int:
+    """Seconds after which the Redis transport hands an unacknowledged message to another worker."""
+    return max(2 * settings.step_lease_seconds, 10)
 
 
 def create_producer(settings: Settings) -> Celery:

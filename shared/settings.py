@@ -74,8 +74,14 @@ class Settings(BaseSettings):
     """Model name sent in each request."""
     llm_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
     """Timeout of one LLM HTTP call."""
-    llm_max_attempts: PositiveInt = 4
-    """Attempts of one LLM call when the server answers 429 or 5xx."""
+    llm_max_attempts: PositiveInt = 20
+    """Calls made for one LLM step before the turn fails; waits while the breaker is open are not calls."""
+    llm_retry_budget_seconds: Annotated[float, Field(gt=0)] = 300.0
+    """How long one LLM step keeps retrying (429, 5xx, timeouts, connection errors) before the turn fails."""
+    llm_breaker_failures: PositiveInt = 5
+    """Consecutive failed calls to a model that open its circuit breaker (shared by every worker)."""
+    llm_breaker_open_seconds: Annotated[float, Field(gt=0)] = 5.0
+    """How long an opened breaker lets no call through; doubles after each failed probe, up to 60 s."""
     api_keys: str = ""
     """Comma-separated ``key:org_id:user_id`` triples the gateway accepts."""
     modes_file: str | None = None
@@ -92,6 +98,16 @@ class Settings(BaseSettings):
     """Most requests one ``POST /v1/batches`` may carry."""
     history_turns: PositiveInt = 50
     """How many earlier turns of a session a follow-up turn sends as conversation context."""
+    reconciler_deadline_seconds: PositiveInt = 60
+    """A running turn that made no progress (no step finished, no lease renewed) for this long is re-driven."""
+    reconciler_interval_seconds: Annotated[float, Field(gt=0)] = 5.0
+    """How often the active reconciler looks for turns past their deadline."""
+    reconciler_queued_seconds: PositiveInt = 3600
+    """How long a turn's first message may wait in the broker before the reconciler sends it again."""
+    reconciler_max_redrives: PositiveInt = 5
+    """Re-drives after which a turn that still does not move fails (``internal_error``)."""
+    tool_threads: PositiveInt = 16
+    """Threads a worker process runs server tools on; a handler that overruns its timeout keeps its thread."""
 
     @field_validator("api_keys")
     @classmethod

@@ -1,4 +1,5 @@
-"""The Celery app of the workers: shared config plus one registered task per pipeline step.
+"""The Celery app of the workers: shared config, one registered task per pipeline step, and the
+worker signals that build each process's runtime and start its reconciler copy.
 
 ``create_celery(settings)`` is the factory. ``celery_app`` exists for ``celery -A
 workers.app:celery_app`` and is built on first access, not at import.
@@ -8,25 +9,60 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
-from shared.broker import celery_config
+from shared.broker import celery_config, send_step
+from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings, get_settings
+from workers.runtime import WorkerRuntime
 
 __all__ = ["create_celery"]
 
 
-def create_celery(settings: Settings) -> Celery:
-    """The worker app for ``settings``, with every step task registered."""
+def create_celery(settings: Settings, *, reconciler: bool = True) -> Celery:
+    """The worker app for ``settings``, with every step task registered.
+
+    Args:
+        settings: the worker's settings.
+        reconciler: whether the worker runs a copy of the reconciler (``aptix worker --no-reconciler``).
+    """
     from workers.tasks import register_tasks
 
     app = Celery("aptix", set_as_current=True)
     # Tasks run by an in-process WorkController (aptix dev) resolve ``self.app`` through the
-    # default app; make that this one so retries and sends use this app's broker.
+    # default app; make that this one so sends use this app's broker.
     app.set_default()
     app.conf.update(celery_config(settings))
-    register_tasks(app, settings)
+
+    def send(envelope: TurnEnvelope, countdown: float) -> None:
+        send_step(app, envelope, countdown=countdown)
+
+    runtime = WorkerRuntime(settings, send, reconciler=reconciler)
+    register_tasks(app, runtime)
+    _connect_signals(app, runtime)
     return app
+
+
+def _connect_signals(app: Celery, runtime: WorkerRuntime) -> None:
+    def on_init(sender: Any = None, **_kwargs: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            runtime.start(str(sender.hostname))
+
+    def on_child(**_kwargs: Any) -> None:
+        runtime.restart_in_child()
+
+    def on_ready(sender: Any = None, **_kwargs: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            runtime.start_reconciler()
+
+    def on_shutdown(sender: Any = None, **_kwargs: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            runtime.stop_reconciler()
+
+    signals.worker_init.connect(on_init, weak=False)
+    signals.worker_process_init.connect(on_child, weak=False)
+    signals.worker_ready.connect(on_ready, weak=False)
+    signals.worker_shutdown.connect(on_shutdown, weak=False)
 
 
 _APP: Celery | None = None

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
-import socket
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, Protocol
 
-from sqlalchemy.orm import Session, sessionmaker
+import redis
+from sqlalchemy import Engine
 
 from shared.db import create_db_engine, session_factory
 from shared.db.sessions import SessionRepository
+from shared.db.tool_runs import ToolRunRepository
 from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import RedisStateStore, StateStore
+from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.types import LlmResponse
+from workers.tools.executor import ToolExecutor
 from workers.tools.registry import ToolRegistry
 
-__all__ = ["LlmPort", "StepContext", "build_context", "utc_now"]
+__all__ = ["BreakerPort", "LlmPort", "StepContext", "breakers_on", "build_context", "utc_now"]
 
 
 class LlmPort(Protocol):
@@ -27,6 +32,19 @@ class LlmPort(Protocol):
 
     def create(self, request: dict[str, Any]) -> LlmResponse:
         """Send one Responses API request."""
+
+
+class BreakerPort(Protocol):
+    """A model's circuit breaker, shared by every worker (``workers.llm.breaker``)."""
+
+    def before_call(self, now: float) -> float:
+        """0 to call now, else the seconds to wait."""
+
+    def record_success(self, now: float) -> None:
+        """The call succeeded."""
+
+    def record_failure(self, now: float) -> None:
+        """The call failed (transport error, timeout, 5xx)."""
 
 
 def utc_now() -> datetime:
@@ -39,42 +57,74 @@ class StepContext:
     """The ports of one worker process."""
 
     settings: Settings
+    engine: Engine
     store: StateStore
-    db: sessionmaker[Session]
     sessions: SessionRepository
     turns: TurnRepository
+    tool_runs: ToolRunRepository
     catalog: ModeCatalog
     tools: ToolRegistry
+    executor: ToolExecutor
     llm: LlmPort
+    breaker: Callable[[str], BreakerPort]
+    """The breaker of a model, by model name."""
+    hostname: str
     clock: Callable[[], datetime] = utc_now
-    hostname: str = socket.gethostname()
+    random: Callable[[], float] = field(default=random.random)
 
     @property
     def state_ttl_seconds(self) -> int:
         """How long Redis keeps a turn's state; past the client-tool timeout the snapshot takes over."""
         return max(86400, self.settings.client_tool_timeout_seconds + 3600)
 
+    def deadline(self) -> datetime:
+        """The database deadline of a turn that moves now (``APTIX_RECONCILER_DEADLINE_SECONDS`` ahead)."""
+        return self.clock() + timedelta(seconds=self.settings.reconciler_deadline_seconds)
 
-def build_context(settings: Settings, *, hostname: str | None = None, llm: LlmPort | None = None) -> StepContext:
-    """Build the context of a worker process from its settings."""
+    def alive_until(self, wait_seconds: float = 0.0) -> float:
+        """The in-flight marker of a turn that moves now and waits ``wait_seconds`` before its next step."""
+        return self.clock().timestamp() + wait_seconds + self.settings.reconciler_deadline_seconds
+
+
+def breakers_on(client: redis.Redis, settings: Settings) -> Callable[[str], BreakerPort]:
+    """One shared breaker per model name, on ``client``."""
+
+    @lru_cache(maxsize=64)
+    def breaker(model: str) -> BreakerPort:
+        return CircuitBreaker(
+            client,
+            name=breaker_key(settings.llm_base_url, model),
+            failure_threshold=settings.llm_breaker_failures,
+            open_seconds=settings.llm_breaker_open_seconds,
+        )
+
+    return breaker
+
+
+def build_context(settings: Settings, *, hostname: str, llm: LlmPort | None = None) -> StepContext:
+    """Build the context of a worker process from its settings (nothing connects until first use)."""
     from workers.llm.client import ResponsesClient  # the client owns a connection pool; build it here only
 
     engine = create_db_engine(settings.database_url)
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
+    store = RedisStateStore.from_url(settings.redis_url)
     return StepContext(
         settings=settings,
-        store=RedisStateStore.from_url(settings.redis_url),
-        db=db,
+        engine=engine,
+        store=store,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),
+        tool_runs=ToolRunRepository(db),
         catalog=catalog,
         tools=ToolRegistry.from_catalog(catalog),
+        executor=ToolExecutor(settings.tool_threads),
         llm=llm
         or ResponsesClient(
             base_url=settings.llm_base_url,
             api_key=settings.llm_api_key.get_secret_value(),
             timeout=settings.llm_timeout_seconds,
         ),
-        hostname=hostname or socket.gethostname(),
+        breaker=breakers_on(store.client, settings),
+        hostname=hostname,
     )

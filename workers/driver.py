@@ -1,10 +1,16 @@
-"""run_step: the one driver every step task goes through.
+"""run_step: the one driver every step task goes through, and the only user of the retry policy.
 
-It loads the turn state (Redis, else the database snapshot, else — for the request handler — the
-recorded request), skips a step that already ran (redelivery), takes the step's lease, runs the
-step, records the outcome, saves the state and says which task to send next. It is the only place
-an unexpected exception becomes ``internal_error``; connection blips (Redis, database) and lost
-races propagate so the task is retried.
+It loads the turn state (from Redis; else from the turn's durable checkpoint when the message is the
+step that checkpoint carries on with; else, for the turn's first message, from the recorded
+request), skips a step that already ran (redelivery), takes the step's lease, runs the step, writes
+a durable checkpoint after the steps the step map marks, records the outcome and the turn's
+frontier (the next message), saves the state (moving the turn's in-flight marker) and says which
+message to send next.
+
+Every kind of "not now" ends here as the same message sent again later, with a delay and a budget
+from :mod:`workers.retry`: a model that cannot answer (RetryAfter from the step), a step leased by
+another worker, a turn whose row is not visible yet, an unreachable Redis, database or broker. It is
+the only place an unexpected exception becomes ``internal_error``.
 """
 
 from __future__ import annotations
@@ -15,83 +21,71 @@ import uuid
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared.errors import StateConflict, TurnNotRecorded
 from shared.logging import log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
-from shared.state import TurnState
+from shared.state import ModelRetry, TurnState
 from shared.task_names import StepName
+from workers import retry
 from workers.context import StepContext
 from workers.next_step import Continue, Next, RetryAfter, Stop
 from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
-from workers.steps import request_handler
+from workers.steps import request_handler, session_context_resolver
 from workers.trace import trace
 
-__all__ = ["Dispatch", "StepBusy", "TRANSIENT_ERRORS", "TurnNotRecorded", "fail_turn", "run_step"]
+__all__ = ["Dispatch", "TRANSIENT_ERRORS", "fail_turn", "run_step"]
 
 logger = logging.getLogger(__name__)
 
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
+    redis.exceptions.BusyLoadingError,
     OperationalError,
+    PoolTimeout,
     StateConflict,
 )
-"""Errors a task retries: the step's work is either undone or recorded, so running again is safe."""
-_RETRIED: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, TurnNotRecorded)
+"""Errors after which the step runs again later: its work is either undone or recorded."""
+_PASSED_ON: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, TurnNotRecorded)
 
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """A task the caller must send."""
+    """A message the caller must send, after ``countdown`` seconds."""
 
     envelope: TurnEnvelope
     countdown: float = 0.0
 
 
-class StepBusy(Exception):
-    """Another worker holds this step's lease; try again after ``retry_in`` seconds."""
-
-    def __init__(self, retry_in: float) -> None:
-        super().__init__(f"step is leased elsewhere; retry in {retry_in}s")
-        self.retry_in = retry_in
+class _StepBusy(Exception):
+    """Another worker holds this step's lease."""
 
 
 def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     """Run one step of one turn.
 
     Returns:
-        The next task to send, or None when the chain ends (or the turn is unknown).
-
-    Raises:
-        StepBusy: the step is running elsewhere.
-        TurnNotRecorded: a first message arrived before its turn's row was committed.
-        Exception: one of :data:`TRANSIENT_ERRORS`, for the task to retry.
+        The message to send next (possibly this same step, later), or None when the chain ends,
+        the turn is unknown, or a message is dropped.
     """
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
-        state = _load(ctx, env)
-        if state is None:
-            logger.warning("no state for turn %s; dropping %s", env.turn_id, env.step_key)
-            return None
-        if env.step is not StepName.PERSIST and ctx.store.is_cancelled(env.turn_id):
-            logger.info("turn %s was cancelled; stopping at %s", env.turn_id, env.step_key)
-            return None
-        if env.step_key in state.steps_done:
-            logger.info("step %s already ran; passing the turn on", env.step_key)
-            return _recorded(state, env)
-        owner = f"{ctx.hostname}:{uuid.uuid4().hex}"
-        lease = ctx.settings.step_lease_seconds
-        if not ctx.store.claim(env.turn_id, env.step_key, owner=owner, ttl_seconds=lease):
-            raise StepBusy(retry_in=max(1.0, lease / 2))
         try:
-            with _Heartbeat(ctx, env, owner):
-                result = _invoke(ctx, env, state)
-            return _conclude(ctx, env, state, result)
-        finally:
-            ctx.store.release(env.turn_id, env.step_key, owner=owner)
+            return _run(ctx, env)
+        except _StepBusy:
+            return _later(ctx, env, retry.Reason.STEP_BUSY)
+        except TurnNotRecorded:
+            return _later(ctx, env, retry.Reason.TURN_NOT_RECORDED)
+        except TRANSIENT_ERRORS as exc:
+            logger.warning("step %s of turn %s: %s; running it again later", env.step_key, env.turn_id, _name(exc))
+            return _later(ctx, env, retry.Reason.INFRASTRUCTURE)
+        except Exception:  # outside any step (loading, saving): fail the turn rather than strand it
+            logger.exception("turn %s could not run %s", env.turn_id, env.step_key)
+            return _fail_outside_step(ctx, env)
 
 
 def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
@@ -102,29 +96,77 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
         error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message),
         now=ctx.clock(),
     )
+    ctx.store.forget(turn_id)
+
+
+def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
+    state = _load(ctx, env)
+    if state is None:
+        return None
+    if env.step is not StepName.PERSIST and ctx.store.is_cancelled(env.turn_id):
+        logger.info("turn %s was cancelled; stopping at %s", env.turn_id, env.step_key)
+        return None
+    if env.step_key in state.steps_done:
+        logger.info("step %s already ran; passing the turn on", env.step_key)
+        return _recorded(state, env)
+    owner = f"{ctx.hostname}:{uuid.uuid4().hex}"
+    if not ctx.store.claim(env.turn_id, env.step_key, owner=owner, ttl_seconds=ctx.settings.step_lease_seconds):
+        raise _StepBusy
+    try:
+        with _Heartbeat(ctx, env, owner):
+            result = _invoke(ctx, env, state)
+            return _conclude(ctx, env, state, result)
+    finally:
+        try:
+            ctx.store.release(env.turn_id, env.step_key, owner=owner)
+        except redis.RedisError:
+            logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
 
 
 def _load(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
     state = ctx.store.load(env.turn_id)
     if state is not None:
         return state
-    snapshot = ctx.turns.load_snapshot(env.turn_id)
-    if snapshot is not None:
-        logger.info("rehydrating turn %s from its database snapshot", env.turn_id)
-        state = TurnState.model_validate(snapshot)
+    checkpoint = ctx.turns.load_snapshot(env.turn_id)
+    if checkpoint is not None:
+        state = TurnState.model_validate(checkpoint)
+        if not _carries_on(state, env):
+            logger.warning(
+                "turn %s: Redis has no state and %s is not where its checkpoint carries on; dropping it "
+                "(the reconciler re-drives the turn from the checkpoint)",
+                env.turn_id,
+                env.step_key,
+            )
+            return None
+        logger.info("carrying turn %s on from its database checkpoint at %s", env.turn_id, env.step_key)
         state.version = 0
+        session_context_resolver.load_history(ctx, state)
         return state
     if env.step is StepName.REQUEST_HANDLER and env.round == 0:
-        state = request_handler.build_state(ctx, env.turn_id)
+        state = request_handler.initial_state(ctx, env.turn_id)
         if state is None:
             raise TurnNotRecorded(env.turn_id)
         return state
+    logger.warning("no state for turn %s; dropping %s", env.turn_id, env.step_key)
     return None
+
+
+def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:
+    """Whether ``env`` is the message a turn restored from ``checkpoint`` runs next."""
+    if env.round > checkpoint.round:
+        return env.step is StepName.REQUEST_HANDLER  # a tool-results re-entry of the paused turn
+    frontier = checkpoint.next_envelope
+    return frontier is not None and TurnEnvelope.model_validate(frontier).step_key == env.step_key
 
 
 def _recorded(state: TurnState, env: TurnEnvelope) -> Dispatch | None:
     sent = state.steps_done[env.step_key]
-    return None if sent is None else Dispatch(TurnEnvelope.model_validate(sent))
+    if sent is None:
+        return None
+    following = TurnEnvelope.model_validate(sent)
+    if following.step_key in state.steps_done:
+        return None  # that message arrived: the chain moved on
+    return Dispatch(following)
 
 
 def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
@@ -133,7 +175,7 @@ def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResu
         return failure(ErrorCode.INTERNAL_ERROR, f"no step {env.step.value!r} in the step map")
     try:
         result = spec.run(ctx, env, state)
-    except _RETRIED:
+    except _PASSED_ON:
         raise
     except Exception:  # the one place a bug becomes a failed turn instead of a stuck one
         logger.exception("step %s of turn %s raised", env.step_key, env.turn_id)
@@ -150,36 +192,82 @@ def _conclude(ctx: StepContext, env: TurnEnvelope, state: TurnState, result: Inv
     dispatch: Dispatch | None
     if not result.ok:
         assert result.error is not None
-        _fail(ctx, env, state, result.error)
-        dispatch = Dispatch(env.to(StepName.PERSIST))
+        dispatch = _fail(ctx, env, state, result.error)
+    elif isinstance(result.value, RetryAfter):
+        dispatch = _retry_model(ctx, env, state, result.value)
     else:
         dispatch = _dispatch_for(env, result.value)
-    if dispatch is None or dispatch.envelope.step_key != env.step_key:
+    moved_on = dispatch is None or dispatch.envelope.step_key != env.step_key
+    if moved_on:
         state.steps_done[env.step_key] = None if dispatch is None else dispatch.envelope.model_dump(mode="json")
-    ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds)
+        state.model_retry = None
+    state.next_envelope = None if dispatch is None else dispatch.envelope.model_dump(mode="json")
+    if moved_on and result.ok and STEP_MAP[env.step].checkpoint:
+        ctx.turns.checkpoint(env.turn_id, state.checkpoint(), now=ctx.clock(), deadline_at=ctx.deadline())
+    alive_until = None if dispatch is None else ctx.alive_until(dispatch.countdown)
+    ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until)
     return dispatch
 
 
 def _dispatch_for(env: TurnEnvelope, next_step: Next | None) -> Dispatch | None:
     if isinstance(next_step, Continue):
         return Dispatch(env.to(next_step.step, iteration=next_step.iteration))
-    if isinstance(next_step, RetryAfter):
-        again = env.model_copy(update={"attempt": env.attempt + 1})
-        return Dispatch(again, countdown=next_step.seconds)
     assert isinstance(next_step, Stop)
     return None
 
 
-def _fail(ctx: StepContext, env: TurnEnvelope, state: TurnState, error: ErrorInfo) -> None:
+def _retry_model(ctx: StepContext, env: TurnEnvelope, state: TurnState, later: RetryAfter) -> Dispatch:
+    now = ctx.clock()
+    tries = state.model_retry
+    if tries is None or tries.step_key != env.step_key:
+        tries = ModelRetry(step_key=env.step_key, since=now)
+    if later.called:
+        tries.calls += 1
+    wait = retry.model_delay(tries, now=now, hint=later.hint, settings=ctx.settings, rand=ctx.random())
+    if wait is None:
+        spent = (now - tries.since).total_seconds()
+        message = (
+            f"{later.failure.message} (gave up after {tries.calls} call(s) over {spent:.0f}s: "
+            f"APTIX_LLM_RETRY_BUDGET_SECONDS={ctx.settings.llm_retry_budget_seconds:g}, "
+            f"APTIX_LLM_MAX_ATTEMPTS={ctx.settings.llm_max_attempts})"
+        )
+        return _fail(ctx, env, state, ErrorInfo(code=later.failure.code, message=message))
+    state.model_retry = tries
+    return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=wait)
+
+
+def _later(ctx: StepContext, env: TurnEnvelope, reason: retry.Reason) -> Dispatch | None:
+    wait = retry.delay(reason, attempt=env.attempt, settings=ctx.settings, rand=ctx.random())
+    if wait is None:
+        logger.warning("dropping %s of turn %s: %s for too long (the turn was never recorded)", env.step_key, env.turn_id, reason.value)
+        return None
+    return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=wait)
+
+
+def _fail(ctx: StepContext, env: TurnEnvelope, state: TurnState, error: ErrorInfo) -> Dispatch:
     logger.warning("turn %s failed at %s: %s", env.turn_id, env.step.value, error.code.value)
     state.error = error
     state.status = TurnStatus.FAILED
     state.pending_tool_calls = []
     trace(ctx, state, env, "turn_failed", code=error.code.value, message=error.message)
+    return Dispatch(env.to(StepName.PERSIST))
+
+
+def _fail_outside_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
+    try:
+        fail_turn(ctx, env.turn_id, "the pipeline could not run this turn")
+    except TRANSIENT_ERRORS:
+        return _later(ctx, env, retry.Reason.INFRASTRUCTURE)
+    return None
+
+
+def _name(exc: Exception) -> str:
+    return type(exc).__name__ if not isinstance(exc, DBAPIError) else f"{type(exc).__name__} ({type(exc.orig).__name__})"
 
 
 class _Heartbeat:
-    """Renews the step's lease while it runs, so a live worker's long step is not run twice."""
+    """Renews the step's lease (and the turn's in-flight marker) while it runs, so a live worker's
+    long step is neither run twice nor taken for a stalled turn."""
 
     def __init__(self, ctx: StepContext, env: TurnEnvelope, owner: str) -> None:
         self._ctx = ctx
@@ -200,6 +288,12 @@ class _Heartbeat:
         lease = self._ctx.settings.step_lease_seconds
         while not self._stop.wait(lease / 3):
             try:
-                self._ctx.store.extend(self._env.turn_id, self._env.step_key, owner=self._owner, ttl_seconds=lease)
+                self._ctx.store.extend(
+                    self._env.turn_id,
+                    self._env.step_key,
+                    owner=self._owner,
+                    ttl_seconds=lease,
+                    alive_until=self._ctx.alive_until(),
+                )
             except redis.RedisError:
                 logger.warning("could not renew the lease of %s", self._env.step_key)

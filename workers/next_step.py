@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.result import ErrorInfo
 from shared.task_names import StepName
 
 __all__ = ["Continue", "Next", "RetryAfter", "Stop"]
@@ -24,10 +25,17 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class RetryAfter:
-    """Run this same step again after ``seconds``, without holding a worker slot meanwhile."""
+    """The model cannot answer now: run this same step again later, holding no worker slot meanwhile.
 
-    seconds: float
-    reason: str
+    The driver's retry policy (``workers.retry``) picks the delay and keeps the budget.
+    """
+
+    failure: ErrorInfo
+    """What the turn fails with once the budget is spent."""
+    hint: float | None = None
+    """Seconds the server (Retry-After) or the model's breaker asked to wait."""
+    called: bool = True
+    """Whether this try made a call (counts against ``APTIX_LLM_MAX_ATTEMPTS``)."""
 
 
 Next = Continue | Stop | RetryAfter

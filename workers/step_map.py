@@ -2,7 +2,11 @@
 
 The queue of each step comes from :data:`shared.task_names.TASK_QUEUES`. The driver refuses a move
 this table does not allow. ``persist`` is reachable from every step: a failure at any point is
-committed there (AGN-027 §5), so it is listed once in :data:`ALWAYS_ALLOWED`.
+committed there (AGN-027 §5), so it is listed once in :data:`ALWAYS_ALLOWED`. After a step marked
+``checkpoint`` moves on, the driver writes the turn's state to the database: the points that cannot
+be cheaply redone (a model's answer). The turn's start (``request_handler`` marks it running), each
+server tool's start and outcome (``execute_server_tools``) and each commit (``persist``) are durable
+by themselves.
 """
 
 from __future__ import annotations
@@ -42,10 +46,11 @@ class StepSpec:
 
     run: StepFunction
     next: frozenset[S]
+    checkpoint: bool = False
 
 
-def _spec(run: StepFunction, *next_steps: S) -> StepSpec:
-    return StepSpec(run, frozenset(next_steps))
+def _spec(run: StepFunction, *next_steps: S, checkpoint: bool = False) -> StepSpec:
+    return StepSpec(run, frozenset(next_steps), checkpoint)
 
 
 ALWAYS_ALLOWED = frozenset({S.PERSIST})
@@ -65,7 +70,7 @@ STEP_MAP: dict[S, StepSpec] = {
     S.REASONER: _spec(reasoner.run, S.COMPOSE, S.EXECUTE_SERVER_TOOLS),
     S.EXECUTE_SERVER_TOOLS: _spec(execute_server_tools.run, S.REASONER),
     S.COMPOSE: _spec(compose.run, S.LLM_CALL),
-    S.LLM_CALL: _spec(llm_call.run, S.REASONER),
+    S.LLM_CALL: _spec(llm_call.run, S.REASONER, checkpoint=True),
     S.PERSIST: _spec(persist.run),
 }
 """Every step the pipeline runs, with the steps it may send the turn to."""

@@ -1,87 +1,65 @@
-"""One thin task per pipeline step, all through :func:`workers.driver.run_step`.
+"""One thin task per pipeline step: validate the envelope, run the step, send what comes next.
 
-A task validates its JSON envelope, runs the step and sends the next task by name. Transient
-connection errors are retried by Celery; a step that failed is never retried here (the driver
-already committed the failure).
+Everything else is the driver's (:func:`workers.driver.run_step`), including every retry. A message
+the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
+is recorded, so running it again only sends that next message.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import time
 from typing import Any
 
+import redis
 from celery import Celery, Task
+from celery.exceptions import Reject
+from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
 
-from shared.broker import send_step
 from shared.models.envelope import TurnEnvelope
-from shared.settings import Settings
 from shared.task_names import StepName, task_name
-from workers.context import StepContext, build_context
-from workers.driver import TRANSIENT_ERRORS, StepBusy, TurnNotRecorded, fail_turn, run_step
+from workers.driver import run_step
+from workers.runtime import WorkerRuntime
 
 __all__ = ["register_tasks"]
 
 logger = logging.getLogger(__name__)
 
-_UNRECORDED_RETRIES = 40
-_contexts: dict[str, StepContext] = {}
-_contexts_lock = threading.Lock()
+_SEND_ERRORS = (BrokerError, redis.RedisError, OSError)
 
 
-def register_tasks(app: Celery, settings: Settings) -> None:
-    """Register the task of every step on ``app``; its steps run with ``settings``."""
+def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
+    """Register the task of every step on ``app``; they run on ``runtime``'s context."""
     for step in StepName:
-        _register(app, step, settings)
+        _register(app, step, runtime)
 
 
-def _register(app: Celery, step: StepName, settings: Settings) -> None:
+def _register(app: Celery, step: StepName, runtime: WorkerRuntime) -> None:
     @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
-        name=task_name(step),
-        bind=True,
-        acks_late=True,
-        autoretry_for=TRANSIENT_ERRORS,
-        retry_backoff=True,
-        retry_backoff_max=30,
-        max_retries=20,
-        ignore_result=True,
+        name=task_name(step), bind=True, acks_late=True, ignore_result=True
     )
     def step_task(self: Task, payload: dict[str, Any]) -> None:
+        envelope = _validate(step, payload)
+        if envelope is None:
+            return
+        dispatch = run_step(runtime.context, envelope)
+        if dispatch is None:
+            return
         try:
-            envelope = TurnEnvelope.model_validate(payload)
-        except ValidationError as exc:
-            logger.error("dropping a malformed %s message: %s", step.value, exc.errors(include_input=False))
-            return
-        if envelope.step is not step:
-            logger.error("dropping a %s envelope delivered to %s", envelope.step.value, step.value)
-            return
-        ctx = _context(settings, self.request.hostname or "worker")
-        try:
-            dispatch = run_step(ctx, envelope)
-        except StepBusy as busy:
-            raise self.retry(countdown=busy.retry_in, max_retries=None) from busy
-        except TurnNotRecorded as missing:
-            # Usually the gateway's commit is a few milliseconds behind its message. After ~20 s
-            # the turn was never recorded (the gateway failed before committing): drop the message.
-            if self.request.retries >= _UNRECORDED_RETRIES:
-                logger.warning("turn %s was never recorded; dropping its message", envelope.turn_id)
-                return
-            raise self.retry(countdown=0.5, max_retries=None) from missing
-        except TRANSIENT_ERRORS:
-            raise
-        except Exception:  # outside any step (loading, saving): fail the turn rather than strand it
-            logger.exception("turn %s could not run %s", envelope.turn_id, envelope.step_key)
-            fail_turn(ctx, envelope.turn_id, "the pipeline could not run this turn")
-            return
-        if dispatch is not None:
-            send_step(self.app, dispatch.envelope, countdown=dispatch.countdown)
+            runtime.dispatcher.dispatch(dispatch.envelope, dispatch.countdown, now=time.time())
+        except _SEND_ERRORS as exc:
+            logger.warning("could not send %s of turn %s (%s); requeueing", dispatch.envelope.step_key, envelope.turn_id, exc)
+            raise Reject(exc, requeue=True) from exc
 
 
-def _context(settings: Settings, hostname: str) -> StepContext:
-    with _contexts_lock:
-        ctx = _contexts.get(hostname)
-        if ctx is None:
-            ctx = build_context(settings, hostname=hostname)
-            _contexts[hostname] = ctx
-        return ctx
+def _validate(step: StepName, payload: dict[str, Any]) -> TurnEnvelope | None:
+    try:
+        envelope = TurnEnvelope.model_validate(payload)
+    except ValidationError as exc:
+        logger.error("dropping a malformed %s message: %s", step.value, exc.errors(include_input=False))
+        return None
+    if envelope.step is not step:
+        logger.error("dropping a %s envelope delivered to %s", envelope.step.value, step.value)
+        return None
+    return envelope

@@ -81,12 +81,13 @@ def _record_batch(gateway: GatewayState, body: BatchRequest, org_id: str, user_i
             row,
             turns,
             now=now,
+            deadline_at=gateway.deadline(),
             before_commit=lambda: enqueue_turns(gateway, [turn.turn_id for turn in turns], batch=True),
         )
     except SessionBusy as exc:
         raise ApiError(409, "session_busy", str(exc)) from exc
     except BrokerUnavailable as exc:
-        raise ApiError(503, "unavailable", "the task broker is unavailable; the batch was not accepted") from exc
+        raise ApiError(503, "unavailable", "the task broker or the state store is unavailable; the batch was not accepted") from exc
     return Batch(batch_id=batch_id, total=len(turns), counts=gateway.batches.counts(batch_id), created_at=now)
 
 

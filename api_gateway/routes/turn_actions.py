@@ -21,7 +21,6 @@ from shared.db.turns import to_turn
 from shared.models.trace import TraceStep, TurnTrace
 from shared.models.turn import Turn, TurnHandle, ToolResultsRequest, TurnStatus
 from shared.result import ErrorCode, ErrorInfo
-from shared.state import RedisStateStore
 
 __all__ = ["router"]
 
@@ -68,10 +67,11 @@ def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsR
             turn_id,
             results=results,
             now=datetime.now(UTC),
+            deadline_at=gateway.deadline(),
             before_commit=lambda round_: enqueue_reentry(gateway, turn_id, round_=round_, batch=row.batch_id is not None),
         )
     except BrokerUnavailable as exc:
-        raise ApiError(503, "unavailable", "the task broker is unavailable; the results were not accepted") from exc
+        raise ApiError(503, "unavailable", "the task broker or the state store is unavailable; the results were not accepted") from exc
     if round_ is None:
         current = require_turn(gateway, turn_id, org_id)
         raise ApiError(
@@ -95,7 +95,8 @@ def _cancel(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
         current = require_turn(gateway, turn_id, org_id)
         raise ApiError(409, "turn_finished", f"turn {turn_id!r} already finished ({current.status})")
     try:
-        RedisStateStore(gateway.redis).mark_cancelled(turn_id, ttl_seconds=7 * 86400)
+        gateway.store.mark_cancelled(turn_id, ttl_seconds=7 * 86400)
+        gateway.store.forget(turn_id)
     except RedisError:
         # The database already says cancelled and the commit point will not overwrite it; the
         # flag only stops the remaining steps early.
@@ -105,7 +106,7 @@ def _cancel(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
 
 def _live_state_trace(gateway: GatewayState, turn_id: str) -> list[TraceStep] | None:
     try:
-        state = RedisStateStore(gateway.redis).load(turn_id)
+        state = gateway.store.load(turn_id)
     except RedisError:
         return None
     return None if state is None else state.trace

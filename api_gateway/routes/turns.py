@@ -60,10 +60,13 @@ def _record_turn(gateway: GatewayState, body: TurnRequest, org_id: str, user_id:
     turn = admit(gateway, body, org_id=org_id, user_id=user_id)
     try:
         row, _created = gateway.turns.create(
-            turn, now=datetime.now(UTC), before_commit=lambda: enqueue_turns(gateway, [turn.turn_id])
+            turn,
+            now=datetime.now(UTC),
+            deadline_at=gateway.deadline(),
+            before_commit=lambda: enqueue_turns(gateway, [turn.turn_id]),
         )
     except BrokerUnavailable as exc:
-        raise ApiError(503, "unavailable", "the task broker is unavailable; the turn was not accepted") from exc
+        raise ApiError(503, "unavailable", "the task broker or the state store is unavailable; the turn was not accepted") from exc
     except SessionBusy as exc:
         raise ApiError(409, "session_busy", f"session {turn.session_id!r} has a turn that is not finished") from exc
     except IdempotencyConflict as exc:

@@ -23,7 +23,13 @@ class BatchRepository:
         self._sessions = sessions
 
     def create(
-        self, batch: BatchRow, turns: list[NewTurn], *, now: datetime, before_commit: Callable[[], None] | None = None
+        self,
+        batch: BatchRow,
+        turns: list[NewTurn],
+        *,
+        now: datetime,
+        deadline_at: datetime,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         """Record the batch and all its queued turns, or nothing.
 
@@ -36,7 +42,7 @@ class BatchRepository:
             with self._sessions.begin() as db:
                 db.add(batch)
                 db.flush()
-                db.add_all([new_turn_row(turn, now=now) for turn in turns])
+                db.add_all([new_turn_row(turn, now=now, deadline_at=deadline_at) for turn in turns])
                 db.flush()
                 if before_commit is not None:
                     before_commit()

@@ -13,9 +13,19 @@ from sqlalchemy import JSON, DateTime, Dialect, ForeignKey, Index, Integer, Stri
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["BatchRow", "Base", "ModeHistoryRow", "ProviderSnapshotRow", "SessionRow", "TranscriptItemRow", "TurnRow"]
+__all__ = [
+    "BatchRow",
+    "Base",
+    "ModeHistoryRow",
+    "ProviderSnapshotRow",
+    "SessionRow",
+    "ToolRunRow",
+    "TranscriptItemRow",
+    "TurnRow",
+]
 
 UNFINISHED_SQL = "status IN ('queued', 'running', 'requires_client_tools')"
+IN_FLIGHT_SQL = "status IN ('queued', 'running')"
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -91,6 +101,13 @@ class TurnRow(Base):
             sqlite_where=text(UNFINISHED_SQL),
         ),
         Index("ix_turns_session_created", "session_id", "created_at"),
+        # The reconciler's scan: turns in flight, by deadline.
+        Index(
+            "ix_turns_in_flight_deadline",
+            "deadline_at",
+            postgresql_where=text(IN_FLIGHT_SQL),
+            sqlite_where=text(IN_FLIGHT_SQL),
+        ),
     )
 
     turn_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -117,6 +134,10 @@ class TurnRow(Base):
     """How many times the turn was entered; bumped by each accepted tool-results post."""
     client_tool_results: Mapped[list[Any] | None] = mapped_column(JSON)
     """The client tool outputs of the latest re-entry, as posted."""
+    deadline_at: Mapped[datetime | None]
+    """While queued or running: when the reconciler checks that the turn still moves."""
+    redrives: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How often the reconciler re-drove the turn."""
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     completed_at: Mapped[datetime | None]
@@ -138,7 +159,8 @@ class TranscriptItemRow(Base):
 
 
 class ProviderSnapshotRow(Base):
-    """The turn's Redis state as of its last commit point, to rehydrate when Redis lost it."""
+    """The turn's newest durable checkpoint: its Redis state at the last model answer or commit point,
+    to carry the turn on from when Redis lost it."""
 
     __tablename__ = "provider_snapshots"
 
@@ -157,3 +179,23 @@ class BatchRow(Base):
     user_id: Mapped[str] = mapped_column(String(128))
     total: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime]
+
+
+class ToolRunRow(Base):
+    """One server tool call's durable record: "started" before the handler runs, its outcome after.
+
+    A call found started without an outcome is not run again unless its tool is idempotent.
+    """
+
+    __tablename__ = "tool_runs"
+
+    turn_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    """started, succeeded, failed or unknown (started, and its worker stopped before the outcome)."""
+    output: Mapped[str | None] = mapped_column(Text)
+    """What the model is told: the tool's output, or the error."""
+    worker: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]

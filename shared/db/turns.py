@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -14,9 +16,18 @@ from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
 from shared.models.turn import UNFINISHED_STATUSES, ModeChange, PendingToolCall, Turn, TurnStatus, Usage
 from shared.result import ErrorInfo
 
-__all__ = ["IdempotencyConflict", "NewTurn", "SessionBusy", "TurnRepository", "new_turn_row", "to_turn"]
+__all__ = [
+    "IdempotencyConflict",
+    "InFlightTurn",
+    "NewTurn",
+    "SessionBusy",
+    "TurnRepository",
+    "new_turn_row",
+    "to_turn",
+]
 
 TERMINAL = (TurnStatus.COMPLETED.value, TurnStatus.FAILED.value, TurnStatus.CANCELLED.value)
+IN_FLIGHT = (TurnStatus.QUEUED.value, TurnStatus.RUNNING.value)
 UNFINISHED = tuple(status.value for status in UNFINISHED_STATUSES)
 
 
@@ -26,6 +37,17 @@ class SessionBusy(Exception):
 
 class IdempotencyConflict(Exception):
     """The idempotency key was used before with a different request."""
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightTurn:
+    """What the reconciler needs of a queued or running turn past its deadline."""
+
+    turn_id: str
+    status: TurnStatus
+    round: int
+    batch_id: str | None
+    redrives: int
 
 
 class NewTurn:
@@ -66,7 +88,12 @@ class TurnRepository:
         self._sessions = sessions
 
     def create(
-        self, turn: NewTurn, *, now: datetime, before_commit: Callable[[], None] | None = None
+        self,
+        turn: NewTurn,
+        *,
+        now: datetime,
+        deadline_at: datetime,
+        before_commit: Callable[[], None] | None = None,
     ) -> tuple[TurnRow, bool]:
         """Record a queued turn.
 
@@ -85,7 +112,7 @@ class TurnRepository:
             earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
             if earlier is not None:
                 return self._same_request(earlier, turn), False
-        row = new_turn_row(turn, now=now)
+        row = new_turn_row(turn, now=now, deadline_at=deadline_at)
         try:
             with self._sessions.begin() as db:
                 db.add(row)
@@ -115,16 +142,59 @@ class TurnRepository:
                 db.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.created_at))
             )
 
-    def mark_running(self, turn_id: str, *, now: datetime) -> bool:
-        """Move a queued turn to running; False when the turn already finished (e.g. cancelled)."""
+    def mark_running(self, turn_id: str, *, now: datetime, deadline_at: datetime) -> bool:
+        """Move a queued turn to running (the turn's start); False when it already finished (e.g. cancelled)."""
         with self._sessions.begin() as db:
             result = db.execute(
                 update(TurnRow)
                 .where(TurnRow.turn_id == turn_id)
                 .where(TurnRow.status.notin_(TERMINAL))
-                .values(status=TurnStatus.RUNNING.value, updated_at=now)
+                .values(status=TurnStatus.RUNNING.value, updated_at=now, deadline_at=deadline_at)
             )
         return bool(result.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
+
+    def checkpoint(self, turn_id: str, state: dict[str, Any], *, now: datetime, deadline_at: datetime) -> None:
+        """Keep ``state`` as the turn's newest durable checkpoint and push its deadline (one transaction)."""
+        with self._sessions.begin() as db:
+            _upsert_snapshot(db, turn_id, state, now=now)
+            db.execute(
+                update(TurnRow)
+                .where(TurnRow.turn_id == turn_id, TurnRow.status == TurnStatus.RUNNING.value)
+                .values(deadline_at=deadline_at, updated_at=now)
+            )
+
+    def overdue(self, *, now: datetime, limit: int = 500) -> list[InFlightTurn]:
+        """Queued or running turns whose deadline passed, the most overdue first."""
+        query = (
+            select(TurnRow.turn_id, TurnRow.status, TurnRow.round, TurnRow.batch_id, TurnRow.redrives)
+            .where(TurnRow.status.in_(IN_FLIGHT), TurnRow.deadline_at < now)
+            .order_by(TurnRow.deadline_at)
+            .limit(limit)
+        )
+        with self._sessions() as db:
+            rows = db.execute(query).all()
+        return [InFlightTurn(r.turn_id, TurnStatus(r.status), r.round, r.batch_id, r.redrives) for r in rows]
+
+    def set_deadlines(self, deadlines: dict[str, datetime]) -> None:
+        """Move the deadlines of turns that are still in flight (one transaction)."""
+        if not deadlines:
+            return
+        with self._sessions.begin() as db:
+            for turn_id, deadline_at in deadlines.items():
+                db.execute(
+                    update(TurnRow)
+                    .where(TurnRow.turn_id == turn_id, TurnRow.status.in_(IN_FLIGHT))
+                    .values(deadline_at=deadline_at)
+                )
+
+    def note_redrive(self, turn_id: str, *, deadline_at: datetime) -> None:
+        """Count one re-drive of the turn and give it a new deadline."""
+        with self._sessions.begin() as db:
+            db.execute(
+                update(TurnRow)
+                .where(TurnRow.turn_id == turn_id, TurnRow.status.in_(IN_FLIGHT))
+                .values(deadline_at=deadline_at, redrives=TurnRow.redrives + 1)
+            )
 
     def commit(
         self,
@@ -166,6 +236,7 @@ class TurnRepository:
             row.trace = trace
             row.updated_at = now
             row.completed_at = now if status.value in TERMINAL else None
+            row.deadline_at = None if status.value not in IN_FLIGHT else row.deadline_at
             db.execute(delete(TranscriptItemRow).where(TranscriptItemRow.turn_id == turn_id))
             for seq, (role, content) in enumerate(transcript):
                 db.add(
@@ -173,7 +244,7 @@ class TurnRepository:
                         session_id=row.session_id, turn_id=turn_id, seq=seq, role=role, content=content, created_at=now
                     )
                 )
-            self._snapshot(db, turn_id, snapshot, now=now)
+            _upsert_snapshot(db, turn_id, snapshot, now=now)
         return True
 
     def accept_tool_results(
@@ -182,6 +253,7 @@ class TurnRepository:
         *,
         results: list[dict[str, str]],
         now: datetime,
+        deadline_at: datetime,
         before_commit: Callable[[int], None] | None = None,
     ) -> int | None:
         """Move a turn waiting for client tools back to running with the posted results.
@@ -201,6 +273,7 @@ class TurnRepository:
             row.client_tool_results = results
             row.pending_tool_calls = []
             row.updated_at = now
+            row.deadline_at = deadline_at
             db.flush()
             if before_commit is not None:
                 before_commit(row.round)
@@ -229,6 +302,7 @@ class TurnRepository:
             row.pending_tool_calls = []
             row.updated_at = now
             row.completed_at = now
+            row.deadline_at = None
             row.trace = [
                 *row.trace,
                 {"seq": len(row.trace) + 1, "kind": "turn_" + status.value, "at": now.isoformat(), "step": "gateway",
@@ -284,17 +358,16 @@ class TurnRepository:
             raise IdempotencyConflict(turn.idempotency_key)
         return earlier
 
-    @staticmethod
-    def _snapshot(db: Session, turn_id: str, state: dict[str, Any], *, now: datetime) -> None:
-        row = db.get(ProviderSnapshotRow, turn_id)
-        if row is None:
-            db.add(ProviderSnapshotRow(turn_id=turn_id, state=state, updated_at=now))
-        else:
-            row.state = state
-            row.updated_at = now
 
 
-def new_turn_row(turn: NewTurn, *, now: datetime) -> TurnRow:
+def _upsert_snapshot(db: Session, turn_id: str, state: dict[str, Any], *, now: datetime) -> None:
+    """Insert or replace the turn's checkpoint in one statement."""
+    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
+    insert = dialect.insert(ProviderSnapshotRow).values(turn_id=turn_id, state=state, updated_at=now)
+    db.execute(insert.on_conflict_do_update(index_elements=["turn_id"], set_={"state": state, "updated_at": now}))
+
+
+def new_turn_row(turn: NewTurn, *, now: datetime, deadline_at: datetime) -> TurnRow:
     """The row of a newly accepted (queued) turn."""
     return TurnRow(
         turn_id=turn.turn_id,
@@ -316,6 +389,8 @@ def new_turn_row(turn: NewTurn, *, now: datetime) -> TurnRow:
         trace=[],
         created_at=now,
         updated_at=now,
+        deadline_at=deadline_at,
+        redrives=0,
     )
 
 

@@ -36,6 +36,9 @@ class OperatorTool(BaseModel):
     handler: Annotated[str, StringConstraints(pattern=r"^[\w.]+:[\w.]+$")]
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     timeout_seconds: float = Field(default=30.0, gt=0)
+    idempotent: bool = False
+    """Whether running the handler twice for one call is harmless. A call whose worker died after it
+    started is run again only when this is true; otherwise the model is told its outcome is unknown."""
 
 
 class Mode(BaseModel):

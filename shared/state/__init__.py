@@ -3,6 +3,6 @@
 from shared.state.memory_store import MemoryStateStore
 from shared.state.redis_store import RedisStateStore
 from shared.state.store import StateStore
-from shared.state.turn_state import LedgerEntry, Providers, TurnState
+from shared.state.turn_state import LedgerEntry, ModelRetry, Providers, TurnState
 
-__all__ = ["LedgerEntry", "MemoryStateStore", "Providers", "RedisStateStore", "StateStore", "TurnState"]
+__all__ = ["LedgerEntry", "MemoryStateStore", "ModelRetry", "Providers", "RedisStateStore", "StateStore", "TurnState"]

@@ -1,9 +1,10 @@
-"""MemoryStateStore: the StateStore in one process (unit tests, and the embedded dev mode)."""
+"""MemoryStateStore: the StateStore in one process (unit tests), with the same semantics as Redis."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 
 from shared.errors import StateConflict
 from shared.state.turn_state import TurnState
@@ -12,27 +13,37 @@ __all__ = ["MemoryStateStore"]
 
 
 class MemoryStateStore:
-    """A thread-safe in-memory StateStore with the same semantics as the Redis one."""
+    """A thread-safe in-memory StateStore."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
         self._cancelled: set[str] = set()
+        self.markers: dict[str, float] = {}
+        self.timers: dict[str, float] = {}
 
     def load(self, turn_id: str) -> TurnState | None:
         with self._lock:
             raw = self._states.get(turn_id)
         return None if raw is None else TurnState.model_validate_json(raw)
 
-    def save(self, state: TurnState, *, ttl_seconds: int) -> None:
+    def save(self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None) -> None:
         with self._lock:
             raw = self._states.get(state.turn_id)
             current = None if raw is None else TurnState.model_validate_json(raw).version
-            if current is not None and current != state.version:
+            if (current or 0) != state.version:
                 raise StateConflict(f"turn {state.turn_id!r} moved from version {state.version} to {current}")
             state.version += 1
             self._states[state.turn_id] = state.model_dump_json()
+            if alive_until is None:
+                self.markers.pop(state.turn_id, None)
+            else:
+                self.markers[state.turn_id] = alive_until
+
+    def drop(self, turn_id: str) -> None:
+        with self._lock:
+            self._states.pop(turn_id, None)
 
     def claim(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
         with self._lock:
@@ -42,12 +53,13 @@ class MemoryStateStore:
             self._claims[(turn_id, step_key)] = (owner, time.monotonic() + ttl_seconds)
             return True
 
-    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
+    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int, alive_until: float) -> bool:
         with self._lock:
             held = self._claims.get((turn_id, step_key))
             if held is None or held[0] != owner:
                 return False
             self._claims[(turn_id, step_key)] = (owner, time.monotonic() + ttl_seconds)
+            self.markers[turn_id] = max(alive_until, self.markers.get(turn_id, alive_until))
             return True
 
     def release(self, turn_id: str, step_key: str, *, owner: str) -> None:
@@ -64,12 +76,49 @@ class MemoryStateStore:
         with self._lock:
             return turn_id in self._cancelled
 
+    def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
+        with self._lock:
+            for turn_id in turn_ids:
+                self.markers[turn_id] = until
+
+    def alive_until(self, turn_ids: list[str]) -> dict[str, float]:
+        with self._lock:
+            return {turn_id: self.markers[turn_id] for turn_id in turn_ids if turn_id in self.markers}
+
+    def forget(self, turn_id: str) -> None:
+        with self._lock:
+            self.markers.pop(turn_id, None)
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self.markers.clear()
+
+    def prune_markers(self, *, before: float) -> int:
+        with self._lock:
+            stale = [turn_id for turn_id, until in self.markers.items() if until < before]
+            for turn_id in stale:
+                del self.markers[turn_id]
+            return len(stale)
+
+    def park(self, envelope_json: str, *, due: float) -> None:
+        with self._lock:
+            self.timers[envelope_json] = due
+
+    def pop_due(self, *, now: float, limit: int = 500) -> list[str]:
+        with self._lock:
+            due = sorted((at, item) for item, at in self.timers.items() if at <= now)[:limit]
+            for _at, item in due:
+                del self.timers[item]
+            return [item for _at, item in due]
+
     def flush(self) -> None:
         """Forget everything, as a Redis restart without persistence would."""
         with self._lock:
             self._states.clear()
             self._claims.clear()
             self._cancelled.clear()
+            self.markers.clear()
+            self.timers.clear()
 
     def ping(self) -> bool:
         return True

@@ -1,32 +1,44 @@
-"""RedisStateStore: TurnState as one JSON value per turn, saved with optimistic concurrency (Lua CAS)."""
+"""RedisStateStore: TurnState as one JSON value per turn, saved with optimistic concurrency (Lua CAS).
+
+Besides the documents it keeps the in-flight markers the reconciler reads (``INFLIGHT_KEY``) and the
+parked timers of long waits (``TIMERS_KEY``); a save moves the turn's marker in the same round trip.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import redis
 
 from shared.errors import StateConflict
-from shared.state.keys import cancel_key, claim_key, state_key, version_key
+from shared.state.keys import INFLIGHT_KEY, TIMERS_KEY, cancel_key, claim_key, state_key, version_key
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore"]
 
-
-
 # One round trip each, atomically: a save is refused unless the stored version is the one the
-# caller loaded; a lease is renewed or released only by its holder.
+# caller loaded, and moves (or removes) the turn's in-flight marker; a lease is renewed or released
+# only by its holder, and a renewal pushes the marker forward (never back).
 _SAVE = """
 if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
 redis.call('set', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4])
+if ARGV[5] == '' then redis.call('zrem', KEYS[3], ARGV[6]) else redis.call('zadd', KEYS[3], ARGV[5], ARGV[6]) end
 return 1
 """
 _EXTEND = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('zadd', KEYS[2], 'GT', ARGV[3], ARGV[4])
 return redis.call('expire', KEYS[1], ARGV[2])
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('del', KEYS[1])
+"""
+_POP_DUE = """
+local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+if #due > 0 then redis.call('zrem', KEYS[1], unpack(due)) end
+return due
 """
 
 
@@ -34,46 +46,81 @@ class RedisStateStore:
     """The production state store."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self._redis = client
+        self.client = client
         self._save = client.register_script(_SAVE)
         self._extend = client.register_script(_EXTEND)
         self._release = client.register_script(_RELEASE)
+        self._pop_due = client.register_script(_POP_DUE)
 
     @classmethod
     def from_url(cls, url: str) -> RedisStateStore:
         """A store on a new connection pool to ``url``."""
-        return cls(redis.Redis.from_url(url, health_check_interval=30))
+        return cls(redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5))
 
     def load(self, turn_id: str) -> TurnState | None:
-        raw = self._redis.get(state_key(turn_id))
+        raw = self.client.get(state_key(turn_id))
         return None if raw is None else TurnState.model_validate_json(raw)
 
-    def save(self, state: TurnState, *, ttl_seconds: int) -> None:
+    def save(self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None) -> None:
         expected = state.version
         state.version = expected + 1
-        keys = [state_key(state.turn_id), version_key(state.turn_id)]
-        saved = self._save(keys=keys, args=[str(expected), state.model_dump_json(), str(state.version), ttl_seconds])
-        if not saved:
+        keys = [state_key(state.turn_id), version_key(state.turn_id), INFLIGHT_KEY]
+        args: list[str | int] = [
+            str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
+            "" if alive_until is None else repr(alive_until), state.turn_id,
+        ]  # fmt: skip
+        if not self._save(keys=keys, args=args):
             state.version = expected
             raise StateConflict(f"turn {state.turn_id!r} was saved by someone else since version {expected}")
 
-    def claim(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
-        return bool(self._redis.set(claim_key(turn_id, step_key), owner, nx=True, ex=ttl_seconds))
+    def drop(self, turn_id: str) -> None:
+        self.client.delete(state_key(turn_id), version_key(turn_id))
 
-    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
-        return bool(self._extend(keys=[claim_key(turn_id, step_key)], args=[owner, ttl_seconds]))
+    def claim(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
+        return bool(self.client.set(claim_key(turn_id, step_key), owner, nx=True, ex=ttl_seconds))
+
+    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int, alive_until: float) -> bool:
+        keys = [claim_key(turn_id, step_key), INFLIGHT_KEY]
+        return bool(self._extend(keys=keys, args=[owner, ttl_seconds, repr(alive_until), turn_id]))
 
     def release(self, turn_id: str, step_key: str, *, owner: str) -> None:
         self._release(keys=[claim_key(turn_id, step_key)], args=[owner])
 
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
-        self._redis.set(cancel_key(turn_id), b"1", ex=ttl_seconds)
+        self.client.set(cancel_key(turn_id), b"1", ex=ttl_seconds)
 
     def is_cancelled(self, turn_id: str) -> bool:
-        return bool(self._redis.exists(cancel_key(turn_id)))
+        return bool(self.client.exists(cancel_key(turn_id)))
+
+    def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
+        members = {turn_id: until for turn_id in turn_ids}
+        if members:
+            self.client.zadd(INFLIGHT_KEY, members)
+
+    def alive_until(self, turn_ids: list[str]) -> dict[str, float]:
+        if not turn_ids:
+            return {}
+        scores = self.client.zmscore(INFLIGHT_KEY, turn_ids)
+        return {turn_id: float(score) for turn_id, score in zip(turn_ids, scores) if score is not None}
+
+    def forget(self, turn_id: str) -> None:
+        self.client.zrem(INFLIGHT_KEY, turn_id)
+
+    def forget_all(self) -> None:
+        self.client.delete(INFLIGHT_KEY)
+
+    def prune_markers(self, *, before: float) -> int:
+        return int(self.client.zremrangebyscore(INFLIGHT_KEY, "-inf", before))
+
+    def park(self, envelope_json: str, *, due: float) -> None:
+        self.client.zadd(TIMERS_KEY, {envelope_json: due})
+
+    def pop_due(self, *, now: float, limit: int = 500) -> list[str]:
+        due = self._pop_due(keys=[TIMERS_KEY], args=[repr(now), limit])
+        return [item.decode() if isinstance(item, bytes) else str(item) for item in due]
 
     def ping(self) -> bool:
         try:
-            return bool(self._redis.ping())
+            return bool(self.client.ping())
         except redis.RedisError:
             return False

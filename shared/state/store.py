@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from shared.state.turn_state import TurnState
@@ -10,23 +11,32 @@ __all__ = ["StateStore"]
 
 
 class StateStore(Protocol):
-    """Cluster-safe turn state: versioned documents and short step leases."""
+    """Cluster-safe turn state: versioned documents, short step leases, in-flight markers and timers."""
 
     def load(self, turn_id: str) -> TurnState | None:
         """The turn's state, or None when the store does not have it."""
 
-    def save(self, state: TurnState, *, ttl_seconds: int) -> None:
+    def save(self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None) -> None:
         """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``.
+
+        Args:
+            state: the state to write.
+            ttl_seconds: how long the store keeps it.
+            alive_until: Unix time until which the turn counts as moving (its in-flight marker);
+                None removes the marker (the turn's chain ended).
 
         Raises:
             StateConflict: when another writer saved first.
         """
 
+    def drop(self, turn_id: str) -> None:
+        """Forget the turn's state (the reconciler does, when a database checkpoint is newer)."""
+
     def claim(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
         """Take the lease on one step; False when someone else holds it."""
 
-    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
-        """Renew a lease we hold (the heartbeat); False when we lost it."""
+    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int, alive_until: float) -> bool:
+        """Renew a lease we hold (the heartbeat) and push the turn's marker to ``alive_until``."""
 
     def release(self, turn_id: str, step_key: str, *, owner: str) -> None:
         """Give a lease back."""
@@ -36,6 +46,27 @@ class StateStore(Protocol):
 
     def is_cancelled(self, turn_id: str) -> bool:
         """Whether the turn was cancelled."""
+
+    def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
+        """Set the in-flight markers of ``turn_ids`` (a message for each was just sent)."""
+
+    def alive_until(self, turn_ids: list[str]) -> dict[str, float]:
+        """The in-flight markers of those turns that have one."""
+
+    def forget(self, turn_id: str) -> None:
+        """Remove the turn's in-flight marker (it ended outside the pipeline)."""
+
+    def forget_all(self) -> None:
+        """Remove every in-flight marker (the broker lost its messages)."""
+
+    def prune_markers(self, *, before: float) -> int:
+        """Remove markers that lapsed before ``before``; returns how many."""
+
+    def park(self, envelope_json: str, *, due: float) -> None:
+        """Keep an envelope to send at ``due`` (Unix time)."""
+
+    def pop_due(self, *, now: float, limit: int = 500) -> list[str]:
+        """Take the parked envelopes that are due (each is returned to one caller only)."""
 
     def ping(self) -> bool:
         """Whether the store answers."""

@@ -16,7 +16,7 @@ from shared.models.trace import TraceStep
 from shared.models.turn import ClientTool, ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.result import ErrorInfo
 
-__all__ = ["LedgerEntry", "Providers", "TurnState"]
+__all__ = ["LedgerEntry", "ModelRetry", "Providers", "TurnState"]
 
 
 class Providers(BaseModel):
@@ -42,6 +42,16 @@ class LedgerEntry(BaseModel):
     iteration: int
     status: Literal["pending", "done", "failed"] = "pending"
     output: str | None = None
+
+
+class ModelRetry(BaseModel):
+    """How long one LLM step has been retrying, for its budget (APTIX_LLM_RETRY_BUDGET_SECONDS)."""
+
+    step_key: str
+    since: datetime
+    """When the step's first try failed (or found the model's breaker open)."""
+    calls: int = 0
+    """Calls made and failed; waits while the breaker was open are not calls."""
 
 
 class TurnState(BaseModel):
@@ -81,7 +91,15 @@ class TurnState(BaseModel):
     """Set on re-entry once client results are in the ToolResults provider; the reasoner verifies them."""
     steps_done: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     """step key -> the next envelope it sent (None at the end of the chain)."""
+    next_envelope: dict[str, Any] | None = None
+    """The envelope of the step the turn waits to run (its frontier); None once its chain ended.
+    The reconciler sends it again when the turn stops moving."""
+    model_retry: ModelRetry | None = None
     trace: list[TraceStep] = Field(default_factory=list)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The state as the database keeps it: without the conversation history, which is reloaded."""
+        return self.model_dump(mode="json", exclude={"history"})
 
     def record(
         self,

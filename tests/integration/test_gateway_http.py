@@ -670,3 +670,34 @@ def test_turn_is_503_and_not_recorded_when_the_broker_is_down(
     with engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(TurnRow)) == before
     engine.dispose()
+
+
+def test_requests_are_503_with_retry_after_when_the_database_is_down(
+    system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    # Given a gateway whose database does not answer (nothing listens on its port)
+    from aptix_cli.stack import free_port
+
+    url = extra_gateway({"APTIX_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"})
+    # When a client posts a turn, reads one, and asks for a session
+    responses = [
+        system.http.post(f"{url}/v1/turns", json={"input": "db down"}, headers=system.headers(), timeout=60),
+        system.http.get(f"{url}/v1/turns/turn_{'0' * 32}", headers=system.headers(), timeout=60),
+        system.http.get(f"{url}/v1/sessions/sess_{'0' * 32}", headers=system.headers(), timeout=60),
+    ]
+    # Then each is a 503 `unavailable` that says when to retry, never a 500
+    for response in responses:
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "unavailable"
+        assert int(response.headers["retry-after"]) > 0
+
+
+def test_turn_is_503_with_retry_after_when_the_state_store_is_down(
+    system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    from aptix_cli.stack import free_port
+
+    url = extra_gateway({"APTIX_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    response = system.http.post(f"{url}/v1/turns", json={"input": "redis down"}, headers=system.headers(), timeout=60)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "unavailable"
+    assert "retry-after" in response.headers

@@ -52,9 +52,11 @@ def test_operator_tool_gets_validated_arguments_and_the_tool_context(system: Sys
     turn = system.run_turn({"input": f"{_call('whoami')} {_marker()}"})
     assert turn["status"] == "completed"
     context = json.loads(turn["output_text"].removeprefix("Tool results: whoami="))
+    call_id = context["call_id"]
+    assert call_id.startswith("call_")
     assert context == {
         "session_id": turn["session_id"], "turn_id": turn["turn_id"], "org_id": "org-a", "user_id": "user-a",
-        "mode": "general",
+        "mode": "general", "call_id": call_id, "idempotency_key": f"{turn['turn_id']}:{call_id}",
     }  # fmt: skip
 
 

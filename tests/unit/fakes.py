@@ -6,19 +6,22 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import fakeredis
 from sqlalchemy.pool import StaticPool
 from sqlalchemy import create_engine
 
 from shared.db import session_factory
 from shared.db.sessions import SessionRepository
 from shared.db.tables import Base
+from shared.db.tool_runs import ToolRunRepository
 from shared.db.turns import TurnRepository
-from shared.modes import load_catalog
+from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import MemoryStateStore, TurnState
-from workers.context import StepContext
+from workers.context import StepContext, breakers_on
 from workers.llm.types import LlmResponse
 from workers.tools import ToolRegistry
+from workers.tools.executor import ToolExecutor
 
 FIXED_NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -38,23 +41,43 @@ class FakeLlm:
         return answer
 
 
-def make_context(llm: FakeLlm | None = None, **settings: Any) -> StepContext:
-    """A StepContext with every port in process."""
+class Clock:
+    """A settable clock (starts at FIXED_NOW)."""
+
+    def __init__(self) -> None:
+        self.now = FIXED_NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def make_context(
+    llm: FakeLlm | None = None,
+    *,
+    clock: Callable[[], datetime] | None = None,
+    catalog: ModeCatalog | None = None,
+    **settings: Any,
+) -> StepContext:
+    """A StepContext with every port in process (the breakers on fakeredis)."""
     engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
     Base.metadata.create_all(engine)
     db = session_factory(engine)
-    catalog = load_catalog()
-    clock: Callable[[], datetime] = lambda: FIXED_NOW  # noqa: E731
+    catalog = catalog or load_catalog()
+    resolved = Settings(**settings)
     return StepContext(
-        settings=Settings(**settings),
+        settings=resolved,
+        engine=engine,
         store=MemoryStateStore(),
-        db=db,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),
+        tool_runs=ToolRunRepository(db),
         catalog=catalog,
         tools=ToolRegistry.from_catalog(catalog),
+        executor=ToolExecutor(resolved.tool_threads),
         llm=llm or FakeLlm(),
-        clock=clock,
+        breaker=breakers_on(fakeredis.FakeRedis(), resolved),
+        clock=clock or (lambda: FIXED_NOW),
+        random=lambda: 0.5,
         hostname="unit-host",
     )
 
@@ -73,3 +96,30 @@ def make_state(**fields: Any) -> TurnState:
     }
     values.update(fields)
     return TurnState(**values)
+
+
+TOOL_RUNS: dict[str, int] = {}
+"""How often :func:`counted_tool` ran, by key."""
+
+
+def counted_tool(key: str) -> str:
+    """An operator tool for unit tests: counts its runs in :data:`TOOL_RUNS`."""
+    TOOL_RUNS[key] = TOOL_RUNS.get(key, 0) + 1
+    return f"counted {key}"
+
+
+def catalog_with_counted_tool() -> ModeCatalog:
+    """The packaged catalog plus ``counted_tool`` (not idempotent), offered in mode general."""
+    from importlib import resources
+
+    import yaml
+
+    raw = yaml.safe_load(resources.files("shared.modes").joinpath("default_catalog.yaml").read_text())
+    raw["tools"] = [
+        {"name": "counted_tool", "handler": "tests.unit.fakes:counted_tool",
+         "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}},
+    ]  # fmt: skip
+    for mode in raw["modes"]:
+        if mode["name"] == "general":
+            mode["tools"] = [*mode["tools"], "counted_tool"]
+    return ModeCatalog.model_validate(raw)

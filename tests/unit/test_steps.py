@@ -71,21 +71,26 @@ def test_reasoner_fails_unknown_tool_when_the_model_calls_an_undeclared_tool() -
     assert "delete_everything" in result.error.message
 
 
-def test_llm_call_asks_to_retry_after_the_servers_delay_when_rate_limited() -> None:
+def test_llm_call_asks_to_retry_with_the_servers_delay_when_rate_limited() -> None:
     llm = FakeLlm(LlmError("slow down", status_code=429, retryable=True, retry_after=1.5))
     ctx = make_context(llm)
     state = make_state(pending_request={"model": "m", "input": []})
     result = llm_call.run(ctx, _env(StepName.LLM_CALL), state)
-    assert result.unwrap() == RetryAfter(1.5, "slow down")
+    later = result.unwrap()
+    assert isinstance(later, RetryAfter) and later.hint == 1.5 and later.called
+    assert later.failure.code is ErrorCode.LLM_RATE_LIMITED
     assert state.usage.llm_calls == 0
 
 
-def test_llm_call_fails_llm_rate_limited_when_attempts_run_out() -> None:
-    llm = FakeLlm(LlmError("slow down", status_code=429, retryable=True))
-    ctx = make_context(llm, llm_max_attempts=2)
-    state = make_state(pending_request={"model": "m", "input": []})
-    result = llm_call.run(ctx, _env(StepName.LLM_CALL, attempt=1), state)
-    assert result.error is not None and result.error.code is ErrorCode.LLM_RATE_LIMITED
+def test_llm_call_makes_no_call_while_the_models_breaker_is_open() -> None:
+    llm = FakeLlm(*[LlmError("down", status_code=503, retryable=True) for _ in range(3)])
+    ctx = make_context(llm, llm_breaker_failures=3)
+    for _ in range(3):
+        llm_call.run(ctx, _env(StepName.LLM_CALL), make_state(pending_request={"model": "m", "input": []}))
+    result = llm_call.run(ctx, _env(StepName.LLM_CALL), make_state(pending_request={"model": "m", "input": []}))
+    later = result.unwrap()
+    assert isinstance(later, RetryAfter) and not later.called and later.hint is not None and later.hint > 0
+    assert len(llm.requests) == 3 and later.failure.code is ErrorCode.LLM_ERROR
 
 
 def test_llm_call_fails_llm_error_at_once_when_the_error_is_not_retryable() -> None:

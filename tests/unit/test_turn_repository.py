@@ -15,7 +15,7 @@ def _turn(ctx: StepContext, index: int) -> str:
     ctx.turns.create(
         NewTurn(turn_id=turn_id, session_id="sess_1", org_id="o", user_id="u", new_session=index == 0,
                 requested_mode=None, request={"input": f"q{index}"}, request_hash="h"),
-        now=FIXED_NOW + timedelta(seconds=index),
+        now=FIXED_NOW + timedelta(seconds=index), deadline_at=FIXED_NOW + timedelta(seconds=60 + index),
     )  # fmt: skip
     return turn_id
 

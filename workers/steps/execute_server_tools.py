@@ -1,9 +1,16 @@
 """Server Tool Execution (AGN-027 layer D): the server calls of one LLM response, in order.
 
-Reads: the tool ledger's pending server calls of this iteration. Writes: each call's result into
-the ledger (the ToolResults provider) and a ``function_call_output`` into the transcript, a
-``tool_execution`` trace step per call, mode changes (via ``agent_change_mode``). The state is
-saved after every call, so a redelivered step never runs a call the ledger shows as done.
+Reads: the tool ledger's pending server calls of this iteration, each call's durable tool-run record.
+Writes: a durable "started" record before each handler runs and its outcome after
+(``shared.db.tool_runs``); each call's result into the ledger (the ToolResults provider) and a
+``function_call_output`` into the transcript; a ``tool_execution`` trace step per call; mode
+changes (via ``agent_change_mode``). The state is saved after every call, so a redelivered step
+never runs a call the ledger shows as done.
+
+At most once: a call whose record shows an outcome is not run again (its recorded output is
+used); a call found "started" without an outcome (its worker died while it ran) is not run again:
+the model is told the outcome is unknown and the trace says so. Tools the catalog marks
+``idempotent: true`` (and the built-ins) keep no record and simply run again.
 Next: reasoner. Fails with: ``tool_failed`` (a handler raised or timed out).
 """
 
@@ -19,8 +26,9 @@ from shared.state import LedgerEntry, TurnState
 from shared.task_names import StepName
 from workers.context import StepContext
 from workers.next_step import Continue, Next
-from workers.tools.executor import ToolContext, parse_arguments, run_tool
+from workers.tools.executor import ToolContext, parse_arguments
 from workers.tools.mode_change import change_mode
+from workers.tools.registry import ServerTool
 from workers.trace import trace
 
 __all__ = ["run"]
@@ -35,7 +43,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         logger.warning("turn %s: %d mode changes in one response; the last successful one wins", state.turn_id, len(pending))
     for entry in pending:
         started = time.perf_counter()
-        result = _execute(ctx, env, state, entry)
+        result = _execute_once(ctx, env, state, entry)
         duration_ms = (time.perf_counter() - started) * 1000
         if not result.ok:
             assert result.error is not None
@@ -46,14 +54,50 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         entry.output = result.value
         state.transcript.append({"type": "function_call_output", "call_id": entry.call_id, "output": result.value})
         trace(ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=True)
-        ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds)
+        ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
     return success(Continue(StepName.REASONER, env.iteration))
 
 
-def _execute(ctx: StepContext, env: TurnEnvelope, state: TurnState, entry: LedgerEntry) -> InvokeResult[str]:
+def _execute_once(ctx: StepContext, env: TurnEnvelope, state: TurnState, entry: LedgerEntry) -> InvokeResult[str]:
     tool = ctx.tools.get(entry.name)
     if tool is None:
         return failure(ErrorCode.UNKNOWN_TOOL, f"server tool {entry.name!r} is not registered")
+    if tool.idempotent:
+        # Running it again is harmless by definition (and agent_change_mode must re-apply its change
+        # to a turn carried on from a checkpoint), so it needs no durable record.
+        return _execute(ctx, env, state, entry, tool)
+    earlier = ctx.tool_runs.start(
+        turn_id=state.turn_id, call_id=entry.call_id, name=entry.name, worker=ctx.hostname, now=ctx.clock()
+    )
+    if earlier is not None and earlier.status != "started":
+        trace(ctx, state, env, "tool_outcome_replayed", tool=entry.name, call_id=entry.call_id, status=earlier.status)
+        output = earlier.output or ""
+        return failure(ErrorCode.TOOL_FAILED, output) if earlier.status == "failed" else success(output)
+    if earlier is not None and not tool.idempotent:
+        message = (
+            f"error: the outcome of this {entry.name} call is unknown: it was started on {earlier.worker}, which "
+            "stopped before recording a result, and it is not run twice. Check whether it took effect before "
+            "trying again."
+        )
+        ctx.tool_runs.finish(turn_id=state.turn_id, call_id=entry.call_id, status="unknown", output=message, now=ctx.clock())
+        logger.warning("turn %s: %s call %s started before and has no outcome; not run again", state.turn_id, entry.name, entry.call_id)
+        trace(ctx, state, env, "tool_outcome_unknown", tool=entry.name, call_id=entry.call_id, started_on=earlier.worker)
+        return success(message)
+    result = _execute(ctx, env, state, entry, tool)
+    if result.ok:
+        assert result.value is not None
+        ctx.tool_runs.finish(turn_id=state.turn_id, call_id=entry.call_id, status="succeeded", output=result.value, now=ctx.clock())
+    else:
+        assert result.error is not None
+        ctx.tool_runs.finish(
+            turn_id=state.turn_id, call_id=entry.call_id, status="failed", output=result.error.message, now=ctx.clock()
+        )
+    return result
+
+
+def _execute(
+    ctx: StepContext, env: TurnEnvelope, state: TurnState, entry: LedgerEntry, tool: ServerTool
+) -> InvokeResult[str]:
     arguments = parse_arguments(tool, entry.arguments)
     if isinstance(arguments, str):
         trace(ctx, state, env, "tool_arguments_rejected", tool=entry.name, call_id=entry.call_id)
@@ -66,5 +110,7 @@ def _execute(ctx: StepContext, env: TurnEnvelope, state: TurnState, entry: Ledge
         org_id=state.org_id,
         user_id=state.user_id,
         mode=state.mode or ctx.catalog.default_mode,
+        call_id=entry.call_id,
+        idempotency_key=f"{state.turn_id}:{entry.call_id}",
     )
-    return run_tool(tool, arguments, context)
+    return ctx.executor.run(tool, arguments, context)

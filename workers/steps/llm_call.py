@@ -1,28 +1,34 @@
 """LLM Call (AGN-027 layer C): exactly one call to the model, normalised.
 
-Reads: ``state.pending_request``. Writes: ``state.last_response``, usage, the ``llm_call`` trace
-step. Next: reasoner; RetryAfter on a 429/5xx/transport error while attempts remain (the task is
-re-sent with a countdown, so no worker slot waits). Fails with: ``llm_rate_limited`` (429 after
-the last attempt), ``llm_error`` (any other error).
+Reads: ``state.pending_request``; the model's shared circuit breaker. Writes: ``state.last_response``,
+usage, the ``llm_call`` trace step (``llm_error`` for a failed call); the breaker's count. Next:
+reasoner. When the model cannot answer now (429, 5xx, timeout, connection error, or its breaker is
+open so no call is made) it returns RetryAfter, and the driver's retry policy sends the step again
+later, holding no worker slot meanwhile, until the budget (``APTIX_LLM_RETRY_BUDGET_SECONDS``,
+``APTIX_LLM_MAX_ATTEMPTS``) is spent. Fails with: ``llm_rate_limited`` / ``llm_error`` (through that
+budget), ``llm_error`` at once for an answer no retry can fix (4xx other than 429, unusable body).
+The driver writes a durable checkpoint after this step: the model's answer is never asked twice
+because Redis lost it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
-from shared.result import ErrorCode, InvokeResult, failure, success
+from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure, success
 from shared.state import TurnState
 from shared.task_names import StepName
-from workers.context import StepContext
+from workers.context import BreakerPort, StepContext
 from workers.llm.types import response_to_dict
 from workers.next_step import Continue, Next, RetryAfter
 from workers.trace import trace
 
-__all__ = ["backoff_seconds", "run"]
+__all__ = ["run"]
 
-_MAX_RETRY_AFTER_SECONDS = 120.0
+logger = logging.getLogger(__name__)
 
 
 def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
@@ -30,11 +36,18 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     request = state.pending_request
     if request is None:
         return failure(ErrorCode.INTERNAL_ERROR, f"llm_call {env.iteration} found no composed request")
+    breaker = ctx.breaker(str(request.get("model") or ctx.settings.llm_model))
+    wait = breaker.before_call(ctx.clock().timestamp())
+    if wait > 0:
+        logger.info("turn %s: the model's circuit breaker is open; trying again in %.1fs", state.turn_id, wait)
+        reason = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
+        return success(RetryAfter(ErrorInfo(code=ErrorCode.LLM_ERROR, message=reason), hint=wait, called=False))
     started = time.perf_counter()
     try:
         response = ctx.llm.create(request)
     except LlmError as exc:
-        return _on_error(ctx, env, state, exc)
+        return _on_error(ctx, env, state, exc, breaker)
+    breaker.record_success(ctx.clock().timestamp())
     duration_ms = (time.perf_counter() - started) * 1000
     state.last_response = response_to_dict(response)
     state.pending_request = None
@@ -57,19 +70,13 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     return success(Continue(StepName.REASONER, env.iteration))
 
 
-def backoff_seconds(attempt: int, retry_after: float | None) -> float:
-    """The wait before attempt ``attempt + 1``: the server's Retry-After, else 0.5 s·2ⁿ capped at 8 s."""
-    if retry_after is not None:
-        return max(0.0, retry_after)
-    return float(min(0.5 * 2**attempt, 8.0))
-
-
-def _on_error(ctx: StepContext, env: TurnEnvelope, state: TurnState, exc: LlmError) -> InvokeResult[Next]:
-    rate_limited = exc.status_code == 429 and exc.retryable
-    wait = backoff_seconds(env.attempt, exc.retry_after)
-    attempts_left = env.attempt + 1 < ctx.settings.llm_max_attempts
+def _on_error(
+    ctx: StepContext, env: TurnEnvelope, state: TurnState, exc: LlmError, breaker: BreakerPort
+) -> InvokeResult[Next]:
+    if exc.status_code == 0 or exc.status_code >= 500:  # the model is down or broken, not throttling us
+        breaker.record_failure(ctx.clock().timestamp())
     trace(ctx, state, env, "llm_error", status=exc.status_code, code=exc.code, retryable=exc.retryable)
-    if exc.retryable and attempts_left and wait <= _MAX_RETRY_AFTER_SECONDS:
-        return success(RetryAfter(wait, exc.message))
-    code = ErrorCode.LLM_RATE_LIMITED if rate_limited else ErrorCode.LLM_ERROR
+    code = ErrorCode.LLM_RATE_LIMITED if exc.status_code == 429 else ErrorCode.LLM_ERROR
+    if exc.retryable:
+        return success(RetryAfter(ErrorInfo(code=code, message=exc.message), hint=exc.retry_after))
     return failure(code, exc.message)

@@ -1,7 +1,7 @@
 """AgentRequestHandler (AGN-032 §5.1): entry; builds the turn state and routes it.
 
 Reads: the turn row the gateway recorded. Writes: a new TurnState (first round), turn status
-``running``, the ``turn_start`` trace step. Next: session_creator (new session), session_restorer
+``running`` with a fresh reconciler deadline (the turn's durable start), the ``turn_start`` trace step. Next: session_creator (new session), session_restorer
 (follow-up turn) or client_tool_session_restorer (tool-results re-entry); Stop when the turn was
 cancelled before it started. Fails with: nothing of its own.
 
@@ -20,10 +20,10 @@ from workers.context import StepContext
 from workers.next_step import Continue, Next, Stop
 from workers.trace import trace
 
-__all__ = ["build_state", "run"]
+__all__ = ["initial_state", "run"]
 
 
-def build_state(ctx: StepContext, turn_id: str) -> TurnState | None:
+def initial_state(ctx: StepContext, turn_id: str) -> TurnState | None:
     """The initial state of a turn from its recorded request; None when the turn is unknown."""
     row = ctx.turns.get(turn_id)
     if row is None:
@@ -47,7 +47,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if env.round > 0:
         trace(ctx, state, env, "turn_reentered")
         return success(Continue(StepName.CLIENT_TOOL_SESSION_RESTORER))
-    if not ctx.turns.mark_running(state.turn_id, now=ctx.clock()):
+    if not ctx.turns.mark_running(state.turn_id, now=ctx.clock(), deadline_at=ctx.deadline()):
         return success(Stop())
     trace(ctx, state, env, "turn_start", session_id=state.session_id, new_session=state.new_session)
     if state.new_session:

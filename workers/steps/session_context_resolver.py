@@ -16,7 +16,7 @@ from shared.task_names import StepName
 from workers.context import StepContext
 from workers.next_step import Continue, Next
 
-__all__ = ["run"]
+__all__ = ["load_history", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,15 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if ctx.catalog.get(state.mode) is None:
         logger.warning("session %s is in mode %r, which the catalog no longer has", state.session_id, state.mode)
         state.mode = ctx.catalog.default_mode
+    load_history(ctx, state)
+    return success(Continue(StepName.CONTEXT_PROVIDER_INITIALIZER))
+
+
+def load_history(ctx: StepContext, state: TurnState) -> None:
+    """Set ``state.history``: the session's completed turns before this one, as input items.
+
+    Also used when a turn carries on from a database checkpoint, which does not keep the history.
+    """
     before = state.created_at or ctx.clock()
     conversation = ctx.turns.conversation(state.session_id, before=before, limit=ctx.settings.history_turns)
     state.history = [{"type": "message", "role": role, "content": content} for role, content in conversation]
-    return success(Continue(StepName.CONTEXT_PROVIDER_INITIALIZER))

@@ -28,6 +28,8 @@ class ServerTool:
     handler: Callable[..., Any] | None
     """None for ``agent_change_mode``, which the mode-change logic runs itself."""
     timeout_seconds: float = 30.0
+    idempotent: bool = False
+    """Whether a call whose worker died after it started may simply run again."""
 
     def schema(self) -> dict[str, Any]:
         """The Responses API function-tool definition (always with ``strict`` and ``parameters``)."""
@@ -54,17 +56,27 @@ class ToolRegistry:
             ConfigurationError: when an operator tool's handler cannot be imported.
         """
         tools = [
-            ServerTool(CHANGE_MODE_TOOL, CHANGE_MODE_DESCRIPTION, CHANGE_MODE_PARAMETERS, None),
+            # Both built-ins are idempotent: a mode change is recorded once per (turn, change), and
+            # reading the clock again is harmless.
+            ServerTool(CHANGE_MODE_TOOL, CHANGE_MODE_DESCRIPTION, CHANGE_MODE_PARAMETERS, None, idempotent=True),
             ServerTool(
                 "get_current_time",
                 "The current UTC time in ISO 8601.",
                 {"type": "object", "properties": {}, "additionalProperties": False},
                 get_current_time,
+                idempotent=True,
             ),
         ]
         for tool in catalog.tools:
             tools.append(
-                ServerTool(tool.name, tool.description, tool.parameters, _import(tool.handler), tool.timeout_seconds)
+                ServerTool(
+                    tool.name,
+                    tool.description,
+                    tool.parameters,
+                    _import(tool.handler),
+                    tool.timeout_seconds,
+                    idempotent=tool.idempotent,
+                )
             )
         return cls(tools)
 

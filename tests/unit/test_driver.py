@@ -1,0 +1,183 @@
+"""The driver on in-process fakes: a whole turn step by step, checkpoints, carrying on after Redis
+lost the state, at-most-once server tools, the model retry budget."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from shared.db.turns import NewTurn
+from shared.errors import LlmError
+from shared.models.envelope import TurnEnvelope
+from shared.state import MemoryStateStore
+from shared.task_names import StepName
+from tests.unit.fakes import (
+    FIXED_NOW, TOOL_RUNS, Clock, FakeLlm, catalog_with_counted_tool, make_context,
+)  # fmt: skip
+from workers.context import StepContext
+from workers.driver import Dispatch, run_step
+from workers.llm.types import FunctionCall, LlmResponse
+
+TURN_ID = "turn_" + "1" * 32
+
+
+def _record_turn(ctx: StepContext, text: str = "hello") -> TurnEnvelope:
+    ctx.turns.create(
+        NewTurn(turn_id=TURN_ID, session_id="sess_" + "1" * 32, org_id="o", user_id="u", new_session=True,
+                requested_mode=None, request={"input": text}, request_hash="h"),
+        now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60),
+    )  # fmt: skip
+    return TurnEnvelope(turn_id=TURN_ID, step=StepName.REQUEST_HANDLER)
+
+
+def _drive(
+    ctx: StepContext, env: TurnEnvelope, *, until: StepName | None = None, iteration: int = 0
+) -> list[Dispatch]:
+    """Run messages one after another (ignoring countdowns) until the chain ends or reaches ``until``
+    at ``iteration`` or later."""
+    sent: list[Dispatch] = []
+    dispatch: Dispatch | None = Dispatch(env)
+    while dispatch is not None and not (dispatch.envelope.step is until and dispatch.envelope.iteration >= iteration):
+        dispatch = run_step(ctx, dispatch.envelope)
+        if dispatch is not None:
+            sent.append(dispatch)
+    return sent
+
+
+def _tool_call(key: str) -> LlmResponse:
+    call = FunctionCall(call_id="call_1", name="counted_tool", arguments=json.dumps({"key": key}))
+    return LlmResponse(response_id="r1", output_text=None, function_calls=(call,))
+
+
+def test_turn_completes_and_leaves_its_checkpoint_and_no_marker() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="hi")))
+    _drive(ctx, _record_turn(ctx))
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "completed" and row.output_text == "hi" and row.deadline_at is None
+    assert isinstance(ctx.store, MemoryStateStore) and TURN_ID not in ctx.store.markers
+    assert ctx.turns.load_snapshot(TURN_ID) is not None
+
+
+def test_model_answer_is_checkpointed_and_not_asked_again_when_redis_loses_the_state() -> None:
+    llm = FakeLlm(LlmResponse(response_id="r", output_text="once"))
+    ctx = make_context(llm)
+    sent = _drive(ctx, _record_turn(ctx), until=StepName.REASONER, iteration=1)
+    # Given the model answered and the answer was checkpointed, when Redis loses everything
+    assert isinstance(ctx.store, MemoryStateStore)
+    ctx.store.flush()
+    checkpoint = ctx.turns.load_snapshot(TURN_ID)
+    assert checkpoint is not None and checkpoint["last_response"] is not None
+    # Then the message the checkpoint carries on with finishes the turn without a second call
+    assert TurnEnvelope.model_validate(checkpoint["next_envelope"]) == sent[-1].envelope
+    _drive(ctx, sent[-1].envelope)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "completed" and row.output_text == "once"
+    assert len(llm.requests) == 1
+
+
+def test_message_that_is_not_where_the_checkpoint_carries_on_is_dropped_when_redis_lost_the_state() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")))
+    sent = _drive(ctx, _record_turn(ctx), until=StepName.REASONER, iteration=1)
+    assert isinstance(ctx.store, MemoryStateStore)
+    ctx.store.flush()
+    compose = next(d.envelope for d in sent if d.envelope.step is StepName.COMPOSE)
+    assert run_step(ctx, compose) is None
+    assert ctx.store.load(TURN_ID) is None
+
+
+def test_server_tool_runs_once_when_its_step_is_redelivered_after_redis_lost_the_state() -> None:
+    key = "redelivered"
+    ctx = make_context(
+        FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="done")), catalog=catalog_with_counted_tool()
+    )
+    sent = _drive(ctx, _record_turn(ctx), until=StepName.EXECUTE_SERVER_TOOLS)
+    tools_step = sent[-1].envelope
+    _drive(ctx, tools_step, until=StepName.REASONER, iteration=1)
+    assert isinstance(ctx.store, MemoryStateStore)
+    ctx.store.flush()  # the state after the tool is gone; the checkpoint is from before it
+    checkpoint_next = TurnEnvelope.model_validate(ctx.turns.load_snapshot(TURN_ID)["next_envelope"])  # type: ignore[index]
+    _drive(ctx, checkpoint_next)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "completed"
+    assert TOOL_RUNS[key] == 1
+
+
+def test_tool_started_without_an_outcome_is_not_run_again_and_the_model_is_told() -> None:
+    key = "unknown-outcome"
+    llm = FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="noted"))
+    ctx = make_context(llm, catalog=catalog_with_counted_tool())
+    sent = _drive(ctx, _record_turn(ctx), until=StepName.EXECUTE_SERVER_TOOLS)
+    # Given a worker recorded the call as started and died before its outcome
+    ctx.tool_runs.start(turn_id=TURN_ID, call_id="call_1", name="counted_tool", worker="dead@host", now=FIXED_NOW)
+    # When the step runs again
+    _drive(ctx, sent[-1].envelope)
+    # Then the tool did not run, the model was told the outcome is unknown, and the trace says so
+    assert TOOL_RUNS.get(key, 0) == 0
+    outputs = [item for item in llm.requests[-1]["input"] if item.get("type") == "function_call_output"]
+    assert "outcome of this counted_tool call is unknown" in outputs[0]["output"]
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "completed"
+    assert any(step["kind"] == "tool_outcome_unknown" for step in row.trace)
+
+
+def test_model_outage_is_retried_with_growing_delays_and_fails_llm_error_when_the_budget_is_spent() -> None:
+    clock = Clock()
+    llm = FakeLlm(*[LlmError("down", status_code=503, retryable=True) for _ in range(30)])
+    ctx = make_context(llm, clock=clock, llm_retry_budget_seconds=40, llm_breaker_failures=100)
+    sent = _drive(ctx, _record_turn(ctx), until=StepName.LLM_CALL)
+    dispatch: Dispatch | None = sent[-1]
+    delays = []
+    while dispatch is not None and dispatch.envelope.step is StepName.LLM_CALL:
+        clock.now += timedelta(seconds=dispatch.countdown)
+        dispatch = run_step(ctx, dispatch.envelope)
+        if dispatch is not None and dispatch.envelope.step is StepName.LLM_CALL:
+            delays.append(dispatch.countdown)
+    assert dispatch is not None and dispatch.envelope.step is StepName.PERSIST
+    assert delays == sorted(delays) and sum(delays) <= 40
+    _drive(ctx, dispatch.envelope)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "failed" and row.error is not None
+    assert row.error["code"] == "llm_error" and "APTIX_LLM_RETRY_BUDGET_SECONDS" in row.error["message"]
+
+
+def test_open_breaker_wait_is_no_call_and_the_turn_completes_when_the_model_returns() -> None:
+    clock = Clock()
+    answers: list[LlmResponse | Exception] = [LlmError("down", status_code=0, retryable=True) for _ in range(2)]
+    llm = FakeLlm(*answers, LlmResponse(response_id="r", output_text="back"))
+    ctx = make_context(llm, clock=clock, llm_breaker_failures=2, llm_breaker_open_seconds=5)
+    dispatch: Dispatch | None = _drive(ctx, _record_turn(ctx), until=StepName.LLM_CALL)[-1]
+    waits = 0
+    while dispatch is not None:
+        clock.now += timedelta(seconds=dispatch.countdown)
+        waits += dispatch.envelope.step is StepName.LLM_CALL and dispatch.envelope.attempt > 0
+        dispatch = run_step(ctx, dispatch.envelope)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "completed" and row.output_text == "back"
+    assert len(llm.requests) == 3 and waits >= 2
+
+
+def test_step_leased_elsewhere_is_sent_again_after_half_the_lease() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), step_lease_seconds=10)
+    env = _record_turn(ctx)
+    ctx.store.claim(TURN_ID, env.step_key, owner="other", ttl_seconds=10)
+    dispatch = run_step(ctx, env)
+    assert dispatch is not None and dispatch.envelope.step_key == env.step_key
+    assert dispatch.countdown == 5 and dispatch.envelope.attempt == 1
+
+
+def test_first_message_of_an_unrecorded_turn_is_retried_then_dropped() -> None:
+    ctx = make_context()
+    env = TurnEnvelope(turn_id=TURN_ID, step=StepName.REQUEST_HANDLER)
+    dispatch = run_step(ctx, env)
+    assert dispatch is not None and dispatch.countdown == 0.5
+    assert run_step(ctx, env.model_copy(update={"attempt": 40})) is None
+
+
+def test_redelivered_step_resends_its_next_message_only_while_that_has_not_run() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")))
+    env = _record_turn(ctx)
+    first = run_step(ctx, env)
+    assert first is not None
+    assert run_step(ctx, env) == Dispatch(first.envelope)  # the next message may have been lost: resend
+    run_step(ctx, first.envelope)
+    assert run_step(ctx, env) is None  # it arrived and ran: nothing to resend

@@ -1,0 +1,170 @@
+"""The reconciler on in-process fakes: which turns it re-drives, from where, and when it gives up."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import fakeredis
+
+from shared.db.turns import InFlightTurn, NewTurn
+from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
+from shared.models.turn import TurnStatus
+from shared.state import MemoryStateStore
+from shared.task_names import StepName
+from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state
+from workers.context import StepContext
+from workers.dispatcher import Dispatcher
+from workers.driver import run_step
+from workers.llm.types import LlmResponse
+from workers.reconciler import Reconciler, frontier
+
+TURN_ID = "turn_" + "2" * 32
+
+
+class _Sent(list[tuple[TurnEnvelope, float]]):
+    def __call__(self, envelope: TurnEnvelope, countdown: float) -> None:
+        self.append((envelope, countdown))
+
+
+def _reconciler(ctx: StepContext, clock: Clock, sent: _Sent, broker: fakeredis.FakeRedis | None = None) -> Reconciler:
+    return Reconciler(
+        settings=ctx.settings,
+        turns=ctx.turns,
+        store=ctx.store,
+        client=fakeredis.FakeRedis(),
+        dispatcher=Dispatcher(sent, ctx.store, park_after=30),
+        owner="unit",
+        broker_client=broker,
+        clock=clock,
+    )
+
+
+def _accept(ctx: StepContext, *, batch: bool = False) -> None:
+    ctx.turns.create(
+        NewTurn(turn_id=TURN_ID, session_id="sess_" + "2" * 32, org_id="o", user_id="u", new_session=True,
+                requested_mode=None, request={"input": "hi"}, request_hash="h", batch_id="batch_1" if batch else None),
+        now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60),
+    )  # fmt: skip
+
+
+def _in_flight(**fields: object) -> InFlightTurn:
+    values: dict[str, object] = {"turn_id": TURN_ID, "status": TurnStatus.RUNNING, "round": 0, "batch_id": None, "redrives": 0}
+    values.update(fields)
+    return InFlightTurn(**values)  # type: ignore[arg-type]
+
+
+def test_frontier_prefers_the_newer_of_redis_and_the_checkpoint() -> None:
+    older = make_state(next_envelope=TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1).model_dump())
+    newer = make_state(next_envelope=TurnEnvelope(turn_id=TURN_ID, step=StepName.REASONER, hop=5, iteration=1).model_dump())
+    assert frontier(_in_flight(), older, newer) == (TurnEnvelope.model_validate(newer.next_envelope), "checkpoint")
+    assert frontier(_in_flight(), newer, older)[1] == "redis"
+
+
+def test_frontier_is_the_rounds_first_step_when_nothing_is_recorded() -> None:
+    envelope, source = frontier(_in_flight(round=2, batch_id="b"), None, make_state())
+    assert source == "start" and envelope.step is StepName.REQUEST_HANDLER and envelope.round == 2
+
+
+def test_stalled_queued_batch_turn_is_sent_again_at_batch_start_priority() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    _accept(ctx, batch=True)
+    sent = _Sent()
+    clock.now = FIXED_NOW + timedelta(seconds=61)
+    _reconciler(ctx, clock, sent).scan()
+    assert [(e.step, e.priority) for e, _ in sent] == [(StepName.REQUEST_HANDLER, BATCH_START_PRIORITY)]
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.redrives == 1 and row.deadline_at is not None and row.deadline_at > clock.now
+
+
+def test_turn_whose_marker_is_ahead_is_left_alone_and_its_deadline_moves_up() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    _accept(ctx)
+    until = (FIXED_NOW + timedelta(seconds=3600)).timestamp()
+    ctx.store.mark_alive([TURN_ID], until=until)
+    sent = _Sent()
+    clock.now = FIXED_NOW + timedelta(seconds=61)
+    _reconciler(ctx, clock, sent).scan()
+    row = ctx.turns.get(TURN_ID)
+    assert sent == [] and row is not None and row.redrives == 0
+    assert row.deadline_at is not None and abs(row.deadline_at.timestamp() - until) < 1
+
+
+def test_running_turn_whose_message_was_lost_is_re_driven_from_its_recorded_next_step() -> None:
+    clock = Clock()
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), clock=clock)
+    _accept(ctx)
+    first = run_step(ctx, TurnEnvelope(turn_id=TURN_ID, step=StepName.REQUEST_HANDLER))
+    assert first is not None  # ... and that message was lost
+    sent = _Sent()
+    clock.now = FIXED_NOW + timedelta(seconds=200)
+    _reconciler(ctx, clock, sent).scan()
+    assert [e for e, _ in sent] == [first.envelope]
+
+
+def test_turn_that_never_moves_fails_internal_error_after_the_re_drive_limit() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock, reconciler_max_redrives=2)
+    _accept(ctx)
+    sent = _Sent()
+    reconciler = _reconciler(ctx, clock, sent)
+    for step in range(1, 5):
+        clock.now = FIXED_NOW + timedelta(seconds=100 * step)
+        assert isinstance(ctx.store, MemoryStateStore)
+        ctx.store.forget(TURN_ID)  # every re-driven message is lost too
+        reconciler.scan()
+    row = ctx.turns.get(TURN_ID)
+    assert len(sent) == 2 and row is not None and row.status == "failed"
+    assert row.error is not None and row.error["code"] == "internal_error" and "re-drives" in row.error["message"]
+
+
+def test_markers_are_dropped_when_the_broker_lost_its_sentinel() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    broker = fakeredis.FakeRedis()
+    reconciler = _reconciler(ctx, clock, _Sent(), broker=broker)
+    reconciler.scan()  # first run: sets the sentinel
+    ctx.store.mark_alive([TURN_ID], until=clock.now.timestamp() + 3600)
+    reconciler.scan()
+    assert ctx.store.alive_until([TURN_ID])
+    broker.flushdb()  # the broker restarted empty
+    reconciler.scan()
+    assert ctx.store.alive_until([TURN_ID]) == {}
+
+
+def test_only_one_copy_leads_until_its_lease_lapses() -> None:
+    ctx = make_context()
+    client = fakeredis.FakeRedis()
+    copies = [
+        Reconciler(settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=client,
+                   dispatcher=Dispatcher(_Sent(), ctx.store, park_after=30), owner=name)
+        for name in ("a", "b")
+    ]  # fmt: skip
+    assert [copy.lead() for copy in copies] == [True, False]
+    client.delete("aptix:reconciler:leader")  # the leader died and its lease lapsed
+    assert copies[1].lead() and not copies[0].lead()
+
+
+def test_parked_message_is_sent_when_due() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    sent = _Sent()
+    reconciler = _reconciler(ctx, clock, sent)
+    envelope = TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1, attempt=3)
+    Dispatcher(sent, ctx.store, park_after=30).dispatch(envelope, 45.0, now=clock.now.timestamp())
+    assert sent == [] and reconciler.release_due() == 0
+    clock.now = FIXED_NOW + timedelta(seconds=46)
+    assert reconciler.release_due() == 1 and sent == [(envelope, 0.0)]
+
+
+
+
+def test_a_parked_item_that_is_not_an_envelope_is_dropped_and_the_rest_are_sent() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    sent = _Sent()
+    envelope = TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1)
+    ctx.store.park("not json", due=0.0)
+    ctx.store.park(envelope.model_dump_json(), due=1.0)
+    assert _reconciler(ctx, clock, sent).release_due() == 1 and sent == [(envelope, 0.0)]

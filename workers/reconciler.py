@@ -1,0 +1,267 @@
+"""The reconciler: no accepted turn is left stranded.
+
+Every queued or running turn has a deadline in the database (``turns.deadline_at``) and, while it
+moves, an in-flight marker in Redis that every state save and lease renewal pushes forward. The
+active reconciler looks at turns past their database deadline: one whose marker is still ahead is
+moving (its deadline is moved up to the marker); one without a live marker has stalled (a message
+lost when a worker died, Redis restarted empty, a connection error), and is re-driven from the
+newest state it can trust: the recorded next step in Redis when it has one, else the durable
+checkpoint in the database, else the turn's first step. Re-sending is safe: every step is
+idempotent. A turn re-driven ``APTIX_RECONCILER_MAX_REDRIVES`` times that still does not move fails
+``internal_error``, so every accepted turn ends.
+
+A copy runs inside every ``aptix worker`` (``--no-reconciler`` turns it off) and as ``aptix
+reconciler``; one copy at a time is active, chosen through a Redis lease, and several copies or a
+copy killed at any point do no harm (a scan only sends messages that are safe to send twice). Every
+copy also sends the parked messages that are due (``workers.dispatcher``). When the broker is a Redis
+that lost its data (its sentinel key vanished), every marker is dropped, so each turn in flight is
+re-driven at its deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import redis
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy.exc import SQLAlchemyError
+
+from shared.db.turns import InFlightTurn, TurnRepository
+from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
+from shared.models.turn import TurnStatus
+from shared.result import ErrorCode, ErrorInfo
+from shared.settings import Settings
+from shared.state import StateStore, TurnState
+from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
+from shared.task_names import StepName
+from workers.context import utc_now
+from workers.dispatcher import Dispatcher
+
+__all__ = ["Reconciler", "ReconcilerStats", "frontier"]
+
+logger = logging.getLogger(__name__)
+
+_BATCH = 500
+_MAX_BATCHES_PER_SCAN = 20
+_PRUNE_AFTER_SECONDS = 86400.0
+_LEAD = """
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end
+if not holder then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0
+"""
+_ERRORS = (redis.RedisError, SQLAlchemyError, BrokerError, OSError)
+
+
+@dataclass
+class ReconcilerStats:
+    """What the reconciler did and what it cost, since it started."""
+
+    scans: int = 0
+    checked: int = 0
+    """Overdue turns looked at."""
+    moving: int = 0
+    """Of those, turns whose marker showed them moving (their deadline was moved up)."""
+    redriven: int = 0
+    failed: int = 0
+    released: int = 0
+    """Parked messages sent when due."""
+    redis_calls: int = 0
+    db_calls: int = 0
+    cpu_seconds: float = 0.0
+    """CPU time of the scans (this thread only)."""
+
+
+class Reconciler:
+    """One copy of the reconciler; :meth:`run` loops until told to stop."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        turns: TurnRepository,
+        store: StateStore,
+        client: redis.Redis,
+        dispatcher: Dispatcher,
+        owner: str,
+        broker_client: redis.Redis | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        """Build one copy.
+
+        Args:
+            settings: deadlines, interval, re-drive limit.
+            turns: the turn repository (deadlines, checkpoints).
+            store: the state store (states, markers, parked messages).
+            client: the state store's Redis, for the leader lease.
+            dispatcher: sends re-driven and due messages.
+            owner: this copy's name in the leader lease.
+            broker_client: the broker's Redis, when the broker is Redis (for the sentinel).
+            clock: the wall clock.
+        """
+        self._settings = settings
+        self._turns = turns
+        self._store = store
+        self._client = client
+        self._dispatcher = dispatcher
+        self._owner = owner
+        self._broker = broker_client
+        self._clock = clock
+        self._lead_script = client.register_script(_LEAD)
+        self.stats = ReconcilerStats()
+
+    def run(self, stop: threading.Event) -> None:
+        """Release due messages about every second and, while leading, scan every interval; until ``stop``."""
+        interval = self._settings.reconciler_interval_seconds
+        next_scan = 0.0
+        while not stop.is_set():
+            try:
+                self.release_due()
+                if time.monotonic() >= next_scan:
+                    next_scan = time.monotonic() + interval
+                    if self.lead():
+                        self.scan()
+            except _ERRORS as exc:
+                logger.warning("reconciler: %s: %s; trying again", type(exc).__name__, exc)
+            except Exception:  # a bug must not end the one thing that ends stranded turns
+                logger.exception("reconciler: unexpected error; trying again")
+            stop.wait(min(1.0, interval))
+
+    def lead(self) -> bool:
+        """Take or keep the leader lease; whether this copy is the active one."""
+        ttl_ms = int(max(3 * self._settings.reconciler_interval_seconds, 10.0) * 1000)
+        self.stats.redis_calls += 1
+        return bool(self._lead_script(keys=[RECONCILER_LEADER_KEY], args=[self._owner, ttl_ms]))
+
+    def release_due(self) -> int:
+        """Send the parked messages that are due."""
+        sent = self._dispatcher.release_due(now=self._clock().timestamp())
+        self.stats.released += sent
+        return sent
+
+    def scan(self) -> None:
+        """Look at every turn past its deadline: move the deadline of those still moving, re-drive the rest."""
+        cpu = time.thread_time()
+        before = (self.stats.checked, self.stats.redriven, self.stats.failed, self.stats.redis_calls, self.stats.db_calls)
+        self._check_broker()
+        for _ in range(_MAX_BATCHES_PER_SCAN):
+            if self._scan_batch() < _BATCH:
+                break
+        self._store.prune_markers(before=self._clock().timestamp() - _PRUNE_AFTER_SECONDS)
+        self.stats.redis_calls += 1
+        self.stats.scans += 1
+        used = time.thread_time() - cpu
+        self.stats.cpu_seconds += used
+        checked, redriven, failed, redis_calls, db_calls = (
+            now - then
+            for now, then in zip(
+                (self.stats.checked, self.stats.redriven, self.stats.failed, self.stats.redis_calls, self.stats.db_calls),
+                before,
+            )
+        )
+        if checked:
+            logger.info(
+                "reconciler: %d overdue turn(s): %d still moving, %d re-driven, %d failed; %.1f ms CPU, "
+                "%d Redis and %d database round trips",
+                checked, checked - redriven - failed, redriven, failed, used * 1000, redis_calls, db_calls,
+            )  # fmt: skip
+
+    def _scan_batch(self) -> int:
+        now = self._clock()
+        overdue = self._turns.overdue(now=now, limit=_BATCH)
+        alive = self._store.alive_until([turn.turn_id for turn in overdue]) if overdue else {}
+        self.stats.db_calls += 1
+        self.stats.redis_calls += 1 if overdue else 0
+        self.stats.checked += len(overdue)
+        moving: dict[str, datetime] = {}
+        for turn in overdue:
+            until = alive.get(turn.turn_id)
+            if until is not None and until > now.timestamp():
+                moving[turn.turn_id] = datetime.fromtimestamp(until, UTC)
+            elif turn.redrives >= self._settings.reconciler_max_redrives:
+                self._give_up(turn, now)
+            else:
+                self.redrive(turn, now)
+        if moving:
+            self._turns.set_deadlines(moving)
+            self.stats.db_calls += 1
+            self.stats.moving += len(moving)
+        return len(overdue)
+
+    def redrive(self, turn: InFlightTurn, now: datetime) -> None:
+        """Send the turn's frontier message again (from Redis, else its checkpoint, else its first step)."""
+        state = self._store.load(turn.turn_id)
+        raw = self._turns.load_snapshot(turn.turn_id)
+        checkpoint = None if raw is None else TurnState.model_validate(raw)
+        envelope, source = frontier(turn, state, checkpoint)
+        if source == "checkpoint" and state is not None:
+            self._store.drop(turn.turn_id)  # older than the checkpoint: the step carries on from the checkpoint
+            self.stats.redis_calls += 1
+        self._dispatcher.dispatch(envelope, 0.0, now=now.timestamp())
+        window = self._settings.reconciler_queued_seconds if turn.status is TurnStatus.QUEUED else self._deadline()
+        self._store.mark_alive([turn.turn_id], until=now.timestamp() + window)
+        self._turns.note_redrive(turn.turn_id, deadline_at=now + timedelta(seconds=self._deadline()))
+        self.stats.redis_calls += 3
+        self.stats.db_calls += 2
+        self.stats.redriven += 1
+        logger.warning(
+            "re-driving turn %s (%s, re-drive %d) from %s at %s",
+            turn.turn_id, turn.status.value, turn.redrives + 1, source, envelope.step_key,
+        )  # fmt: skip
+
+    def _give_up(self, turn: InFlightTurn, now: datetime) -> None:
+        message = f"the turn did not move after {turn.redrives} re-drives by the reconciler"
+        logger.error("turn %s: %s; failing it", turn.turn_id, message)
+        self._turns.finish_early(
+            turn.turn_id,
+            status=TurnStatus.FAILED,
+            error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message),
+            now=now,
+            only_if=(TurnStatus.QUEUED.value, TurnStatus.RUNNING.value),
+        )
+        self._store.forget(turn.turn_id)
+        self.stats.db_calls += 1
+        self.stats.redis_calls += 1
+        self.stats.failed += 1
+
+    def _check_broker(self) -> None:
+        if self._broker is None:
+            return
+        self.stats.redis_calls += 1
+        if not self._broker.set(BROKER_SENTINEL_KEY, self._owner, nx=True):
+            return
+        self.stats.redis_calls += 2
+        if self._client.exists(BROKER_EPOCH_SEEN_KEY):
+            logger.warning("the broker lost its messages (its sentinel vanished): every turn in flight is re-driven")
+            self._store.forget_all()
+        self._client.set(BROKER_EPOCH_SEEN_KEY, b"1")
+
+    def _deadline(self) -> int:
+        return self._settings.reconciler_deadline_seconds
+
+
+def frontier(turn: InFlightTurn, state: TurnState | None, checkpoint: TurnState | None) -> tuple[TurnEnvelope, str]:
+    """The message that carries ``turn`` on, and where it came from (``redis``, ``checkpoint`` or ``start``).
+
+    The newest of the recorded next steps of this round wins (Redis on a tie); with none, the
+    round's first step.
+    """
+    options: list[tuple[TurnEnvelope, str]] = []
+    for source, candidate in (("redis", state), ("checkpoint", checkpoint)):
+        if candidate is None or candidate.next_envelope is None:
+            continue
+        envelope = TurnEnvelope.model_validate(candidate.next_envelope)
+        if envelope.round == turn.round:
+            options.append((envelope, source))
+    if options:
+        return max(options, key=lambda option: (option[0].hop, option[1] == "redis"))
+    if turn.batch_id is None:
+        priority = INTERACTIVE_PRIORITY
+    else:
+        priority = BATCH_START_PRIORITY if turn.round == 0 else BATCH_PRIORITY
+    return TurnEnvelope(turn_id=turn.turn_id, step=StepName.REQUEST_HANDLER, round=turn.round, priority=priority), "start"

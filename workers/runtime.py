@@ -1,0 +1,127 @@
+"""WorkerRuntime: what one worker process builds once, at start: its step context, its dispatcher,
+and (in the worker's main process) its copy of the reconciler.
+
+``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
+each prefork child (``worker_process_init``), and starts the reconciler on ``worker_ready``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import redis
+
+from shared.broker import visibility_timeout
+from shared.db.turns import TurnRepository
+from shared.settings import Settings
+from shared.state import StateStore
+from workers.context import StepContext, build_context
+from workers.dispatcher import Dispatcher, SendStep
+from workers.reconciler import Reconciler
+
+__all__ = ["WorkerRuntime", "build_reconciler"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    """The per-process state of a worker."""
+
+    def __init__(self, settings: Settings, send: SendStep, *, reconciler: bool = True) -> None:
+        """Prepare the runtime; nothing is built or connected until :meth:`start`.
+
+        Args:
+            settings: the worker's settings.
+            send: publishes one step message with a countdown.
+            reconciler: whether this worker runs a copy of the reconciler.
+        """
+        self._settings = settings
+        self._send = send
+        self._with_reconciler = reconciler
+        self._hostname: str | None = None
+        self._ctx: StepContext | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._stop = threading.Event()
+        self._reconciler_thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self, hostname: str) -> None:
+        """Build the step context and the dispatcher of this process (worker node ``hostname``)."""
+        with self._lock:
+            if self._ctx is not None:
+                # A prefork child inherited its parent's context: leave the parent's database
+                # connections alone (closing them here would close them for the parent too).
+                self._ctx.engine.dispose(close=False)
+            self._hostname = hostname
+            self._ctx = build_context(self._settings, hostname=hostname)
+            self._dispatcher = Dispatcher(self._send, self._ctx.store, park_after=visibility_timeout(self._settings) / 2)
+
+    def restart_in_child(self) -> None:
+        """Rebuild the context in a prefork child (connections must not cross a fork)."""
+        if self._hostname is not None:
+            self.start(self._hostname)
+
+    @property
+    def context(self) -> StepContext:
+        """The step context (built on first use when no worker signal came, e.g. a bare task call)."""
+        if self._ctx is None:
+            logger.warning("the worker context was not built at start; building it now")
+            self.start(self._hostname or f"worker@{os.uname().nodename}")
+        assert self._ctx is not None
+        return self._ctx
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher of this process."""
+        if self._dispatcher is None:
+            self.context  # noqa: B018  # builds both
+        assert self._dispatcher is not None
+        return self._dispatcher
+
+    def start_reconciler(self) -> None:
+        """Start this worker's copy of the reconciler in a daemon thread (unless turned off)."""
+        if not self._with_reconciler or self._reconciler_thread is not None:
+            return
+        ctx = self.context
+        reconciler = build_reconciler(
+            self._settings,
+            turns=ctx.turns,
+            store=ctx.store,
+            dispatcher=self.dispatcher,
+            owner=f"{ctx.hostname}:{os.getpid()}",
+        )
+        self._stop.clear()
+        self._reconciler_thread = threading.Thread(
+            target=reconciler.run, args=(self._stop,), name="aptix-reconciler", daemon=True
+        )
+        self._reconciler_thread.start()
+        logger.info("reconciler started in worker %s", ctx.hostname)
+
+    def stop_reconciler(self) -> None:
+        """Stop this worker's reconciler thread."""
+        self._stop.set()
+        thread, self._reconciler_thread = self._reconciler_thread, None
+        if thread is not None:
+            thread.join(timeout=5)
+
+
+def build_reconciler(
+    settings: Settings, *, turns: TurnRepository, store: StateStore, dispatcher: Dispatcher, owner: str
+) -> Reconciler:
+    """A reconciler on a process's ports (``store`` must be the Redis state store)."""
+    broker_url = settings.effective_broker_url
+    broker = redis.Redis.from_url(broker_url, socket_timeout=10) if broker_url.startswith(("redis://", "rediss://")) else None
+    client = getattr(store, "client", None)
+    if not isinstance(client, redis.Redis):
+        raise TypeError("the reconciler needs the Redis state store")
+    return Reconciler(
+        settings=settings,
+        turns=turns,
+        store=store,
+        client=client,
+        dispatcher=dispatcher,
+        owner=owner,
+        broker_client=broker,
+    )
