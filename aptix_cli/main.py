@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--turns", type=int, default=300)
     bench.add_argument("--llm-latency-ms", type=float, default=0.0)
     bench.add_argument("--workers", type=int, default=8, help="worker threads")
+    bench.add_argument(
+        "--recovery-costs", action="store_true", help="print what checkpoints, tool records and reconciler scans cost"
+    )
     bench.set_defaults(run=_bench)
 
     # HTTP client commands (turn, tool-results, trace, session, batch); they import httpx only when run.
@@ -197,6 +200,10 @@ def _dev(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.recovery_costs:
+        from aptix_cli.recovery_costs import run_recovery_costs
+
+        return run_recovery_costs(turns=args.turns)
     from aptix_cli.bench import run_bench
 
     return run_bench(turns=args.turns, llm_latency_ms=args.llm_latency_ms, worker_threads=args.workers)

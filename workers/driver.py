@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared.errors import StateConflict, TurnNotRecorded
@@ -47,6 +47,7 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
     OperationalError,
+    InterfaceError,
     PoolTimeout,
     StateConflict,
 )

@@ -39,7 +39,7 @@ def test_db_upgrade_creates_every_table_when_the_database_is_empty(services: Non
         engine = create_engine(normalise_database_url(url))
         tables = set(inspect(engine).get_table_names())
         engine.dispose()
-        assert {"sessions", "mode_history", "turns", "transcript_items", "provider_snapshots"} <= tables
+        assert {"sessions", "mode_history", "turns", "transcript_items", "provider_snapshots", "tool_runs"} <= tables
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -47,7 +47,7 @@ def test_db_upgrade_creates_every_table_when_the_database_is_empty(services: Non
 
 def test_aptix_lists_its_commands() -> None:
     done = subprocess.run([sys.executable, "-m", "aptix_cli", "--help"], capture_output=True, text=True, check=True)
-    for command in ("gateway", "worker", "db", "demo"):
+    for command in ("gateway", "worker", "reconciler", "db", "demo"):
         assert command in done.stdout
 
 
@@ -63,3 +63,18 @@ def test_bench_prints_its_figures(tmp_path: object) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for label in ("throughput:", "turns/s", "latency p50/p95:", "CPU per turn:", "completed 20"):
         assert label in done.stdout, done.stdout
+
+
+def test_bench_recovery_costs_prints_the_cost_of_each_mechanism(tmp_path: object) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "aptix_cli", "bench", "--recovery-costs", "--turns", "50"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for label in ("checkpoint after a model answer", "started + outcome records", "still moving", "re-driven"):
+        assert label in done.stdout, done.stdout
+    assert "messages the stalled scan would have sent: 50" in done.stdout, done.stdout

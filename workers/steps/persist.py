@@ -37,7 +37,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         usage=state.usage,
         trace=[step.model_dump(mode="json") for step in state.trace],
         transcript=transcript,
-        snapshot=state.model_dump(mode="json"),
+        snapshot=state.checkpoint(),
         now=ctx.clock(),
     )
     ctx.sessions.touch(state.session_id, now=ctx.clock())
