@@ -24,6 +24,7 @@ import redis
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from shared.db.retry import retry_dropped_connection
 from shared.errors import StateConflict, TurnNotRecorded
 from shared.logging import log_context
 from shared.models.envelope import TurnEnvelope
@@ -204,7 +205,10 @@ def _conclude(ctx: StepContext, env: TurnEnvelope, state: TurnState, result: Inv
         state.model_retry = None
     state.next_envelope = None if dispatch is None else dispatch.envelope.model_dump(mode="json")
     if moved_on and result.ok and STEP_MAP[env.step].checkpoint:
-        ctx.turns.checkpoint(env.turn_id, state.checkpoint(), now=ctx.clock(), deadline_at=ctx.deadline())
+        checkpoint = state.checkpoint()
+        retry_dropped_connection(
+            lambda: ctx.turns.checkpoint(env.turn_id, checkpoint, now=ctx.clock(), deadline_at=ctx.deadline())
+        )
     alive_until = None if dispatch is None else ctx.alive_until(dispatch.countdown)
     ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until)
     return dispatch

@@ -4,8 +4,13 @@ lost the state, at-most-once server tools, the model retry budget."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
+from sqlalchemy.exc import OperationalError
+
+from shared.db.tool_runs import ToolRun, ToolRunRepository
 from shared.db.turns import NewTurn
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
@@ -181,3 +186,38 @@ def test_redelivered_step_resends_its_next_message_only_while_that_has_not_run()
     assert run_step(ctx, env) == Dispatch(first.envelope)  # the next message may have been lost: resend
     run_step(ctx, first.envelope)
     assert run_step(ctx, env) is None  # it arrived and ran: nothing to resend
+
+
+class _DropsAfterCommit:
+    """A tool-run repository whose writes commit and then lose their answer once each (a dropped connection)."""
+
+    def __init__(self, inner: ToolRunRepository) -> None:
+        self._inner = inner
+        self.dropped: set[str] = set()
+
+    def start(self, **kwargs: Any) -> ToolRun | None:
+        return self._once("start", self._inner.start(**kwargs))
+
+    def finish(self, **kwargs: Any) -> bool:
+        return self._once("finish", self._inner.finish(**kwargs))
+
+    def _once(self, name: str, value: Any) -> Any:
+        if name not in self.dropped:
+            self.dropped.add(name)
+            raise OperationalError("INSERT", {}, Exception("server closed the connection unexpectedly"))
+        return value
+
+
+def test_tool_runs_once_and_its_outcome_stands_when_its_records_lose_their_answers() -> None:
+    key = "dropped-answers"
+    llm = FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="done"))
+    base = make_context(llm, catalog=catalog_with_counted_tool())
+    flaky = _DropsAfterCommit(base.tool_runs)
+    ctx = replace(base, tool_runs=flaky)  # type: ignore[arg-type]  # duck-typed repository
+    _drive(ctx, _record_turn(ctx))
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "completed" and flaky.dropped == {"start", "finish"}
+    assert TOOL_RUNS[key] == 1
+    outputs = [item for item in llm.requests[-1]["input"] if item.get("type") == "function_call_output"]
+    assert outputs[0]["output"] == f"counted {key}"
+    assert base.tool_runs.for_turn(TURN_ID)["call_1"].status == "succeeded"

@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections.abc import Callable
 
+from shared.db.retry import retry_dropped_connection
+from shared.db.tool_runs import ToolRunStatus
 from shared.models.envelope import TurnEnvelope
 from shared.modes import CHANGE_MODE_TOOL
 from shared.result import ErrorCode, InvokeResult, failure, success
@@ -43,56 +47,77 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         logger.warning("turn %s: %d mode changes in one response; the last successful one wins", state.turn_id, len(pending))
     for entry in pending:
         started = time.perf_counter()
-        result = _execute_once(ctx, env, state, entry)
+        result, record = _execute_once(ctx, env, state, entry)
         duration_ms = (time.perf_counter() - started) * 1000
         if not result.ok:
             assert result.error is not None
             entry.status = "failed"
             trace(ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=False)
+            record()
             return failure(result.error.code, result.error.message)
         entry.status = "done"
         entry.output = result.value
         state.transcript.append({"type": "function_call_output", "call_id": entry.call_id, "output": result.value})
         trace(ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=True)
+        # The ledger first: should the durable record below fail, the step runs again and finds the
+        # call done here instead of "started" without an outcome.
         ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
+        record()
     return success(Continue(StepName.REASONER, env.iteration))
 
 
-def _execute_once(ctx: StepContext, env: TurnEnvelope, state: TurnState, entry: LedgerEntry) -> InvokeResult[str]:
+def _execute_once(
+    ctx: StepContext, env: TurnEnvelope, state: TurnState, entry: LedgerEntry
+) -> tuple[InvokeResult[str], Callable[[], None]]:
+    """Run the call unless it ran before; returns its result and what records the outcome durably."""
     tool = ctx.tools.get(entry.name)
     if tool is None:
-        return failure(ErrorCode.UNKNOWN_TOOL, f"server tool {entry.name!r} is not registered")
+        return failure(ErrorCode.UNKNOWN_TOOL, f"server tool {entry.name!r} is not registered"), _nothing
     if tool.idempotent:
         # Running it again is harmless by definition (and agent_change_mode must re-apply its change
         # to a turn carried on from a checkpoint), so it needs no durable record.
-        return _execute(ctx, env, state, entry, tool)
-    earlier = ctx.tool_runs.start(
-        turn_id=state.turn_id, call_id=entry.call_id, name=entry.name, worker=ctx.hostname, now=ctx.clock()
+        return _execute(ctx, env, state, entry, tool), _nothing
+    owner = f"{ctx.hostname}/{uuid.uuid4().hex[:12]}"
+    earlier = retry_dropped_connection(
+        lambda: ctx.tool_runs.start(turn_id=state.turn_id, call_id=entry.call_id, name=entry.name, worker=owner, now=ctx.clock())
     )
+    if earlier is not None and earlier.worker == owner:
+        earlier = None  # our own start, whose commit landed although its answer was lost
     if earlier is not None and earlier.status != "started":
         trace(ctx, state, env, "tool_outcome_replayed", tool=entry.name, call_id=entry.call_id, status=earlier.status)
         output = earlier.output or ""
-        return failure(ErrorCode.TOOL_FAILED, output) if earlier.status == "failed" else success(output)
-    if earlier is not None and not tool.idempotent:
+        return (failure(ErrorCode.TOOL_FAILED, output) if earlier.status == "failed" else success(output)), _nothing
+    if earlier is not None:
+        started_on = earlier.worker.split("/")[0]
         message = (
-            f"error: the outcome of this {entry.name} call is unknown: it was started on {earlier.worker}, which "
+            f"error: the outcome of this {entry.name} call is unknown: it was started on {started_on}, which "
             "stopped before recording a result, and it is not run twice. Check whether it took effect before "
             "trying again."
         )
-        ctx.tool_runs.finish(turn_id=state.turn_id, call_id=entry.call_id, status="unknown", output=message, now=ctx.clock())
         logger.warning("turn %s: %s call %s started before and has no outcome; not run again", state.turn_id, entry.name, entry.call_id)
-        trace(ctx, state, env, "tool_outcome_unknown", tool=entry.name, call_id=entry.call_id, started_on=earlier.worker)
-        return success(message)
+        trace(ctx, state, env, "tool_outcome_unknown", tool=entry.name, call_id=entry.call_id, started_on=started_on)
+        return success(message), _recorder(ctx, state, entry, "unknown", message)
     result = _execute(ctx, env, state, entry, tool)
     if result.ok:
         assert result.value is not None
-        ctx.tool_runs.finish(turn_id=state.turn_id, call_id=entry.call_id, status="succeeded", output=result.value, now=ctx.clock())
-    else:
-        assert result.error is not None
-        ctx.tool_runs.finish(
-            turn_id=state.turn_id, call_id=entry.call_id, status="failed", output=result.error.message, now=ctx.clock()
+        return result, _recorder(ctx, state, entry, "succeeded", result.value)
+    assert result.error is not None
+    return result, _recorder(ctx, state, entry, "failed", result.error.message)
+
+
+def _recorder(ctx: StepContext, state: TurnState, entry: LedgerEntry, status: ToolRunStatus, output: str) -> Callable[[], None]:
+    def record() -> None:
+        retry_dropped_connection(
+            lambda: ctx.tool_runs.finish(
+                turn_id=state.turn_id, call_id=entry.call_id, status=status, output=output, now=ctx.clock()
+            )
         )
-    return result
+
+    return record
+
+
+def _nothing() -> None:
+    return None
 
 
 def _execute(
