@@ -24,5 +24,10 @@ test: install-test services
 demo: install
 	$(BIN)/aptix demo
 
+# The fault matrix against real processes (see tests/chaos); e.g. `make chaos CHAOS_ARGS=--small`.
+.PHONY: chaos
+chaos: install-test services
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -51,29 +51,27 @@ def test_aptix_lists_its_commands() -> None:
         assert command in done.stdout
 
 
-def test_bench_prints_its_figures(tmp_path: object) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "aptix_cli", "bench", "--turns", "20"],
+def _bench(tmp_path: object, *args: str) -> subprocess.CompletedProcess[str]:
+    """``aptix bench ARGS`` on the embedded services (no APTIX_* setting), in ``tmp_path``."""
+    return subprocess.run(
+        [sys.executable, "-m", "aptix_cli", "bench", *args],
         env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
         capture_output=True,
         text=True,
         timeout=300,
         cwd=str(tmp_path),
     )
+
+
+def test_bench_prints_its_figures(tmp_path: object) -> None:
+    done = _bench(tmp_path, "--turns", "20")
     assert done.returncode == 0, done.stdout + done.stderr
     for label in ("throughput:", "turns/s", "latency p50/p95:", "CPU per turn:", "completed 20"):
         assert label in done.stdout, done.stdout
 
 
 def test_bench_recovery_costs_prints_the_cost_of_each_mechanism(tmp_path: object) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "aptix_cli", "bench", "--recovery-costs", "--turns", "50"],
-        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(tmp_path),
-    )
+    done = _bench(tmp_path, "--recovery-costs", "--turns", "50")
     assert done.returncode == 0, done.stdout + done.stderr
     for label in ("checkpoint after a model answer", "started + outcome records", "still moving", "re-driven"):
         assert label in done.stdout, done.stdout

@@ -29,3 +29,14 @@ def sleepy(seconds: float = 5.0) -> str:
 def whoami(context: dict[str, str]) -> dict[str, str]:
     """Return the tool context the worker passed."""
     return context
+
+
+def count_run(key: str) -> str:
+    """Append ``key`` as one line to the file ``APTIX_CHAOS_TOOL_LOG`` names (the chaos suite counts runs).
+
+    One ``write`` of a short line to a file opened for appending is atomic on Linux, so concurrent
+    workers never interleave their lines.
+    """
+    with open(os.environ["APTIX_CHAOS_TOOL_LOG"], "a", encoding="utf-8") as log:
+        log.write(key + "\n")
+    return f"ran {key}"

@@ -1,0 +1,222 @@
+"""The faults: one function each, injecting its fault into a running system while turns run.
+
+A fault function submits its turns, injects the fault, brings the system back whole (replacement
+processes ready) and returns a :class:`FaultRun`; it does not wait for the turns to end.
+``FAULTS`` lists them with the system shape and the turn counts of the full and small matrices.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
+from tests.chaos.report import FaultRun
+from tests.chaos.system import ChaosSystem, SystemOptions
+
+__all__ = ["FAULTS", "Fault", "FaultPlan"]
+
+logger = logging.getLogger(__name__)
+
+_BATCH = 250
+"""Turns per batch when a fault submits all its turns up front."""
+_TRIGGER_TIMEOUT = 120.0
+"""How long a fault waits for its trigger (a share of terminal turns) before it strikes anyway."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """How one fault runs: its turn count and whether the small (shorter) timings apply."""
+
+    name: str
+    turns: int
+    small: bool
+    seed: int = 0
+
+
+FaultFunction = Callable[[ChaosSystem, FaultPlan, Ledger], FaultRun]
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A fault of the matrix."""
+
+    run: FaultFunction
+    options: SystemOptions
+    turns: int
+    small_turns: int
+
+
+def worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """SIGKILL a random worker every period for a window, starting a replacement each time."""
+    period, window = (3.0, 15.0) if plan.small else (5.0, 65.0)
+    run = FaultRun(f"SIGKILL a random worker every {period:.0f} s for {window:.0f} s, a replacement each time")
+    keys = _keys("wk", plan.turns)
+    rounds = int(window // period)
+    # Turns arrive over most of the window, so the late kills still find turns in flight.
+    submitter = _Background(lambda: submit_batches(
+        system.gateway_url, keys, ledger=ledger, batches=2 * rounds, spread=window * 0.85
+    ))  # fmt: skip
+    rng = random.Random(f"{plan.name}-{plan.seed}")
+    started = time.monotonic()
+    for index in range(1, rounds + 1):
+        time.sleep(max(0.0, started + index * period - time.monotonic()))
+        try:
+            system.kill_worker(rng)
+        except LookupError:
+            run.notes.append(f"no ready worker to kill at {index * period:.0f} s")
+            continue
+        run.workers_killed += 1
+        system.spawn_worker()
+    submitter.join()
+    for worker in list(system.workers):
+        system.wait_worker(worker)
+    run.fault_seconds = time.monotonic() - started
+    return run
+
+
+def redis_restart(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """``SHUTDOWN NOSAVE`` the Redis server (state and broker) at ~30 % done; start it 3 s later."""
+    run = FaultRun("SHUTDOWN NOSAVE of Redis (state + broker) at ~30 % terminal, started again 3 s later")
+    _submit_all(system, plan, ledger, "rr")
+    reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
+    started = time.monotonic()
+    system.redis.shutdown_nosave()
+    time.sleep(3.0)
+    system.redis.start()
+    run.fault_seconds = time.monotonic() - started
+    run.notes.append(f"Redis shut down with {reached:.0%} of the turns terminal")
+    return run
+
+
+def model_outage(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """Kill the scripted model at ~20 % done; restart it on the same port 10 s later."""
+    outage = 10.0
+    run = FaultRun(f"SIGKILL the model at ~20 % terminal, restarted on the same port after {outage:.0f} s")
+    _submit_all(system, plan, ledger, "mo")
+    reached = wait_fraction(system.database.url, len(ledger.accepted), 0.2, timeout=_TRIGGER_TIMEOUT)
+    started = time.monotonic()
+    system.kill_model()
+    time.sleep(outage)
+    system.start_model()
+    run.fault_seconds = time.monotonic() - started
+    run.notes.append(f"model killed with {reached:.0%} of the turns terminal")
+    return run
+
+
+def pg_terminate(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """Terminate every backend of the database 40 times, every 0.25 s, while turns run and probes post."""
+    rounds, pause, probes = 40, 0.25, 10 if plan.small else 20
+    run = FaultRun(
+        f"pg_terminate_backend on every connection {rounds} times, every {pause} s; "
+        f"{probes} single POST /v1/turns meanwhile"
+    )
+    _submit_all(system, plan, ledger, "pg")
+    probe_keys = _keys("pg-probe", probes)
+
+    def post_probes() -> None:
+        for key in probe_keys:
+            post_turns(system.gateway_url, [key], ledger=ledger, clients=1, give_up=60.0)
+            time.sleep(rounds * pause / probes)
+
+    prober = _Background(post_probes)
+    started = time.monotonic()
+    terminated = 0
+    for _ in range(rounds):
+        terminated += system.database.terminate_backends()
+        time.sleep(pause)
+    run.fault_seconds = time.monotonic() - started
+    prober.join()
+    run.notes.append(f"{terminated} backends terminated")
+    return run
+
+
+def gateway_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """One concurrent client per turn (idempotency keys, retries); SIGKILL the gateway mid-way, restart it."""
+    kill_after = 30 if plan.small else 50
+    run = FaultRun(
+        f"{plan.turns} concurrent clients POST one turn each (idempotency_key, retried on errors/5xx); "
+        f"SIGKILL the gateway after ~{kill_after} answers, restarted on the same port 1 s later"
+    )
+    keys = _keys("gk", plan.turns)
+    poster = _Background(lambda: post_turns(
+        system.gateway_url, keys, ledger=ledger, clients=len(keys), give_up=120.0
+    ))  # fmt: skip
+    answered = ledger.wait_answered(kill_after, timeout=60.0)
+    started = time.monotonic()
+    system.kill_gateway()
+    time.sleep(1.0)
+    system.start_gateway()
+    run.fault_seconds = time.monotonic() - started
+    poster.join()
+    run.notes.append(f"gateway killed after {answered} answers")
+    return run
+
+
+def reconciler_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """Standalone reconcilers: kill a worker, then a reconciler, then a worker again, a replacement each time."""
+    run = FaultRun("workers with --no-reconciler + 2 reconcilers; SIGKILL a worker at 15 %, "
+                   "a reconciler at 30 %, a worker at 45 % terminal (replacement each time)")  # fmt: skip
+    _submit_all(system, plan, ledger, "rk")
+    rng = random.Random(f"{plan.name}-{plan.seed}")
+    started: float | None = None
+    for share, target in ((0.15, "worker"), (0.30, "reconciler"), (0.45, "worker")):
+        reached = wait_fraction(system.database.url, len(ledger.accepted), share, timeout=_TRIGGER_TIMEOUT)
+        started = started or time.monotonic()
+        if target == "worker":
+            system.kill_worker(rng)
+            run.workers_killed += 1
+            system.spawn_worker()
+        else:
+            victim = system.kill_reconciler()
+            system.start_reconciler()
+            run.notes.append(f"killed {victim.name} with {reached:.0%} terminal")
+    for worker in list(system.workers):
+        system.wait_worker(worker)
+    run.fault_seconds = time.monotonic() - (started or time.monotonic())
+    return run
+
+
+FAULTS: dict[str, Fault] = {
+    "worker_kill": Fault(worker_kill, SystemOptions(), turns=1000, small_turns=100),
+    "redis_restart": Fault(redis_restart, SystemOptions(), turns=500, small_turns=80),
+    "model_outage": Fault(model_outage, SystemOptions(), turns=200, small_turns=60),
+    "pg_terminate": Fault(pg_terminate, SystemOptions(), turns=500, small_turns=80),
+    "gateway_kill": Fault(gateway_kill, SystemOptions(), turns=200, small_turns=100),
+    "reconciler_kill": Fault(reconciler_kill, SystemOptions(reconcilers=2), turns=300, small_turns=80),
+}
+"""Every fault, in the order the matrix runs them."""
+
+
+def _keys(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}-{index:05d}" for index in range(count)]
+
+
+def _submit_all(system: ChaosSystem, plan: FaultPlan, ledger: Ledger, prefix: str) -> None:
+    keys = _keys(prefix, plan.turns)
+    submit_batches(system.gateway_url, keys, ledger=ledger, batches=-(-len(keys) // _BATCH))
+
+
+class _Background:
+    """A thread running ``target``; :meth:`join` re-raises what it raised."""
+
+    def __init__(self, target: Callable[[], None]) -> None:
+        self._target = target
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="chaos-load", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            self._target()
+        except Exception as exc:  # noqa: BLE001 - handed to join(), which re-raises it in the fault's thread
+            self._error = exc

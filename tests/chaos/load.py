@@ -1,0 +1,167 @@
+"""The load of a chaos fault: turns submitted to the gateway, and waiting on the database for them.
+
+Every turn calls the ``count_run`` server tool once and then answers, so it makes two model
+calls. The turn's key is in its input; the report finds it again in the database row, the tool
+log and the model journal. :class:`Ledger` keeps what the gateway answered (the only thing the
+report takes from the harness side: which keys were accepted).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psycopg
+
+from tests.chaos.system import API_KEY
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "Ledger",
+    "key_of",
+    "post_turns",
+    "status_counts",
+    "submit_batches",
+    "turn_input",
+    "wait_fraction",
+    "wait_settled",
+]
+
+logger = logging.getLogger(__name__)
+
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "requires_client_tools"})
+"""Statuses a turn may end the wait in; anything else is unfinished."""
+
+_KEY = re.compile(r"\] chaos (\S+)\s*$")
+_HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def turn_input(key: str) -> str:
+    """The input of turn ``key``: call ``count_run`` with the key, then answer."""
+    return f"[[call:count_run {json.dumps({'key': key})}]] chaos {key}"
+
+
+def key_of(text: str) -> str | None:
+    """The turn key in an input made by :func:`turn_input` (None for any other text)."""
+    match = _KEY.search(text)
+    return match.group(1) if match else None
+
+
+class Ledger:
+    """What the gateway answered the harness: accepted and rejected keys, and every non-2xx answer."""
+
+    def __init__(self) -> None:
+        self.accepted: set[str] = set()
+        self.rejected: set[str] = set()
+        self.errors: Counter[str] = Counter()
+        """Non-2xx answers by status ("500", "503", ...) and transport errors ("connection")."""
+        self._answered = 0
+        self._changed = threading.Condition()
+
+    def answer(self, status: int | None, keys: Iterable[str], *, final: bool) -> None:
+        """Record one answer (None: no HTTP answer); ``final`` answers accept (2xx) or reject the keys."""
+        with self._changed:
+            if status is not None:
+                self._answered += 1
+            if status is None or status >= 300:
+                self.errors["connection" if status is None else str(status)] += 1
+            if final:
+                (self.accepted if status is not None and status < 300 else self.rejected).update(keys)
+            self._changed.notify_all()
+
+    def wait_answered(self, count: int, *, timeout: float) -> int:
+        """Block until ``count`` HTTP answers arrived (or ``timeout``); returns how many did."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._answered >= count, timeout=timeout)
+            return self._answered
+
+
+def submit_batches(gateway_url: str, keys: Sequence[str], *, ledger: Ledger, batches: int, spread: float = 0.0) -> None:
+    """POST ``keys`` as ``batches`` batches, evenly over ``spread`` seconds (a batch is not retried)."""
+    size = -(-len(keys) // max(batches, 1))
+    chunks = [keys[start : start + size] for start in range(0, len(keys), size)]
+    began = time.monotonic()
+    with httpx.Client(base_url=gateway_url, headers=_HEADERS, timeout=120.0) as client:
+        for index, chunk in enumerate(chunks):
+            time.sleep(max(0.0, began + spread * index / max(len(chunks), 1) - time.monotonic()))
+            body = {"requests": [{"input": turn_input(key)} for key in chunk]}
+            try:
+                status: int | None = client.post("/v1/batches", json=body).status_code
+            except httpx.TransportError:
+                status = None
+            ledger.answer(status, chunk, final=True)
+            logger.info("batch of %d turns: %s", len(chunk), status)
+
+
+def post_turns(gateway_url: str, keys: Sequence[str], *, ledger: Ledger, clients: int, give_up: float) -> None:
+    """POST each key as one turn with its own idempotency key from ``clients`` threads at once.
+
+    Each client retries the same body on a transport error or a 5xx until it gets a 2xx (accepted),
+    a 4xx (rejected) or ``give_up`` seconds pass (rejected).
+    """
+    deadline = time.monotonic() + give_up
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+    with (
+        httpx.Client(base_url=gateway_url, headers=_HEADERS, timeout=30.0, limits=limits) as client,
+        ThreadPoolExecutor(max_workers=clients, thread_name_prefix="chaos-client") as pool,
+    ):
+        for _ in pool.map(lambda key: _post_until_answered(client, key, ledger, deadline), keys):
+            pass
+
+
+def status_counts(database_url: str) -> Counter[str] | None:
+    """Turn rows by status; None when the database does not answer right now."""
+    try:
+        with psycopg.connect(database_url, connect_timeout=5) as conn:
+            rows = conn.execute("SELECT status, count(*) FROM turns GROUP BY status").fetchall()
+    except psycopg.OperationalError:
+        return None
+    return Counter({str(status): int(count) for status, count in rows})
+
+
+def wait_fraction(database_url: str, total: int, fraction: float, *, timeout: float) -> float:
+    """Wait until ``fraction`` of ``total`` turns are terminal (or ``timeout``); returns the fraction reached."""
+    deadline = time.monotonic() + timeout
+    reached = 0.0
+    while time.monotonic() < deadline:
+        counts = status_counts(database_url)
+        if counts is not None:
+            reached = sum(counts[status] for status in TERMINAL_STATUSES) / max(total, 1)
+            if reached >= fraction:
+                break
+        time.sleep(0.25)
+    return reached
+
+
+def wait_settled(database_url: str, *, deadline: float) -> bool:
+    """Poll every second until no turn row is unfinished, or the monotonic ``deadline``; True if settled."""
+    while True:
+        counts = status_counts(database_url)
+        if counts is not None and all(status in TERMINAL_STATUSES for status in +counts):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1.0)
+
+
+def _post_until_answered(client: httpx.Client, key: str, ledger: Ledger, deadline: float) -> None:
+    body = {"input": turn_input(key), "idempotency_key": key}
+    delay = 0.1
+    while True:
+        try:
+            status: int | None = client.post("/v1/turns", json=body).status_code
+        except httpx.TransportError:
+            status = None
+        final = status is not None and status < 500 or time.monotonic() >= deadline
+        ledger.answer(status, [key], final=final)
+        if final:
+            return
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)

@@ -1,0 +1,189 @@
+"""FaultReport: one fault's outcome counted from the evidence, its verdict, and the plain-text tables.
+
+A fault fails when a turn is unfinished or lost, a tool ran twice for one turn, a key has two turn
+rows, a turn was never accepted, the gateway answered a 5xx other than 503, a completed turn has
+the wrong answer, the fault could not run to its end, or (when the fault was shorter than the
+model retry budget) any turn failed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tests.chaos.evidence import Evidence
+from tests.chaos.load import TERMINAL_STATUSES, Ledger
+
+__all__ = ["FaultReport", "FaultRun", "build_report", "render_fault", "render_summary"]
+
+EXPECTED_MODEL_CALLS = 2
+"""Model calls of one turn: the call that asks for ``count_run``, then the answer."""
+_EXAMPLES = 5
+
+
+@dataclass(slots=True)
+class FaultRun:
+    """What a fault function did (never how the turns ended: that comes from the evidence)."""
+
+    description: str
+    fault_seconds: float = 0.0
+    """How long the fault lasted, from its first action to the system being whole again."""
+    workers_killed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FaultReport:
+    """The counted outcome of one fault."""
+
+    name: str
+    run: FaultRun
+    seconds: float = 0.0
+    """Wall time of the whole fault: start-up, load, fault, settling and evidence."""
+    accepted: int = 0
+    not_accepted: int = 0
+    rows: int = 0
+    completed: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    unfinished: Counter[str] = field(default_factory=Counter)
+    lost: int = 0
+    unacknowledged: int = 0
+    """Turn rows whose submission the gateway never acknowledged with a 2xx."""
+    keys_with_extra_rows: int = 0
+    tool_runs: Counter[str] = field(default_factory=Counter)
+    """Turns by how often their tool ran: "0", "1", "2+"."""
+    stray_tool_runs: int = 0
+    """Tool runs for keys without a turn row."""
+    repeated_model_calls: int = 0
+    max_repeated_model_calls: int = 0
+    wrong_output: int = 0
+    outcome_unknown: int = 0
+    """Completed turns whose model was told the tool's outcome is unknown (its worker died while it ran):
+    the designed answer when a tool that is not idempotent may or may not have taken effect."""
+    http_errors: Counter[str] = field(default_factory=Counter)
+    error: str | None = None
+    """Why the fault did not run to its end (start-up or harness trouble)."""
+    examples: list[str] = field(default_factory=list)
+    """A few unfinished, failed or duplicated turns (key, turn id, status), to look up in the logs."""
+
+    def gateway_5xx_not_503(self) -> int:
+        """Gateway answers with a 5xx status other than 503."""
+        return sum(n for status, n in self.http_errors.items() if status.startswith("5") and status != "503")
+
+    def problems(self, *, retry_budget_seconds: float) -> list[str]:
+        """Why this fault fails ([] when it passes)."""
+        found = [f"did not run to its end: {_last_line(self.error)}"] if self.error else []
+        checks = [
+            (sum(self.unfinished.values()), "unfinished turns"),
+            (self.lost, "lost turns"),
+            (self.tool_runs["2+"], "turns ran their tool twice or more"),
+            (self.keys_with_extra_rows, "keys with more than one turn row"),
+            (self.not_accepted, "turns never accepted"),
+            (self.gateway_5xx_not_503(), "gateway answers 5xx other than 503"),
+            (self.wrong_output, "completed turns with a wrong answer"),
+        ]
+        if self.run.fault_seconds < retry_budget_seconds:
+            checks.append((sum(self.failed.values()), "failed turns (fault shorter than the retry budget)"))
+        return found + [f"{count} {what}" for count, what in checks if count]
+
+
+def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -> FaultReport:
+    """Count the outcome of one fault from the ground truth and the gateway's answers."""
+    report = FaultReport(name=name, run=run, http_errors=Counter(ledger.errors))
+    rows_per_key = Counter(turn.key for turn in evidence.turns if turn.key is not None)
+    keys = set(rows_per_key) | ledger.accepted
+    report.accepted = len(ledger.accepted)
+    report.not_accepted = len(ledger.rejected - ledger.accepted)
+    report.rows = len(evidence.turns)
+    report.lost = len(ledger.accepted - set(rows_per_key))
+    report.unacknowledged = len(set(rows_per_key) - ledger.accepted)
+    report.keys_with_extra_rows = sum(1 for count in rows_per_key.values() if count > 1)
+    # Unfinished turns first, so the examples show them before failed ones.
+    for turn in sorted(evidence.turns, key=lambda turn: (turn.status in TERMINAL_STATUSES, turn.key or "")):
+        if turn.status == "completed":
+            report.completed += 1
+            if turn.output_text is not None and "outcome of this count_run call is unknown" in turn.output_text:
+                report.outcome_unknown += 1
+            elif turn.key is None or turn.output_text != f"Tool results: count_run=ran {turn.key}":
+                report.wrong_output += 1
+        elif turn.status == "failed":
+            report.failed[turn.error_code or "unknown"] += 1
+        elif turn.status not in ("cancelled", "requires_client_tools"):
+            report.unfinished[turn.status] += 1
+        else:
+            continue
+        if turn.status != "completed" and len(report.examples) < _EXAMPLES:
+            why = f" {turn.error_code}" if turn.error_code else ""
+            report.examples.append(f"{turn.key} {turn.turn_id} {turn.status}{why}")
+    report.tool_runs = Counter(_bucket(evidence.tool_runs[key]) for key in keys)
+    duplicated = sorted(key for key in keys if evidence.tool_runs[key] > 1)
+    report.examples += [f"{key} ran its tool {evidence.tool_runs[key]} times" for key in duplicated[:_EXAMPLES]]
+    report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in keys)
+    repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
+    report.repeated_model_calls = sum(repeats)
+    report.max_repeated_model_calls = max(repeats, default=0)
+    return report
+
+
+def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
+    """One fault's table, as plain text."""
+    problems = report.problems(retry_budget_seconds=retry_budget_seconds)
+    verdict = "PASS" if not problems else "FAIL"
+    lines = [
+        f"== {report.name}: {verdict} ({report.seconds:.0f} s; fault lasted {report.run.fault_seconds:.1f} s)",
+        f"   {report.run.description}",
+        *(f"   {note}" for note in report.run.notes),
+    ]
+    rows = [
+        ("turns accepted", f"{report.accepted}" + (f"  (not accepted: {report.not_accepted})" if report.not_accepted else "")),
+        ("turn rows", f"{report.rows}  (never acknowledged: {report.unacknowledged})"),
+        ("completed", f"{report.completed}" + (f"  (wrong answer: {report.wrong_output})" if report.wrong_output else "")
+         + (f"  (tool outcome unknown: {report.outcome_unknown})" if report.outcome_unknown else "")),
+        ("failed", _with_breakdown(report.failed)),
+        ("unfinished", _with_breakdown(report.unfinished)),
+        ("lost", str(report.lost)),
+        ("tool runs per turn", "  ".join(f"{b}: {report.tool_runs[b]}" for b in ("0", "1", "2+"))
+         + (f"  (stray runs: {report.stray_tool_runs})" if report.stray_tool_runs else "")),
+        ("repeated model calls", f"{report.repeated_model_calls} total, max {report.max_repeated_model_calls} per turn"),
+        ("workers killed", str(report.run.workers_killed)),
+        ("gateway 5xx other than 503", str(report.gateway_5xx_not_503())),
+        ("gateway non-2xx answers", _with_breakdown(report.http_errors)),
+    ]  # fmt: skip
+    lines += [f"   {label:<27} {value}" for label, value in rows]
+    if report.examples and problems:
+        lines += ["   for example:", *(f"     {example}" for example in report.examples)]
+    if report.error:
+        lines += ["   error:", *(f"     {line}" for line in report.error.splitlines()[-12:])]
+    lines += [f"   FAIL: {problem}" for problem in problems]
+    return "\n".join(lines)
+
+
+def render_summary(reports: list[FaultReport], *, retry_budget_seconds: float) -> str:
+    """One line per fault: the headline figures and the verdict."""
+    header = ("fault", "accepted", "done", "failed", "unfin.", "lost", "tool 0/1/2+", "model rep.", "5xx", "verdict")
+    table = [header]
+    for r in reports:
+        verdict = "PASS" if not r.problems(retry_budget_seconds=retry_budget_seconds) else "FAIL"
+        table.append((
+            r.name, str(r.accepted), str(r.completed), str(sum(r.failed.values())), str(sum(r.unfinished.values())),
+            str(r.lost), f"{r.tool_runs['0']}/{r.tool_runs['1']}/{r.tool_runs['2+']}",
+            f"{r.repeated_model_calls} (max {r.max_repeated_model_calls})", str(r.gateway_5xx_not_503()),
+            verdict if r.error is None else "FAIL (did not run)",
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
+def _bucket(runs: int) -> str:
+    return "2+" if runs >= 2 else str(runs)
+
+
+def _with_breakdown(counts: Counter[str]) -> str:
+    total = sum(counts.values())
+    detail = ", ".join(f"{key} {n}" for key, n in counts.most_common())
+    return f"{total}  ({detail})" if detail else str(total)

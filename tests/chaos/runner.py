@@ -1,0 +1,123 @@
+"""Running the fault matrix: each fault on a fresh system, then settling, counting and tearing down.
+
+Each fault gets its own Redis server, database, model, workers and gateway, all ended (and the
+database dropped) when the fault is over, also when it went wrong. A fault that cannot run to its
+end is reported with its error, and the next fault still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+import yaml
+
+from tests.chaos.evidence import collect
+from tests.chaos.faults import FAULTS, FaultPlan
+from tests.chaos.load import Ledger, wait_settled
+from tests.chaos.report import FaultReport, FaultRun, build_report, render_fault
+from tests.chaos.system import ChaosSystem
+
+__all__ = ["RETRY_BUDGET_SECONDS", "plans", "run_matrix"]
+
+logger = logging.getLogger(__name__)
+
+RETRY_BUDGET_SECONDS = 120.0
+"""``APTIX_LLM_RETRY_BUDGET_SECONDS`` of the system: a fault shorter than this must fail no turn."""
+
+COUNT_RUN_TOOL = {
+    "name": "count_run",
+    "description": "Record that this turn ran its tool.",
+    "handler": "tests.support.tools:count_run",
+    "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+}
+
+
+def plans(names: Sequence[str], *, small: bool, turns: int | None = None, seed: int = 0) -> list[FaultPlan]:
+    """The plans of the named faults, in matrix order.
+
+    Raises:
+        KeyError: a name is not a fault.
+    """
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown:
+        raise KeyError(f"unknown fault(s): {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    return [
+        FaultPlan(
+            name=name,
+            turns=turns or (fault.small_turns if small else fault.turns),
+            small=small,
+            seed=seed,
+        )
+        for name, fault in FAULTS.items()
+        if name in names
+    ]
+
+
+def run_matrix(
+    fault_plans: Sequence[FaultPlan], *, log_dir: Path, settle_seconds: float, out: TextIO | None = None
+) -> list[FaultReport]:
+    """Run each plan on a fresh system; write each fault's table to ``out`` as soon as it is known."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    catalog = write_catalog(log_dir / "modes.yaml")
+    reports = []
+    for plan in fault_plans:
+        logger.info("fault %s: %d turns (logs in %s)", plan.name, plan.turns, log_dir / plan.name)
+        report = run_fault(plan, log_dir=log_dir, catalog=catalog, settle_seconds=settle_seconds)
+        reports.append(report)
+        if out is not None:
+            out.write(render_fault(report, retry_budget_seconds=RETRY_BUDGET_SECONDS) + "\n\n")
+            out.flush()
+    return reports
+
+
+def run_fault(plan: FaultPlan, *, log_dir: Path, catalog: Path, settle_seconds: float) -> FaultReport:
+    """Start a system, run the fault, wait for the turns to settle, count the evidence, tear down."""
+    fault = FAULTS[plan.name]
+    fault_dir = log_dir / plan.name
+    fault_dir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    ledger = Ledger()
+    run = FaultRun(f"{plan.name} (did not start)")
+    error: str | None = None
+    report: FaultReport | None = None
+    system = ChaosSystem(fault_dir=fault_dir, catalog=catalog, options=fault.options)
+    try:
+        # Broad on purpose: whatever stops one fault (a process that will not start, a harness
+        # bug) is reported as that fault's error and the matrix goes on to the next fault.
+        try:
+            system.start()
+            run = fault.run(system, plan, ledger)
+        except Exception:
+            error = traceback.format_exc()
+            logger.exception("fault %s did not run to its end", plan.name)
+        try:
+            if ledger.accepted or ledger.rejected:
+                settled = wait_settled(system.database.url, deadline=time.monotonic() + settle_seconds)
+                logger.info("fault %s: turns %s", plan.name, "settled" if settled else "did not all settle")
+            report = build_report(plan.name, run, ledger, collect(system))
+        except Exception:
+            error = (error or "") + traceback.format_exc()
+            logger.exception("fault %s: evidence could not be read", plan.name)
+    finally:
+        system.close()
+    report = report or FaultReport(name=plan.name, run=run)
+    report.error = error
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def write_catalog(path: Path) -> Path:
+    """The packaged mode catalog plus the ``count_run`` operator tool, offered in mode general."""
+    catalog = yaml.safe_load(resources.files("shared.modes").joinpath("default_catalog.yaml").read_text())
+    catalog["tools"] = [*catalog.get("tools", []), COUNT_RUN_TOOL]
+    for mode in catalog["modes"]:
+        if mode["name"] == "general":
+            mode["tools"] = [*mode["tools"], COUNT_RUN_TOOL["name"]]
+    path.write_text(yaml.safe_dump(catalog))
+    return path
