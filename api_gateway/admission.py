@@ -122,7 +122,8 @@ def enqueue_reentry(gateway: GatewayState, turn_id: str, *, round_: int, batch: 
     priority = BATCH_PRIORITY if batch else INTERACTIVE_PRIORITY
     envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)
     try:
-        _mark_queued(gateway, [turn_id])
+        # A re-entry is a running turn: its marker covers the usual deadline, not a batch backlog.
+        gateway.store.mark_alive([turn_id], until=time.time() + gateway.settings.reconciler_deadline_seconds)
         send_step(gateway.producer, envelope)
     except BROKER_ERRORS as exc:
         logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)

@@ -22,9 +22,15 @@ __all__ = [
     "INTERACTIVE_PRIORITY",
     "celery_config",
     "create_producer",
+    "queue_depth",
     "send_step",
     "visibility_timeout",
 ]
+
+# kombu's Redis transport keeps a queue's messages in one list per priority step: the queue's own
+# name for priority 0, ``<queue>\x06\x16<step>`` for the others (kombu.transport.redis, PRIORITY_STEPS).
+_PRIORITY_STEPS = (0, 3, 6, 9)
+_PRIORITY_SEPARATOR = "\x06\x16"
 
 
 
@@ -74,6 +80,20 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def visibility_timeout(settings: Settings) -> int:
     """Seconds after which the Redis transport hands an unacknowledged message to another worker."""
     return max(2 * settings.step_lease_seconds, 10)
+
+
+def queue_depth(client: Any, queue: Queue) -> int:
+    """Messages waiting in ``queue`` on a Redis broker (every priority list; not those workers hold).
+
+    Args:
+        client: a ``redis.Redis`` on the broker's database.
+        queue: the queue.
+    """
+    names = [queue.value if step == 0 else f"{queue.value}{_PRIORITY_SEPARATOR}{step}" for step in _PRIORITY_STEPS]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(name)
+    return sum(int(length) for length in pipe.execute())
 
 
 def create_producer(settings: Settings) -> Celery:

@@ -16,6 +16,12 @@ copy killed at any point do no harm (a scan only sends messages that are safe to
 copy also sends the parked messages that are due (``workers.dispatcher``). When the broker is a Redis
 that lost its data (its sentinel key vanished), every marker is dropped, so each turn in flight is
 re-driven at its deadline.
+
+A queued turn's marker vouches for its first message for ``APTIX_RECONCILER_QUEUED_SECONDS``, the
+time it may wait behind a backlog. But a worker killed while it takes a message from a Redis queue
+can lose it (the transport pops the message and records it as unacknowledged in two steps): so when
+the first step's queue is empty, a turn still queued past its deadline is not waiting in it, and is
+re-driven whatever its marker says.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import redis
 from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import SQLAlchemyError
 
+from shared.broker import queue_depth
 from shared.db.turns import InFlightTurn, TurnRepository
 from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.models.turn import TurnStatus
@@ -38,7 +45,7 @@ from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore, TurnState
 from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
-from shared.task_names import StepName
+from shared.task_names import TASK_QUEUES, StepName, task_name
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 
@@ -149,8 +156,9 @@ class Reconciler:
         cpu = time.thread_time()
         before = (self.stats.checked, self.stats.redriven, self.stats.failed, self.stats.redis_calls, self.stats.db_calls)
         self._check_broker()
+        backlog = self._first_step_backlog()
         for _ in range(_MAX_BATCHES_PER_SCAN):
-            if self._scan_batch() < _BATCH:
+            if self._scan_batch(queue_drained=backlog == 0) < _BATCH:
                 break
         self._store.prune_markers(before=self._clock().timestamp() - _PRUNE_AFTER_SECONDS)
         self.stats.redis_calls += 1
@@ -171,7 +179,7 @@ class Reconciler:
                 checked, checked - redriven - failed, redriven, failed, used * 1000, redis_calls, db_calls,
             )  # fmt: skip
 
-    def _scan_batch(self) -> int:
+    def _scan_batch(self, *, queue_drained: bool) -> int:
         now = self._clock()
         overdue = self._turns.overdue(now=now, limit=_BATCH)
         alive = self._store.alive_until([turn.turn_id for turn in overdue]) if overdue else {}
@@ -181,7 +189,9 @@ class Reconciler:
         moving: dict[str, datetime] = {}
         for turn in overdue:
             until = alive.get(turn.turn_id)
-            if until is not None and until > now.timestamp():
+            vouched = until is not None and until > now.timestamp()
+            if vouched and not (queue_drained and turn.status is TurnStatus.QUEUED):
+                assert until is not None
                 moving[turn.turn_id] = datetime.fromtimestamp(until, UTC)
             elif turn.redrives >= self._settings.reconciler_max_redrives:
                 self._give_up(turn, now)
@@ -228,6 +238,13 @@ class Reconciler:
         self.stats.db_calls += 1
         self.stats.redis_calls += 1
         self.stats.failed += 1
+
+    def _first_step_backlog(self) -> int | None:
+        """Messages waiting in the queue of every turn's first step; None when the broker is not Redis."""
+        if self._broker is None:
+            return None
+        self.stats.redis_calls += 1
+        return queue_depth(self._broker, TASK_QUEUES[task_name(StepName.REQUEST_HANDLER)])
 
     def _check_broker(self) -> None:
         if self._broker is None:

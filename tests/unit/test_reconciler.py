@@ -168,3 +168,24 @@ def test_a_parked_item_that_is_not_an_envelope_is_dropped_and_the_rest_are_sent(
     ctx.store.park("not json", due=0.0)
     ctx.store.park(envelope.model_dump_json(), due=1.0)
     assert _reconciler(ctx, clock, sent).release_due() == 1 and sent == [(envelope, 0.0)]
+
+
+def test_queued_turn_vouched_for_by_its_marker_is_re_driven_once_the_first_steps_queue_is_empty() -> None:
+    # Given a queued turn past its deadline whose marker still vouches for its first message
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    _accept(ctx)
+    ctx.store.mark_alive([TURN_ID], until=(FIXED_NOW + timedelta(hours=1)).timestamp())
+    broker = fakeredis.FakeRedis()
+    sent = _Sent()
+    reconciler = _reconciler(ctx, clock, sent, broker=broker)
+    clock.now = FIXED_NOW + timedelta(seconds=61)
+    # When the first step's queue still holds messages, the turn may be waiting there
+    broker.lpush("pipeline\x06\x169", b"another turn's message")
+    reconciler.scan()
+    assert sent == []
+    # Then, once that queue is empty, the turn cannot be waiting in it: it is re-driven
+    broker.delete("pipeline\x06\x169")
+    ctx.turns.set_deadlines({TURN_ID: clock.now - timedelta(seconds=1)})
+    reconciler.scan()
+    assert [envelope.step for envelope, _ in sent] == [StepName.REQUEST_HANDLER]
