@@ -1,5 +1,9 @@
 """Every task's string name and the queue it runs on.
 
+A task runs one pipeline *layer* (AGN-027): the AGN-032 entry steps (request handler, session
+creator / restorer / client-tool session restorer, session context resolver, context provider
+initializer, client-tool continuation resolver) are one layer, Pipeline Entry, run by one task; the
+reasoner, composition, LLM call, server tool execution and persistence are a layer and a task each.
 The gateway sends tasks by these names and never imports ``workers``; the workers register their
 tasks under them. Routing is by name, so each queue scales on its own.
 """
@@ -8,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Queue", "StepName", "TASK_QUEUES", "task_name"]
+__all__ = ["LAYER_OF", "Layer", "Queue", "StepName", "TASK_QUEUES", "task_name"]
 
 
 class Queue(StrEnum):
@@ -39,19 +43,42 @@ class StepName(StrEnum):
     PERSIST = "persist"
 
 
-def task_name(step: StepName) -> str:
-    """The Celery task name of ``step``: ``aptix.step.<name>``."""
-    return f"aptix.step.{step.value}"
+class Layer(StrEnum):
+    """The pipeline layers, one task each."""
 
+    ENTRY = "entry"
+    REASONER = "reasoner"
+    COMPOSE = "compose"
+    LLM_CALL = "llm_call"
+    EXECUTE_SERVER_TOOLS = "execute_server_tools"
+    PERSIST = "persist"
+
+
+_ENTRY_STEPS = frozenset(
+    {
+        StepName.REQUEST_HANDLER,
+        StepName.SESSION_CREATOR,
+        StepName.SESSION_RESTORER,
+        StepName.CLIENT_TOOL_SESSION_RESTORER,
+        StepName.SESSION_CONTEXT_RESOLVER,
+        StepName.CONTEXT_PROVIDER_INITIALIZER,
+        StepName.CLIENT_TOOL_CONTINUATION_RESOLVER,
+    }
+)
+LAYER_OF: dict[StepName, Layer] = {
+    step: Layer.ENTRY if step in _ENTRY_STEPS else Layer(step.value) for step in StepName
+}
+"""Step -> the layer (and so the task) that runs it."""
+
+
+def task_name(step: StepName) -> str:
+    """The Celery task name of the layer that runs ``step``: ``aptix.step.<layer>``."""
+    return f"aptix.step.{LAYER_OF[step].value}"
+
+
+_QUEUE_OF_LAYER = {Layer.LLM_CALL: Queue.LLM, Layer.EXECUTE_SERVER_TOOLS: Queue.TOOLS}
 
 TASK_QUEUES: dict[str, Queue] = {
-    task_name(step): (
-        Queue.LLM
-        if step is StepName.LLM_CALL
-        else Queue.TOOLS
-        if step is StepName.EXECUTE_SERVER_TOOLS
-        else Queue.PIPELINE
-    )
-    for step in StepName
+    f"aptix.step.{layer.value}": _QUEUE_OF_LAYER.get(layer, Queue.PIPELINE) for layer in Layer
 }
 """Task name -> queue: the routing table both the gateway and the workers use."""

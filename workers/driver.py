@@ -2,10 +2,11 @@
 
 It loads the turn state (from Redis; else from the turn's durable checkpoint when the message is the
 step that checkpoint carries on with; else, for the turn's first message, from the recorded
-request), skips a step that already ran (redelivery), takes the step's lease, runs the step, writes
-a durable checkpoint after the steps the step map marks, records the outcome and the turn's
-frontier (the next message), saves the state (moving the turn's in-flight marker) and says which
-message to send next.
+request), skips a step that already ran (redelivery), takes the step's lease, runs the step and,
+in the same task, the steps after it that belong to the same layer (the AGN-032 entry steps are one
+layer: ``shared.task_names.LAYER_OF``), writes a durable checkpoint after the steps the step map
+marks, records each outcome and the turn's frontier (the next message), saves the state once
+(moving the turn's in-flight marker) and says which message to send next.
 
 Every kind of "not now" ends here as the same message sent again later, with a delay and a budget
 from :mod:`workers.retry`: a model that cannot answer (RetryAfter from the step), a step leased by
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -31,7 +33,7 @@ from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import ModelRetry, TurnState
-from shared.task_names import StepName
+from shared.task_names import LAYER_OF, Layer, StepName, task_name
 from workers import retry
 from workers.context import StepContext
 from workers.next_step import Continue, Next, RetryAfter, Stop
@@ -116,13 +118,30 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
         raise _StepBusy
     try:
         with _Heartbeat(ctx, env, owner):
-            result = _invoke(ctx, env, state)
-            return _conclude(ctx, env, state, result)
+            dispatch = _run_layer(ctx, env, state)
+            alive_until = None if dispatch is None else ctx.alive_until(dispatch.countdown)
+            ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until)
+            return dispatch
     finally:
         try:
             ctx.store.release(env.turn_id, env.step_key, owner=owner)
         except redis.RedisError:
             logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
+
+
+def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> Dispatch | None:
+    """Run ``env``'s step, then inline each next step of the same layer; the message that leaves the layer."""
+    current = env
+    fused = LAYER_OF[env.step] is Layer.ENTRY
+    while True:
+        started = time.perf_counter()
+        result = _invoke(ctx, current, state)
+        if fused:  # a step that is not a hop of its own still shows in the trace, with its time and worker
+            trace(ctx, state, current, "layer_step", duration_ms=(time.perf_counter() - started) * 1000)
+        dispatch = _conclude(ctx, current, state, result)
+        if dispatch is None or dispatch.countdown or task_name(dispatch.envelope.step) != task_name(current.step):
+            return dispatch
+        current = dispatch.envelope
 
 
 def _load(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
@@ -162,13 +181,18 @@ def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:
 
 
 def _recorded(state: TurnState, env: TurnEnvelope) -> Dispatch | None:
-    sent = state.steps_done[env.step_key]
-    if sent is None:
-        return None
-    following = TurnEnvelope.model_validate(sent)
-    if following.step_key in state.steps_done:
-        return None  # that message arrived: the chain moved on
-    return Dispatch(following)
+    """What a redelivered message must send again: the message that left its layer, unless it arrived."""
+    current = env
+    while True:
+        sent = state.steps_done[current.step_key]
+        if sent is None:
+            return None
+        following = TurnEnvelope.model_validate(sent)
+        if following.step_key not in state.steps_done:
+            return Dispatch(following)
+        if task_name(following.step) != task_name(env.step):
+            return None  # that message arrived: the chain moved on
+        current = following  # a step this message's task ran inline
 
 
 def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
@@ -209,8 +233,6 @@ def _conclude(ctx: StepContext, env: TurnEnvelope, state: TurnState, result: Inv
         retry_dropped_connection(
             lambda: ctx.turns.checkpoint(env.turn_id, checkpoint, now=ctx.clock(), deadline_at=ctx.deadline())
         )
-    alive_until = None if dispatch is None else ctx.alive_until(dispatch.countdown)
-    ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until)
     return dispatch
 
 

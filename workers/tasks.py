@@ -1,4 +1,4 @@
-"""One thin task per pipeline step: validate the envelope, run the step, send what comes next.
+"""One thin task per pipeline layer: validate the envelope, run its step(s), send what comes next.
 
 Everything else is the driver's (:func:`workers.driver.run_step`), including every retry. A message
 the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
@@ -18,7 +18,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
 
 from shared.models.envelope import TurnEnvelope
-from shared.task_names import StepName, task_name
+from shared.task_names import LAYER_OF, Layer
 from workers.driver import run_step
 from workers.runtime import WorkerRuntime
 
@@ -30,17 +30,17 @@ _SEND_ERRORS = (BrokerError, redis.RedisError, OSError)
 
 
 def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
-    """Register the task of every step on ``app``; they run on ``runtime``'s context."""
-    for step in StepName:
-        _register(app, step, runtime)
+    """Register the task of every layer on ``app``; they run on ``runtime``'s context."""
+    for layer in Layer:
+        _register(app, layer, runtime)
 
 
-def _register(app: Celery, step: StepName, runtime: WorkerRuntime) -> None:
+def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
     @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
-        name=task_name(step), bind=True, acks_late=True, ignore_result=True
+        name=f"aptix.step.{layer.value}", bind=True, acks_late=True, ignore_result=True
     )
     def step_task(self: Task, payload: dict[str, Any]) -> None:
-        envelope = _validate(step, payload)
+        envelope = _validate(layer, payload)
         if envelope is None:
             return
         dispatch = run_step(runtime.context, envelope)
@@ -53,13 +53,13 @@ def _register(app: Celery, step: StepName, runtime: WorkerRuntime) -> None:
             raise Reject(exc, requeue=True) from exc
 
 
-def _validate(step: StepName, payload: dict[str, Any]) -> TurnEnvelope | None:
+def _validate(layer: Layer, payload: dict[str, Any]) -> TurnEnvelope | None:
     try:
         envelope = TurnEnvelope.model_validate(payload)
     except ValidationError as exc:
-        logger.error("dropping a malformed %s message: %s", step.value, exc.errors(include_input=False))
+        logger.error("dropping a malformed %s message: %s", layer.value, exc.errors(include_input=False))
         return None
-    if envelope.step is not step:
-        logger.error("dropping a %s envelope delivered to %s", envelope.step.value, step.value)
+    if LAYER_OF[envelope.step] is not layer:
+        logger.error("dropping a %s envelope delivered to the %s task", envelope.step.value, layer.value)
         return None
     return envelope

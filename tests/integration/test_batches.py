@@ -86,11 +86,11 @@ def test_interactive_turn_does_not_wait_for_a_large_batch(system: System, task_e
 
 
 def _starts(task_events: TaskEventRecorder) -> dict[str, float]:
-    """turn_id -> when its request_handler task started (worker clock)."""
+    """turn_id -> when its entry task started (worker clock)."""
     received = {
         e["uuid"]: str(e.get("args", ""))
         for e in task_events.events()
-        if e["type"] == "task-received" and e.get("name") == "aptix.step.request_handler"
+        if e["type"] == "task-received" and e.get("name") == "aptix.step.entry"
     }
     starts: dict[str, float] = {}
     for event in task_events.events():

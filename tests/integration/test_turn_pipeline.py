@@ -101,23 +101,27 @@ def test_follow_up_turn_sends_earlier_turns_and_keeps_the_persisted_mode(system:
     validate_request_bodies([request])
 
 
-def test_each_step_runs_as_its_own_task_when_a_turn_runs(system: System, task_events: TaskEventRecorder) -> None:
+def test_each_layer_runs_as_its_own_task_when_a_turn_runs(system: System, task_events: TaskEventRecorder) -> None:
     turn = system.run_turn({"input": f"tasks {_marker()}"})
     names: list[str] = []
     deadline = time.monotonic() + 15
     while "aptix.step.persist" not in names and time.monotonic() < deadline:
         names = task_events.succeeded_tasks(turn["turn_id"], settle_seconds=0.2)
+    # A plain turn is 6 hops: the AGN-032 entry steps are one layer, one task ...
     assert names == [
-        "aptix.step.request_handler",
-        "aptix.step.session_creator",
-        "aptix.step.session_context_resolver",
-        "aptix.step.context_provider_initializer",
+        "aptix.step.entry",
         "aptix.step.reasoner",
         "aptix.step.compose",
         "aptix.step.llm_call",
         "aptix.step.reasoner",
         "aptix.step.persist",
     ]
+    # ... and each of its steps is still in the trace, with its duration and worker
+    fused = [step for step in system.trace(turn["turn_id"]) if step["kind"] == "layer_step"]
+    assert [step["step"] for step in fused] == [
+        "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
+    ]  # fmt: skip
+    assert all(step["duration_ms"] is not None and "@" in step["worker"] for step in fused)
 
 
 def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
@@ -146,7 +150,7 @@ def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
         envelope = TurnEnvelope(turn_id=turn["turn_id"], step=step, hop=hop, iteration=iteration)
         send_step(producer, envelope)
         send_step(producer, envelope)
-    _wait_for_tasks(task_events, turn["turn_id"], at_least=9 + 2 * len(steps))
+    _wait_for_tasks(task_events, turn["turn_id"], at_least=6 + 2 * len(steps))
     # Then there is still one LLM call, and the rows and the turn are unchanged
     assert len(system.llm_requests(marker)) == 1
     assert _row_counts(engine, turn["session_id"]) == before

@@ -13,7 +13,7 @@ from shared.models.turn import TurnRequest
 from shared.modes import load_catalog
 from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.settings import Settings, parse_api_keys
-from shared.task_names import TASK_QUEUES, Queue, StepName, task_name
+from shared.task_names import LAYER_OF, Layer, TASK_QUEUES, Queue, StepName, task_name
 from workers.tools import ToolRegistry
 
 
@@ -82,11 +82,24 @@ def test_operator_tool_with_a_handler_that_does_not_import_is_refused(tmp_path: 
         ToolRegistry.from_catalog(catalog)
 
 
-def test_every_step_task_is_routed_to_its_queue() -> None:
+def test_every_layer_task_is_routed_to_its_queue() -> None:
     assert TASK_QUEUES[task_name(StepName.LLM_CALL)] is Queue.LLM
     assert TASK_QUEUES[task_name(StepName.EXECUTE_SERVER_TOOLS)] is Queue.TOOLS
     assert TASK_QUEUES[task_name(StepName.REASONER)] is Queue.PIPELINE
-    assert set(TASK_QUEUES) == {f"aptix.step.{step.value}" for step in StepName}
+    assert set(TASK_QUEUES) == {
+        "aptix.step.entry", "aptix.step.reasoner", "aptix.step.compose", "aptix.step.llm_call",
+        "aptix.step.execute_server_tools", "aptix.step.persist",
+    }  # fmt: skip
+
+
+def test_the_agn_032_entry_steps_are_one_layer_with_one_task() -> None:
+    entry = {step for step, layer in LAYER_OF.items() if layer is Layer.ENTRY}
+    assert entry == {
+        StepName.REQUEST_HANDLER, StepName.SESSION_CREATOR, StepName.SESSION_RESTORER,
+        StepName.CLIENT_TOOL_SESSION_RESTORER, StepName.SESSION_CONTEXT_RESOLVER,
+        StepName.CONTEXT_PROVIDER_INITIALIZER, StepName.CLIENT_TOOL_CONTINUATION_RESOLVER,
+    }  # fmt: skip
+    assert {task_name(step) for step in entry} == {"aptix.step.entry"}
 
 
 def test_envelope_step_key_separates_rounds_steps_and_iterations() -> None:

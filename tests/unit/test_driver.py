@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
 
@@ -24,6 +24,7 @@ from workers.driver import Dispatch, run_step
 from workers.llm.types import FunctionCall, LlmResponse
 
 TURN_ID = "turn_" + "1" * 32
+T = TypeVar("T")
 
 
 def _record_turn(ctx: StepContext, text: str = "hello") -> TurnEnvelope:
@@ -201,7 +202,7 @@ class _DropsAfterCommit:
     def finish(self, **kwargs: Any) -> bool:
         return self._once("finish", self._inner.finish(**kwargs))
 
-    def _once(self, name: str, value: Any) -> Any:
+    def _once(self, name: str, value: T) -> T:
         if name not in self.dropped:
             self.dropped.add(name)
             raise OperationalError("INSERT", {}, Exception("server closed the connection unexpectedly"))
@@ -221,3 +222,18 @@ def test_tool_runs_once_and_its_outcome_stands_when_its_records_lose_their_answe
     outputs = [item for item in llm.requests[-1]["input"] if item.get("type") == "function_call_output"]
     assert outputs[0]["output"] == f"counted {key}"
     assert base.tool_runs.for_turn(TURN_ID)["call_1"].status == "succeeded"
+
+
+def test_entry_steps_run_in_one_message_and_each_is_traced_with_its_time_and_worker() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")))
+    dispatch = run_step(ctx, _record_turn(ctx))
+    assert dispatch is not None and dispatch.envelope.step is StepName.REASONER
+    state = ctx.store.load(TURN_ID)
+    assert state is not None
+    fused = [(step.step, step.worker) for step in state.trace if step.kind == "layer_step"]
+    assert fused == [
+        ("request_handler", "unit-host"), ("session_creator", "unit-host"), ("session_context_resolver", "unit-host"),
+        ("context_provider_initializer", "unit-host"),
+    ]  # fmt: skip
+    assert all(step.duration_ms is not None for step in state.trace if step.kind == "layer_step")
+    assert state.version == 1  # one save for the whole layer
