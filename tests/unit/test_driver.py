@@ -8,20 +8,23 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import pytest
+import redis
 from sqlalchemy.exc import OperationalError
 
 from shared.db.tool_runs import ToolRun, ToolRunRepository
 from shared.db.turns import NewTurn
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
-from shared.state import MemoryStateStore
+from shared.state import LedgerEntry, MemoryStateStore
 from shared.task_names import StepName
 from tests.unit.fakes import (
-    FIXED_NOW, TOOL_RUNS, Clock, FakeLlm, catalog_with_counted_tool, make_context,
+    FIXED_NOW, TOOL_RUNS, Clock, FakeLlm, catalog_with_counted_tool, make_context, make_state,
 )  # fmt: skip
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step
 from workers.llm.types import FunctionCall, LlmResponse
+from workers.steps import execute_server_tools
 
 TURN_ID = "turn_" + "1" * 32
 T = TypeVar("T")
@@ -237,3 +240,23 @@ def test_entry_steps_run_in_one_message_and_each_is_traced_with_its_time_and_wor
     ]  # fmt: skip
     assert all(step.duration_ms is not None for step in state.trace if step.kind == "layer_step")
     assert state.version == 1  # one save for the whole layer
+
+
+class _SaveFails(MemoryStateStore):
+    """A state store that cannot save (Redis went away)."""
+
+    def save(self, state: Any, *, ttl_seconds: int, alive_until: float | None = None) -> None:
+        raise redis.ConnectionError("Connection refused")
+
+
+def test_tool_outcome_is_recorded_durably_when_redis_fails_right_after_the_tool_ran() -> None:
+    key = "redis-gone"
+    ctx = replace(make_context(catalog=catalog_with_counted_tool()), store=_SaveFails())
+    state = make_state(turn_id=TURN_ID)
+    state.ledger.append(LedgerEntry(call_id="call_1", name="counted_tool", arguments=json.dumps({"key": key}),
+                                    kind="server", iteration=1))  # fmt: skip
+    env = TurnEnvelope(turn_id=TURN_ID, step=StepName.EXECUTE_SERVER_TOOLS, hop=6, iteration=1)
+    with pytest.raises(redis.ConnectionError):
+        execute_server_tools.run(ctx, env, state)
+    assert TOOL_RUNS[key] == 1
+    assert ctx.tool_runs.for_turn(TURN_ID)["call_1"].status == "succeeded"

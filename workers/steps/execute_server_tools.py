@@ -59,10 +59,12 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         entry.output = result.value
         state.transcript.append({"type": "function_call_output", "call_id": entry.call_id, "output": result.value})
         trace(ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=True)
-        # The ledger first: should the durable record below fail, the step runs again and finds the
-        # call done here instead of "started" without an outcome.
-        ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
-        record()
+        # Both records of the outcome are attempted, whichever fails: the ledger in Redis and the
+        # durable one. A step that runs again finds the call done in either, never "started" only.
+        try:
+            ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
+        finally:
+            record()
     return success(Continue(StepName.REASONER, env.iteration))
 
 
