@@ -131,7 +131,7 @@ def _reconciler(args: argparse.Namespace) -> int:
     import socket
     import threading
 
-    from shared.broker import create_producer, send_step, visibility_timeout
+    from shared.broker import create_producer, send_step
     from shared.db import create_db_engine, session_factory
     from shared.db.turns import TurnRepository
     from shared.logging import configure_logging
@@ -153,7 +153,7 @@ def _reconciler(args: argparse.Namespace) -> int:
         settings,
         turns=TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=2))),
         store=store,
-        dispatcher=Dispatcher(send, store, park_after=visibility_timeout(settings) / 2),
+        dispatcher=Dispatcher.for_settings(send, store, settings),
         owner=f"reconciler@{socket.gethostname()}:{os.getpid()}",
     )
     stop = threading.Event()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from shared.broker import visibility_timeout
 from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
 from shared.state import StateStore
 
 __all__ = ["Dispatcher", "SendStep"]
@@ -38,6 +40,11 @@ class Dispatcher:
         self._send = send
         self._store = store
         self._park_after = park_after
+
+    @classmethod
+    def for_settings(cls, send: SendStep, store: StateStore, settings: Settings) -> Dispatcher:
+        """A dispatcher that parks waits longer than half the broker's visibility timeout."""
+        return cls(send, store, park_after=visibility_timeout(settings) / 2)
 
     def dispatch(self, envelope: TurnEnvelope, countdown: float, *, now: float) -> None:
         """Send ``envelope`` after ``countdown`` seconds (``now`` is the Unix time)."""

@@ -13,7 +13,6 @@ import threading
 
 import redis
 
-from shared.broker import visibility_timeout
 from shared.db.turns import TurnRepository
 from shared.settings import Settings
 from shared.state import StateStore
@@ -56,7 +55,7 @@ class WorkerRuntime:
                 self._ctx.engine.dispose(close=False)
             self._hostname = hostname
             self._ctx = build_context(self._settings, hostname=hostname)
-            self._dispatcher = Dispatcher(self._send, self._ctx.store, park_after=visibility_timeout(self._settings) / 2)
+            self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
 
     def restart_in_child(self) -> None:
         """Rebuild the context in a prefork child (connections must not cross a fork)."""
