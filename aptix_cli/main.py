@@ -45,8 +45,16 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="run a Celery worker for the pipeline steps")
     worker.add_argument("--queues", default="pipeline,llm,tools")
-    worker.add_argument("--pool", default="prefork", choices=["prefork", "threads", "gevent", "solo"])
+    worker.add_argument(
+        "--pool",
+        default=None,
+        choices=["prefork", "threads", "gevent", "solo"],
+        help="one pool for all the queues (default: one process per queue group, each on its own pool)",
+    )
     worker.add_argument("--concurrency", type=int, default=None)
+    worker.add_argument(
+        "--processes", type=int, default=None, help="processes of the pipeline queue (default: one per core)"
+    )
     worker.add_argument("--hostname", default=None)
     worker.add_argument("--loglevel", default="INFO")
     worker.add_argument(
@@ -76,10 +84,49 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="tour the system on the embedded stack")
     demo.set_defaults(run=_demo)
 
-    bench = commands.add_parser("bench", help="print throughput and latency figures of the pipeline")
-    bench.add_argument("--turns", type=int, default=300)
-    bench.add_argument("--llm-latency-ms", type=float, default=0.0)
-    bench.add_argument("--workers", type=int, default=8, help="worker threads")
+    bench = commands.add_parser(
+        "bench",
+        help="print throughput, latency and CPU figures of the production shape (gateway and worker processes)",
+        description="Starts the scripted model, one gateway and --workers worker processes on a scratch "
+        "PostgreSQL database and two scratch Redis databases, runs a batch per scenario, then a bare Celery "
+        "chain of the same hops, and prints the figures. Everything it creates is removed at the end.",
+    )
+    bench.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        help="turns per scenario (default 1000; 300 with --embedded, --recovery-costs)",
+    )
+    bench.add_argument("--llm-latency-ms", type=float, default=0.0, help="latency the scripted model adds (default 0)")
+    bench.add_argument(
+        "--scenario", choices=["plain", "server-tool", "client-tool", "all"], default="all", help="default: all"
+    )
+    bench.add_argument("--workers", type=int, default=2, help="aptix worker processes (default 2)")
+    bench.add_argument(
+        "--worker-args", default="", help='extra flags for each aptix worker, e.g. "--pool threads --concurrency 8"'
+    )
+    bench.add_argument("--redis-url", default=None, help="the Redis server (default redis://127.0.0.1:6379)")
+    bench.add_argument(
+        "--database-url",
+        default=None,
+        help="a PostgreSQL database to create the scratch database from "
+        "(default postgresql+psycopg://postgres@127.0.0.1:5432/postgres)",
+    )
+    bench.add_argument(
+        "--interactive",
+        action="store_true",
+        help="instead of the scenarios: p95 latency of single turns, idle and under a batch of --turns turns",
+    )
+    bench.add_argument(
+        "--rss", action="store_true", help="print the workers' summed RSS after the warm-up and each batch"
+    )
+    bench.add_argument(
+        "--task-events", action="store_true", help="turn the workers' task events on, as Flower does when it watches"
+    )
+    bench.add_argument(
+        "--embedded", action="store_true", help="the old in-process measurement, for machines without the services"
+    )
+    bench.add_argument("--threads", type=int, default=8, help="worker threads of --embedded (default 8)")
     bench.add_argument(
         "--recovery-costs", action="store_true", help="print what checkpoints, tool records and reconciler scans cost"
     )
@@ -104,26 +151,53 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    if args.pool == "gevent":
-        try:
-            from gevent import monkey
-        except ImportError:
-            sys.stderr.write("--pool gevent needs gevent: pip install 'aptix-agent-workers[gevent]'\n")
-            return 2
+    from aptix_cli.worker_group import plan, run_group
+
+    try:
+        specs = plan(args.queues, args.pool, args.concurrency, args.processes)
+    except ValueError as exc:
+        sys.stderr.write(f"aptix worker: {exc}\n")
+        return 2
+    if len(specs) > 1:
+        return run_group(specs, hostname=args.hostname, loglevel=args.loglevel, reconciler=not args.no_reconciler)
+    spec = specs[0]
+    _allow_open_files(spec.concurrency + 512)
+    if spec.pool == "gevent":
+        from gevent import monkey
+
         monkey.patch_all()  # before psycopg and httpx are imported (FIELD-NOTES: the import-order trap)
+    import logging
+
     from shared.logging import configure_logging
     from shared.settings import get_settings
     from workers.app import create_celery
 
     configure_logging(args.loglevel)
+    if args.loglevel.upper() != "DEBUG":
+        # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
+        # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
+        for name in ("celery.worker.strategy", "celery.app.trace"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     app = create_celery(get_settings(), reconciler=not args.no_reconciler)
-    argv = ["worker", "-Q", args.queues, "-P", args.pool, "-E", "--loglevel", args.loglevel, "--without-gossip"]
-    if args.concurrency:
-        argv += ["-c", str(args.concurrency)]
+    argv = ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
+    argv += ["--loglevel", args.loglevel, "--without-gossip"]
     if args.hostname:
         argv += ["-n", args.hostname]
     app.worker_main(argv)
     return 0
+
+
+def _allow_open_files(needed: int) -> None:
+    """Raise the soft limit on open files towards ``needed`` (each model call in flight is a socket;
+    containers often start with a soft limit of 1,024 under a far higher hard limit)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            sys.stderr.write(f"aptix worker: at most {target} open files (hard limit); {needed} wanted\n")
 
 
 def _reconciler(args: argparse.Namespace) -> int:
@@ -203,10 +277,32 @@ def _bench(args: argparse.Namespace) -> int:
     if args.recovery_costs:
         from aptix_cli.recovery_costs import run_recovery_costs
 
-        return run_recovery_costs(turns=args.turns)
-    from aptix_cli.bench import run_bench
+        return run_recovery_costs(turns=args.turns or 300)
+    if args.embedded:
+        from aptix_cli.bench import run_embedded
 
-    return run_bench(turns=args.turns, llm_latency_ms=args.llm_latency_ms, worker_threads=args.workers)
+        return run_embedded(turns=args.turns or 300, llm_latency_ms=args.llm_latency_ms, worker_threads=args.threads)
+    import shlex
+
+    from aptix_cli.bench import BenchOptions, run_bench
+    from aptix_cli.bench.options import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, SCENARIO_NAMES
+
+    if (args.turns is not None and args.turns < 1) or args.workers < 1:
+        sys.stderr.write("aptix bench: --turns and --workers must be at least 1\n")
+        return 2
+    options = BenchOptions(
+        turns=args.turns or 1000,
+        llm_latency_ms=args.llm_latency_ms,
+        scenarios=SCENARIO_NAMES if args.scenario == "all" else (args.scenario,),
+        workers=args.workers,
+        worker_args=tuple(shlex.split(args.worker_args)),
+        redis_url=args.redis_url or DEFAULT_REDIS_URL,
+        database_url=args.database_url or DEFAULT_DATABASE_URL,
+        interactive=args.interactive,
+        rss=args.rss,
+        task_events=args.task_events,
+    )
+    return run_bench(options)
 
 
 def _demo(_args: argparse.Namespace) -> int:

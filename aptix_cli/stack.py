@@ -13,11 +13,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
 
-__all__ = ["LocalStack", "ManagedProcess", "free_port"]
+__all__ = ["LocalStack", "ManagedProcess", "answers", "free_port", "wait_until"]
 
 
 def free_port() -> int:
@@ -81,17 +82,24 @@ class LocalStack:
         name: str,
         *,
         queues: str = "pipeline,llm,tools",
-        pool: str = "threads",
-        concurrency: int = 4,
+        pool: str | None = "threads",
+        concurrency: int | None = 4,
         timeout: float = 60.0,
     ) -> ManagedProcess:
-        """Start ``aptix worker`` as node ``name@<host>`` and wait until it is ready."""
-        argv = [
-            sys.executable, "-m", "aptix_cli", "worker", "--queues", queues, "--pool", pool,
-            "--concurrency", str(concurrency), "--hostname", f"{name}@%h",
-        ]  # fmt: skip
+        """Start ``aptix worker`` as node ``name@<host>`` and wait until it is ready.
+
+        With ``pool=None`` it gets no ``--pool`` (nor ``--concurrency``): one Celery worker per queue
+        group, each on its own pool (``aptix_cli.worker_group``), named ``<group>.name@<host>``; it
+        is ready when all of them are.
+        """
+        from aptix_cli.worker_group import plan
+
+        argv = [sys.executable, "-m", "aptix_cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"]
+        if pool is not None:
+            argv += ["--pool", pool, "--concurrency", str(concurrency or 1)]
+        processes = 1 if pool is not None else len(plan(queues))
         process = self._start(name, argv)
-        self._wait(process, lambda: "ready." in process.log(), timeout)
+        wait_until([process], lambda: process.log().count("ready.") >= processes, timeout)
         return process
 
     def start_gateway(
@@ -105,7 +113,7 @@ class LocalStack:
         argv = [sys.executable, "-m", "aptix_cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
         process = self._start(f"gateway-{port}", argv, env)
         url = f"http://127.0.0.1:{port}"
-        self._wait(process, lambda: _answers(f"{url}/healthz"), timeout)
+        wait_until([process], lambda: answers(f"{url}/healthz"), timeout)
         return process, url
 
     def stop_all(self) -> None:
@@ -119,19 +127,25 @@ class LocalStack:
         self.processes.append(process)
         return process
 
-    @staticmethod
-    def _wait(process: ManagedProcess, ready: object, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+def wait_until(processes: Sequence[ManagedProcess], ready: Callable[[], bool], timeout: float) -> None:
+    """Return once ``ready()``; raise with the processes' logs if one exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in processes:
             if not process.alive():
                 raise RuntimeError(f"{process.name} exited early:\n{process.log()[-4000:]}")
-            if callable(ready) and ready():
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"{process.name} was not ready after {timeout}s:\n{process.log()[-4000:]}")
+        if ready():
+            return
+        time.sleep(0.1)
+    if len(processes) == 1:
+        raise RuntimeError(f"{processes[0].name} was not ready after {timeout:g}s:\n{processes[0].log()[-4000:]}")
+    logs = "\n".join(f"--- {p.name}:\n{p.log()[-2000:]}" for p in processes)
+    raise RuntimeError(f"not ready after {timeout:g}s:\n{logs}")
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 within a second."""
     try:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:

@@ -1,4 +1,4 @@
-"""Celery configuration both sides share: JSON only, acks late, events on, routing by task name.
+"""Celery configuration both sides share: JSON only, acks late, task events on demand, routing by task name.
 
 The gateway builds a producer-only app from it (it sends tasks by name); the workers build the
 full app in ``workers.app``.
@@ -31,6 +31,7 @@ __all__ = [
 # name for priority 0, ``<queue>\x06\x16<step>`` for the others (kombu.transport.redis, PRIORITY_STEPS).
 _PRIORITY_STEPS = (0, 3, 6, 9)
 _PRIORITY_SEPARATOR = "\x06\x16"
+_REDIS_TRANSPORT = "shared.broker_transport:Transport"
 
 
 
@@ -53,6 +54,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "unacked_restore_throttle": 1,
         },
         "broker_pool_limit": 64,
+        # kombu's Redis transport with one client per channel (shared.broker_transport); a URL of
+        # another scheme keeps its own transport.
+        "broker_transport": _REDIS_TRANSPORT if settings.effective_broker_url.startswith("redis://") else None,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
@@ -62,7 +66,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "worker_send_task_events": True,
+        # Off at start: task events cost the worker CPU on every task (README, "Task events"). Flower
+        # sends ``enable_events`` to every worker when it starts (and every few seconds after), so
+        # Flower still shows every task from the moment it runs; without Flower nothing pays.
+        "worker_send_task_events": False,
         # Off: "sent" events cost ≈ 0.7 ms CPU per publish (FIELD-NOTES) — ≈ 19 % of a plain turn here;
         # Flower still shows every step from its received/started/succeeded events.
         "task_send_sent_event": False,

@@ -19,12 +19,13 @@ from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import RedisStateStore, StateStore
+from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.types import LlmResponse
 from workers.tools.executor import ToolExecutor
 from workers.tools.registry import ToolRegistry
 
-__all__ = ["BreakerPort", "LlmPort", "StepContext", "breakers_on", "build_context", "utc_now"]
+__all__ = ["BreakerPort", "LlmPort", "StepContext", "breakers_on", "build_context", "lease_renewer", "utc_now"]
 
 
 class LlmPort(Protocol):
@@ -68,6 +69,8 @@ class StepContext:
     llm: LlmPort
     breaker: Callable[[str], BreakerPort]
     """The breaker of a model, by model name."""
+    leases: LeaseRenewer
+    """Renews the step leases this process holds."""
     hostname: str
     clock: Callable[[], datetime] = utc_now
     random: Callable[[], float] = field(default=random.random)
@@ -126,5 +129,15 @@ def build_context(settings: Settings, *, hostname: str, llm: LlmPort | None = No
             timeout=settings.llm_timeout_seconds,
         ),
         breaker=breakers_on(store.client, settings),
+        leases=lease_renewer(store, settings),
         hostname=hostname,
     )
+
+
+def lease_renewer(store: StateStore, settings: Settings) -> LeaseRenewer:
+    """The renewer of a process's step leases (``APTIX_STEP_LEASE_SECONDS``)."""
+
+    def alive_until() -> float:
+        return utc_now().timestamp() + settings.reconciler_deadline_seconds
+
+    return LeaseRenewer(store, ttl_seconds=settings.step_lease_seconds, alive_until=alive_until)

@@ -1,12 +1,14 @@
 """run_step: the one driver every step task goes through, and the only user of the retry policy.
 
-It loads the turn state (from Redis; else from the turn's durable checkpoint when the message is the
-step that checkpoint carries on with; else, for the turn's first message, from the recorded
-request), skips a step that already ran (redelivery), takes the step's lease, runs the step and,
-in the same task, the steps after it that belong to the same layer (the AGN-032 entry steps are one
+It takes the step's lease and loads the turn state in one Redis round trip (the state from Redis;
+else from the turn's durable checkpoint when the message is the step that checkpoint carries on
+with; else, for the turn's first message, from the recorded request), skips a step that already ran
+(redelivery), keeps the lease renewed (by the process's one :class:`~workers.leases.LeaseRenewer`),
+runs the step and, in the same task, the steps after it that belong to the same layer (the AGN-032 entry steps are one
 layer: ``shared.task_names.LAYER_OF``), writes a durable checkpoint after the steps the step map
 marks, records each outcome and the turn's frontier (the next message), saves the state once
-(moving the turn's in-flight marker) and says which message to send next.
+(moving the turn's in-flight marker and giving the lease back, in one more round trip) and says
+which message to send next.
 
 Every kind of "not now" ends here as the same message sent again later, with a delay and a budget
 from :mod:`workers.retry`: a model that cannot answer (RetryAfter from the step), a step leased by
@@ -17,7 +19,6 @@ the only place an unexpected exception becomes ``internal_error``.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from shared.logging import log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
-from shared.state import ModelRetry, TurnState
+from shared.state import Lease, ModelRetry, TurnState
 from shared.task_names import LAYER_OF, Layer, StepName, task_name
 from workers import retry
 from workers.context import StepContext
@@ -104,29 +105,35 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
 
 
 def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
-    state = _load(ctx, env)
-    if state is None:
-        return None
-    if env.step is not StepName.PERSIST and ctx.store.is_cancelled(env.turn_id):
+    lease = Lease(env.turn_id, env.step_key, owner=f"{ctx.hostname}:{uuid.uuid4().hex}")
+    start = ctx.store.begin(
+        lease, ttl_seconds=ctx.settings.step_lease_seconds, check_cancel=env.step is not StepName.PERSIST
+    )
+    if start.cancelled:
         logger.info("turn %s was cancelled; stopping at %s", env.turn_id, env.step_key)
         return None
-    if env.step_key in state.steps_done:
-        logger.info("step %s already ran; passing the turn on", env.step_key)
-        return _recorded(state, env)
-    owner = f"{ctx.hostname}:{uuid.uuid4().hex}"
-    if not ctx.store.claim(env.turn_id, env.step_key, owner=owner, ttl_seconds=ctx.settings.step_lease_seconds):
+    if not start.claimed:
         raise _StepBusy
+    saved = False
     try:
-        with _Heartbeat(ctx, env, owner):
+        with ctx.leases.holding(lease):
+            state = start.state or _load_durable(ctx, env)
+            if state is None:
+                return None
+            if env.step_key in state.steps_done:
+                logger.info("step %s already ran; passing the turn on", env.step_key)
+                return _recorded(state, env)
             dispatch = _run_layer(ctx, env, state)
             alive_until = None if dispatch is None else ctx.alive_until(dispatch.countdown)
-            ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until)
+            ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until, release=lease)
+            saved = True
             return dispatch
     finally:
-        try:
-            ctx.store.release(env.turn_id, env.step_key, owner=owner)
-        except redis.RedisError:
-            logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
+        if not saved:
+            try:
+                ctx.store.release(lease)
+            except redis.RedisError:
+                logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
 
 
 def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> Dispatch | None:
@@ -144,10 +151,15 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> Dispatc
         current = dispatch.envelope
 
 
-def _load(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
-    state = ctx.store.load(env.turn_id)
-    if state is not None:
-        return state
+def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
+    """The state of a turn Redis does not have: its checkpoint, or for its first message its request."""
+    first_message = env.step is StepName.REQUEST_HANDLER and env.round == 0
+    row = ctx.turns.get(env.turn_id) if first_message else None
+    if first_message:
+        if row is None:
+            raise TurnNotRecorded(env.turn_id)
+        if row.status == TurnStatus.QUEUED.value:  # never started: it has no checkpoint
+            return request_handler.initial_state(row)
     checkpoint = ctx.turns.load_snapshot(env.turn_id)
     if checkpoint is not None:
         state = TurnState.model_validate(checkpoint)
@@ -163,11 +175,8 @@ def _load(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
         state.version = 0
         session_context_resolver.load_history(ctx, state)
         return state
-    if env.step is StepName.REQUEST_HANDLER and env.round == 0:
-        state = request_handler.initial_state(ctx, env.turn_id)
-        if state is None:
-            raise TurnNotRecorded(env.turn_id)
-        return state
+    if row is not None:
+        return request_handler.initial_state(row)
     logger.warning("no state for turn %s; dropping %s", env.turn_id, env.step_key)
     return None
 
@@ -290,37 +299,3 @@ def _fail_outside_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
 
 def _name(exc: Exception) -> str:
     return type(exc).__name__ if not isinstance(exc, DBAPIError) else f"{type(exc).__name__} ({type(exc.orig).__name__})"
-
-
-class _Heartbeat:
-    """Renews the step's lease (and the turn's in-flight marker) while it runs, so a live worker's
-    long step is neither run twice nor taken for a stalled turn."""
-
-    def __init__(self, ctx: StepContext, env: TurnEnvelope, owner: str) -> None:
-        self._ctx = ctx
-        self._env = env
-        self._owner = owner
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"lease-{env.step_key}")
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=1.0)
-
-    def _beat(self) -> None:
-        lease = self._ctx.settings.step_lease_seconds
-        while not self._stop.wait(lease / 3):
-            try:
-                self._ctx.store.extend(
-                    self._env.turn_id,
-                    self._env.step_key,
-                    owner=self._owner,
-                    ttl_seconds=lease,
-                    alive_until=self._ctx.alive_until(),
-                )
-            except redis.RedisError:
-                logger.warning("could not renew the lease of %s", self._env.step_key)

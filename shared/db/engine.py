@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pydantic_core
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,10 +32,20 @@ def create_db_engine(url: str, *, pool_size: int = 10) -> Engine:
     """
     url = normalise_database_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=_to_json
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return create_engine(
+        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, json_serializer=_to_json
+    )
+
+
+def _to_json(value: Any) -> str:
+    """JSON columns (turn state checkpoints, traces) through pydantic-core's encoder: the standard
+    library's was 4 % of an LLM worker's CPU."""
+    return pydantic_core.to_json(value).decode()
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

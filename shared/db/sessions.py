@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.tables import ModeHistoryRow, SessionRow
 
 __all__ = ["SessionRepository"]
+
+_SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
+_TOUCH = (
+    update(_SESSIONS).where(_SESSIONS.c.session_id == bindparam("p_session_id")).values(updated_at=bindparam("p_now"))
+)
+"""Built once (see ``shared.db.turns``: a statement built per call recomputes its cache key)."""
 
 
 class SessionRepository:
@@ -112,6 +118,4 @@ class SessionRepository:
     def touch(self, session_id: str, *, now: datetime) -> None:
         """Record that the session was used."""
         with self._sessions.begin() as db:
-            row = db.get(SessionRow, session_id)
-            if row is not None:
-                row.updated_at = now
+            db.execute(_TOUCH, {"p_session_id": session_id, "p_now": now})

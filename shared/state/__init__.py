@@ -2,7 +2,10 @@
 
 from shared.state.memory_store import MemoryStateStore
 from shared.state.redis_store import RedisStateStore
-from shared.state.store import StateStore
+from shared.state.store import Lease, StateStore, StepStart
 from shared.state.turn_state import LedgerEntry, ModelRetry, Providers, TurnState
 
-__all__ = ["LedgerEntry", "MemoryStateStore", "ModelRetry", "Providers", "RedisStateStore", "StateStore", "TurnState"]
+__all__ = [
+    "Lease", "LedgerEntry", "MemoryStateStore", "ModelRetry", "Providers", "RedisStateStore", "StateStore", "StepStart",
+    "TurnState",
+]  # fmt: skip

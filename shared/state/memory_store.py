@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from shared.errors import StateConflict
+from shared.state.store import Lease, StepStart
 from shared.state.turn_state import TurnState
 
 __all__ = ["MemoryStateStore"]
@@ -28,7 +29,18 @@ class MemoryStateStore:
             raw = self._states.get(turn_id)
         return None if raw is None else TurnState.model_validate_json(raw)
 
-    def save(self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None) -> None:
+    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True) -> StepStart:
+        with self._lock:
+            if check_cancel and lease.turn_id in self._cancelled:
+                return StepStart(cancelled=True, claimed=False)
+            if not self._claim(lease, ttl_seconds):
+                return StepStart(cancelled=False, claimed=False)
+            raw = self._states.get(lease.turn_id)
+        return StepStart(cancelled=False, claimed=True, state=None if raw is None else TurnState.model_validate_json(raw))
+
+    def save(
+        self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None
+    ) -> None:
         with self._lock:
             raw = self._states.get(state.turn_id)
             current = None if raw is None else TurnState.model_validate_json(raw).version
@@ -40,33 +52,44 @@ class MemoryStateStore:
                 self.markers.pop(state.turn_id, None)
             else:
                 self.markers[state.turn_id] = alive_until
+            if release is not None:
+                self._release(release)
 
     def drop(self, turn_id: str) -> None:
         with self._lock:
             self._states.pop(turn_id, None)
 
-    def claim(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
+    def claim(self, lease: Lease, *, ttl_seconds: int) -> bool:
         with self._lock:
-            held = self._claims.get((turn_id, step_key))
-            if held is not None and held[1] > time.monotonic():
-                return False
-            self._claims[(turn_id, step_key)] = (owner, time.monotonic() + ttl_seconds)
-            return True
+            return self._claim(lease, ttl_seconds)
 
-    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int, alive_until: float) -> bool:
+    def renew(self, leases: Sequence[Lease], *, ttl_seconds: int, alive_until: float) -> list[Lease]:
+        lost = []
         with self._lock:
-            held = self._claims.get((turn_id, step_key))
-            if held is None or held[0] != owner:
-                return False
-            self._claims[(turn_id, step_key)] = (owner, time.monotonic() + ttl_seconds)
-            self.markers[turn_id] = max(alive_until, self.markers.get(turn_id, alive_until))
-            return True
+            for lease in leases:
+                held = self._claims.get((lease.turn_id, lease.step_key))
+                if held is None or held[0] != lease.owner or held[1] <= time.monotonic():
+                    lost.append(lease)
+                    continue
+                self._claims[(lease.turn_id, lease.step_key)] = (lease.owner, time.monotonic() + ttl_seconds)
+                self.markers[lease.turn_id] = max(alive_until, self.markers.get(lease.turn_id, alive_until))
+        return lost
 
-    def release(self, turn_id: str, step_key: str, *, owner: str) -> None:
+    def release(self, lease: Lease) -> None:
         with self._lock:
-            held = self._claims.get((turn_id, step_key))
-            if held is not None and held[0] == owner:
-                del self._claims[(turn_id, step_key)]
+            self._release(lease)
+
+    def _claim(self, lease: Lease, ttl_seconds: int) -> bool:
+        held = self._claims.get((lease.turn_id, lease.step_key))
+        if held is not None and held[1] > time.monotonic():
+            return False
+        self._claims[(lease.turn_id, lease.step_key)] = (lease.owner, time.monotonic() + ttl_seconds)
+        return True
+
+    def _release(self, lease: Lease) -> None:
+        held = self._claims.get((lease.turn_id, lease.step_key))
+        if held is not None and held[0] == lease.owner:
+            del self._claims[(lease.turn_id, lease.step_key)]
 
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         with self._lock:

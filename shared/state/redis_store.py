@@ -1,35 +1,54 @@
 """RedisStateStore: TurnState as one JSON value per turn, saved with optimistic concurrency (Lua CAS).
 
 Besides the documents it keeps the in-flight markers the reconciler reads (``INFLIGHT_KEY``) and the
-parked timers of long waits (``TIMERS_KEY``); a save moves the turn's marker in the same round trip.
+parked timers of long waits (``TIMERS_KEY``). A step costs two round trips of state work: ``begin``
+(cancel check, lease, load) and ``save`` (write, marker, lease back); one more per renewal period
+renews every lease a worker process holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import redis
 
 from shared.errors import StateConflict
 from shared.state.keys import INFLIGHT_KEY, TIMERS_KEY, cancel_key, claim_key, state_key, version_key
+from shared.state.store import Lease, StepStart
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore"]
 
-# One round trip each, atomically: a save is refused unless the stored version is the one the
-# caller loaded, and moves (or removes) the turn's in-flight marker; a lease is renewed or released
-# only by its holder, and a renewal pushes the marker forward (never back).
+# One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled and
+# returns the state with it; a save is refused unless the stored version is the one the caller
+# loaded, moves (or removes) the turn's in-flight marker and gives the step's lease back; a lease is
+# renewed or released only by its holder, and a renewal pushes the marker forward (never back).
+_BEGIN = """
+if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
+if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
+local state = redis.call('get', KEYS[1])
+if state then return {1, state} end
+return {1}
+"""
 _SAVE = """
 if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
 redis.call('set', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4])
 if ARGV[5] == '' then redis.call('zrem', KEYS[3], ARGV[6]) else redis.call('zadd', KEYS[3], ARGV[5], ARGV[6]) end
+if KEYS[4] and redis.call('get', KEYS[4]) == ARGV[7] then redis.call('del', KEYS[4]) end
 return 1
 """
-_EXTEND = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('zadd', KEYS[2], 'GT', ARGV[3], ARGV[4])
-return redis.call('expire', KEYS[1], ARGV[2])
+_RENEW = """
+local lost = {}
+for i = 2, #KEYS do
+  if redis.call('get', KEYS[i]) == ARGV[2 * i - 1] then
+    redis.call('expire', KEYS[i], ARGV[1])
+    redis.call('zadd', KEYS[1], 'GT', ARGV[2], ARGV[2 * i])
+  else
+    lost[#lost + 1] = i - 1
+  end
+end
+return lost
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -47,8 +66,9 @@ class RedisStateStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
+        self._begin = client.register_script(_BEGIN)
         self._save = client.register_script(_SAVE)
-        self._extend = client.register_script(_EXTEND)
+        self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._pop_due = client.register_script(_POP_DUE)
 
@@ -61,7 +81,17 @@ class RedisStateStore:
         raw = self.client.get(state_key(turn_id))
         return None if raw is None else TurnState.model_validate_json(raw)
 
-    def save(self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None) -> None:
+    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True) -> StepStart:
+        keys = [state_key(lease.turn_id), cancel_key(lease.turn_id), claim_key(lease.turn_id, lease.step_key)]
+        found = self._begin(keys=keys, args=[lease.owner, ttl_seconds, "1" if check_cancel else "0"])
+        if found[0] != 1:
+            return StepStart(cancelled=found[0] == 0, claimed=False)
+        state = TurnState.model_validate_json(found[1]) if len(found) > 1 else None
+        return StepStart(cancelled=False, claimed=True, state=state)
+
+    def save(
+        self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None
+    ) -> None:
         expected = state.version
         state.version = expected + 1
         keys = [state_key(state.turn_id), version_key(state.turn_id), INFLIGHT_KEY]
@@ -69,6 +99,9 @@ class RedisStateStore:
             str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
             "" if alive_until is None else repr(alive_until), state.turn_id,
         ]  # fmt: skip
+        if release is not None:
+            keys.append(claim_key(release.turn_id, release.step_key))
+            args.append(release.owner)
         if not self._save(keys=keys, args=args):
             state.version = expected
             raise StateConflict(f"turn {state.turn_id!r} was saved by someone else since version {expected}")
@@ -76,15 +109,20 @@ class RedisStateStore:
     def drop(self, turn_id: str) -> None:
         self.client.delete(state_key(turn_id), version_key(turn_id))
 
-    def claim(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
-        return bool(self.client.set(claim_key(turn_id, step_key), owner, nx=True, ex=ttl_seconds))
+    def claim(self, lease: Lease, *, ttl_seconds: int) -> bool:
+        return bool(self.client.set(claim_key(lease.turn_id, lease.step_key), lease.owner, nx=True, ex=ttl_seconds))
 
-    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int, alive_until: float) -> bool:
-        keys = [claim_key(turn_id, step_key), INFLIGHT_KEY]
-        return bool(self._extend(keys=keys, args=[owner, ttl_seconds, repr(alive_until), turn_id]))
+    def renew(self, leases: Sequence[Lease], *, ttl_seconds: int, alive_until: float) -> list[Lease]:
+        if not leases:
+            return []
+        keys = [INFLIGHT_KEY, *(claim_key(lease.turn_id, lease.step_key) for lease in leases)]
+        args: list[str | int] = [ttl_seconds, repr(alive_until)]
+        for lease in leases:
+            args += [lease.owner, lease.turn_id]
+        return [leases[index - 1] for index in self._renew(keys=keys, args=args)]
 
-    def release(self, turn_id: str, step_key: str, *, owner: str) -> None:
-        self._release(keys=[claim_key(turn_id, step_key)], args=[owner])
+    def release(self, lease: Lease) -> None:
+        self._release(keys=[claim_key(lease.turn_id, lease.step_key)], args=[lease.owner])
 
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         self.client.set(cancel_key(turn_id), b"1", ex=ttl_seconds)

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from shared.state.turn_state import TurnState
 
-__all__ = ["StateStore"]
+__all__ = ["Lease", "StateStore", "StepStart"]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The lease one worker (``owner``) holds while it runs one step of one turn."""
+
+    turn_id: str
+    step_key: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepStart:
+    """What :meth:`StateStore.begin` found: the turn was cancelled, or the lease was (not) taken."""
+
+    cancelled: bool
+    claimed: bool
+    state: TurnState | None = None
 
 
 class StateStore(Protocol):
@@ -16,7 +35,14 @@ class StateStore(Protocol):
     def load(self, turn_id: str) -> TurnState | None:
         """The turn's state, or None when the store does not have it."""
 
-    def save(self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None) -> None:
+    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True) -> StepStart:
+        """Start a step, atomically: unless the turn was cancelled (when ``check_cancel``), take
+        ``lease`` for ``ttl_seconds`` and, when taken, return the turn's state (None if the store
+        does not have it)."""
+
+    def save(
+        self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None
+    ) -> None:
         """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``.
 
         Args:
@@ -24,6 +50,7 @@ class StateStore(Protocol):
             ttl_seconds: how long the store keeps it.
             alive_until: Unix time until which the turn counts as moving (its in-flight marker);
                 None removes the marker (the turn's chain ended).
+            release: a lease to give back in the same write (the step that saves is done).
 
         Raises:
             StateConflict: when another writer saved first.
@@ -32,14 +59,15 @@ class StateStore(Protocol):
     def drop(self, turn_id: str) -> None:
         """Forget the turn's state (the reconciler does, when a database checkpoint is newer)."""
 
-    def claim(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int) -> bool:
-        """Take the lease on one step; False when someone else holds it."""
+    def claim(self, lease: Lease, *, ttl_seconds: int) -> bool:
+        """Take ``lease``; False when someone else holds it."""
 
-    def extend(self, turn_id: str, step_key: str, *, owner: str, ttl_seconds: int, alive_until: float) -> bool:
-        """Renew a lease we hold (the heartbeat) and push the turn's marker to ``alive_until``."""
+    def renew(self, leases: Sequence[Lease], *, ttl_seconds: int, alive_until: float) -> list[Lease]:
+        """Renew the leases we hold (one write for all) and push their turns' markers to
+        ``alive_until`` (never back); returns the leases that were no longer ours."""
 
-    def release(self, turn_id: str, step_key: str, *, owner: str) -> None:
-        """Give a lease back."""
+    def release(self, lease: Lease) -> None:
+        """Give a lease back (only its holder can)."""
 
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         """Record that the turn was cancelled."""

@@ -1,4 +1,8 @@
-"""TaskEventRecorder: listens to the workers' Celery task events (the stream Flower shows)."""
+"""TaskEventRecorder: listens to the workers' Celery task events (the stream Flower shows).
+
+Workers start with task events off; like Flower, the recorder turns them on (the ``enable_events``
+broadcast) when it starts and again every second, for workers that start later.
+"""
 
 from __future__ import annotations
 
@@ -24,10 +28,19 @@ class TaskEventRecorder:
         self._thread = threading.Thread(target=self._run, daemon=True, name="task-events")
 
     def start(self) -> None:
-        """Start listening; returns once the event queue is bound."""
+        """Start listening; returns once the event queue is bound and every worker sends events."""
         self._thread.start()
         if not self._ready.wait(15):
             raise RuntimeError("could not subscribe to Celery task events")
+        deadline = time.monotonic() + 15
+        while True:
+            workers = self._app.control.ping(timeout=1.0)
+            enabled = self._app.control.broadcast("enable_events", reply=True, timeout=1.0)
+            if workers and len(enabled) >= len(workers):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not turn their task events on ({len(enabled)} of {len(workers)})")
+        threading.Thread(target=self._keep_enabling, daemon=True, name="task-events-enable").start()
 
     def stop(self) -> None:
         """Stop listening."""
@@ -52,6 +65,14 @@ class TaskEventRecorder:
             and e["uuid"] in received
             and turn_id in str(received[e["uuid"]].get("args", ""))
         ]
+
+    def _keep_enabling(self) -> None:
+        while not (self._receiver is not None and self._receiver.should_stop):
+            time.sleep(1.0)
+            try:
+                self._app.control.enable_events()
+            except Exception:  # the broker may be restarting under a fault test; try again next second
+                continue
 
     def _run(self) -> None:
         with self._app.connection() as connection:

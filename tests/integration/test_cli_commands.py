@@ -63,8 +63,8 @@ def _bench(tmp_path: object, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_bench_prints_its_figures(tmp_path: object) -> None:
-    done = _bench(tmp_path, "--turns", "20")
+def test_embedded_bench_prints_its_figures(tmp_path: object) -> None:
+    done = _bench(tmp_path, "--embedded", "--turns", "20")
     assert done.returncode == 0, done.stdout + done.stderr
     for label in ("throughput:", "turns/s", "latency p50/p95:", "CPU per turn:", "completed 20"):
         assert label in done.stdout, done.stdout

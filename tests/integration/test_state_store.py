@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from shared.errors import StateConflict
-from shared.state import RedisStateStore, TurnState
+from shared.state import Lease, RedisStateStore, StepStart, TurnState
+from shared.state.keys import claim_key
 from tests.conftest import claim_redis_databases
 from tests.services_check import redis_url
 
@@ -49,14 +50,62 @@ def test_save_from_a_stale_copy_is_refused(store: RedisStateStore) -> None:
 
 def test_lease_is_held_renewed_and_released_only_by_its_owner(store: RedisStateStore) -> None:
     turn_id = f"turn_{uuid.uuid4().hex}"
-    assert store.claim(turn_id, "0:0:reasoner:0", owner="a", ttl_seconds=30)
-    assert not store.claim(turn_id, "0:0:reasoner:0", owner="b", ttl_seconds=30)
-    assert not store.extend(turn_id, "0:0:reasoner:0", owner="b", ttl_seconds=30, alive_until=1.0)
-    assert store.extend(turn_id, "0:0:reasoner:0", owner="a", ttl_seconds=30, alive_until=1.0)
-    store.release(turn_id, "0:0:reasoner:0", owner="b")
-    assert not store.claim(turn_id, "0:0:reasoner:0", owner="b", ttl_seconds=30)
-    store.release(turn_id, "0:0:reasoner:0", owner="a")
-    assert store.claim(turn_id, "0:0:reasoner:0", owner="b", ttl_seconds=30)
+    a, b = Lease(turn_id, "0:0:reasoner:0", "a"), Lease(turn_id, "0:0:reasoner:0", "b")
+    assert store.claim(a, ttl_seconds=30)
+    assert not store.claim(b, ttl_seconds=30)
+    assert store.renew([b], ttl_seconds=30, alive_until=1.0) == [b]
+    assert store.renew([a], ttl_seconds=30, alive_until=1.0) == []
+    store.release(b)
+    assert not store.claim(b, ttl_seconds=30)
+    store.release(a)
+    assert store.claim(b, ttl_seconds=30)
+
+
+def test_one_renewal_renews_every_lease_it_is_given_and_names_the_lost_ones(store: RedisStateStore) -> None:
+    turn_ids = [f"turn_{uuid.uuid4().hex}" for _ in range(5)]
+    ours = [Lease(turn_id, "0:1:compose:1", "a") for turn_id in turn_ids]
+    for lease in ours:
+        assert store.claim(lease, ttl_seconds=5)
+    store.release(ours[2])
+    assert store.claim(Lease(turn_ids[2], "0:1:compose:1", "b"), ttl_seconds=5)
+    assert store.renew(ours, ttl_seconds=100, alive_until=5000.0) == [ours[2]]
+    ttls = [store.client.ttl(claim_key(lease.turn_id, lease.step_key)) for lease in ours]
+    assert [ttl > 50 for ttl in ttls] == [True, True, False, True, True]
+    assert store.alive_until(turn_ids) == {t: 5000.0 for i, t in enumerate(turn_ids) if i != 2}
+
+
+def test_begin_takes_the_lease_and_returns_the_state_in_one_call(store: RedisStateStore) -> None:
+    state = _state()
+    store.save(state, ttl_seconds=60)
+    lease = Lease(state.turn_id, "0:1:compose:1", "a")
+    start = store.begin(lease, ttl_seconds=30)
+    assert start.claimed and not start.cancelled
+    assert start.state is not None and start.state.version == 1
+    assert store.begin(Lease(state.turn_id, "0:1:compose:1", "b"), ttl_seconds=30) == StepStart(
+        cancelled=False, claimed=False
+    )
+    # the save gives the lease back in the same call
+    start.state.user_input = "saved"
+    store.save(start.state, ttl_seconds=60, release=lease)
+    assert store.client.get(claim_key(state.turn_id, "0:1:compose:1")) is None
+    # a turn Redis does not know: the lease is taken and there is no state
+    unknown = store.begin(Lease(f"turn_{uuid.uuid4().hex}", "0:0:request_handler:0", "a"), ttl_seconds=30)
+    assert unknown.claimed and unknown.state is None
+
+
+def test_begin_refuses_a_cancelled_turn_unless_told_not_to_check(store: RedisStateStore) -> None:
+    turn_id = f"turn_{uuid.uuid4().hex}"
+    store.mark_cancelled(turn_id, ttl_seconds=60)
+    assert store.begin(Lease(turn_id, "0:2:llm_call:1", "a"), ttl_seconds=30) == StepStart(cancelled=True, claimed=False)
+    assert store.client.get(claim_key(turn_id, "0:2:llm_call:1")) is None
+    assert store.begin(Lease(turn_id, "0:6:persist:1", "a"), ttl_seconds=30, check_cancel=False).claimed
+
+
+def test_a_save_does_not_release_a_lease_someone_else_holds(store: RedisStateStore) -> None:
+    state = _state()
+    assert store.claim(Lease(state.turn_id, "0:1:compose:1", "other"), ttl_seconds=30)
+    store.save(state, ttl_seconds=60, release=Lease(state.turn_id, "0:1:compose:1", "me"))
+    assert store.client.get(claim_key(state.turn_id, "0:1:compose:1")) == b"other"
 
 
 def test_cancel_flag_is_seen(store: RedisStateStore) -> None:
@@ -70,10 +119,11 @@ def test_save_moves_the_in_flight_marker_and_a_renewal_never_moves_it_back(store
     state = _state()
     store.save(state, ttl_seconds=60, alive_until=1000.0)
     assert store.alive_until([state.turn_id]) == {state.turn_id: 1000.0}
-    assert store.claim(state.turn_id, "0:1:compose:1", owner="a", ttl_seconds=30)
-    store.extend(state.turn_id, "0:1:compose:1", owner="a", ttl_seconds=30, alive_until=900.0)
+    lease = Lease(state.turn_id, "0:1:compose:1", "a")
+    assert store.claim(lease, ttl_seconds=30)
+    store.renew([lease], ttl_seconds=30, alive_until=900.0)
     assert store.alive_until([state.turn_id]) == {state.turn_id: 1000.0}
-    store.extend(state.turn_id, "0:1:compose:1", owner="a", ttl_seconds=30, alive_until=1100.0)
+    store.renew([lease], ttl_seconds=30, alive_until=1100.0)
     assert store.alive_until([state.turn_id]) == {state.turn_id: 1100.0}
     store.save(state, ttl_seconds=60, alive_until=None)  # the chain ended
     assert store.alive_until([state.turn_id]) == {}

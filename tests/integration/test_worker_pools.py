@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 import redis
 
+from aptix_cli.stack import LocalStack
+from tests.integration.conftest import System
+
 pytestmark = pytest.mark.integration
 
 
-def test_gevent_llm_worker_runs_llm_calls_concurrently(
-    database_url: str, scripted_llm: object, modes_file: object
-) -> None:
-    """An LLM-queue worker on the gevent pool (API.md: --pool gevent) overlaps slow LLM calls."""
-    from pathlib import Path
-
+@pytest.fixture
+def bare_system(database_url: str, scripted_llm: object, modes_file: object) -> Iterator[tuple[LocalStack, System]]:
+    """A gateway on its own broker and state databases, with no worker yet (each test starts its own)."""
     from scripted_llm import ScriptedServer
     from tests.conftest import claim_redis_databases
     from tests.integration.conftest import redis_urls_base, start_system
@@ -28,25 +33,75 @@ def test_gevent_llm_worker_runs_llm_calls_concurrently(
         database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file, workers=[]
     )
     try:
-        stack.start_worker("steps", queues="pipeline,tools", pool="threads", concurrency=4)
-        stack.start_worker("llm", queues="llm", pool="gevent", concurrency=50)
-        # Given 20 turns whose LLM calls each take 1.5 s
-        ids = [system.post_turn({"input": f"[[sleep:1500]] g{i}"}).json()["turn_id"] for i in range(20)]
-        turns = [system.wait_turn(turn_id) for turn_id in ids]
-        # Then all complete, every LLM call ran on the gevent worker, and many were in flight at once
-        assert {turn["status"] for turn in turns} == {"completed"}
-        calls = [s for t in ids for s in system.trace(t) if s["kind"] == "llm_call"]
-        assert {s["worker"].split("@")[0] for s in calls} == {"llm"}
-        intervals = [(_end(s) - s["duration_ms"] / 1000, _end(s)) for s in calls]
-        most_at_once = max(sum(start <= t < end for start, end in intervals) for t, _ in intervals)
-        assert most_at_once >= 5, f"at most {most_at_once} LLM calls were in flight together"
+        yield stack, system
     finally:
         stack.stop_all()
         for url in urls:
             redis.Redis.from_url(url).flushdb()
 
 
-def _end(step: dict[str, object]) -> float:
-    from datetime import datetime
+def test_gevent_llm_worker_runs_llm_calls_concurrently(bare_system: tuple[LocalStack, System]) -> None:
+    """An LLM-queue worker on the gevent pool (API.md: --pool gevent) overlaps slow LLM calls."""
+    stack, system = bare_system
+    stack.start_worker("steps", queues="pipeline,tools", pool="threads", concurrency=4)
+    stack.start_worker("llm", queues="llm", pool="gevent", concurrency=50)
+    # Given 20 turns whose LLM calls each take 1.5 s
+    ids = [system.post_turn({"input": f"[[sleep:1500]] g{i}"}).json()["turn_id"] for i in range(20)]
+    turns = [system.wait_turn(turn_id) for turn_id in ids]
+    # Then all complete, every LLM call ran on the gevent worker, and many were in flight at once
+    assert {turn["status"] for turn in turns} == {"completed"}
+    calls = [s for t in ids for s in system.trace(t) if s["kind"] == "llm_call"]
+    assert {s["worker"].split("@")[0] for s in calls} == {"llm"}
+    intervals = [(_end(s) - s["duration_ms"] / 1000, _end(s)) for s in calls]
+    most_at_once = max(sum(start <= t < end for start, end in intervals) for t, _ in intervals)
+    assert most_at_once >= 5, f"at most {most_at_once} LLM calls were in flight together"
 
+
+def _end(step: dict[str, object]) -> float:
     return datetime.fromisoformat(str(step["at"])).timestamp()
+
+
+def test_aptix_worker_with_no_flags_runs_each_queue_group_on_its_own_pool(
+    bare_system: tuple[LocalStack, System],
+) -> None:
+    """`aptix worker` alone: pipeline and tools on threads in one process, llm on gevent in another."""
+    stack, system = bare_system
+    group = stack.start_worker("nf", pool=None)
+    log = group.log()
+    assert "pipeline,tools on threads x2" in log and "llm on gevent x2000" in log
+    # A turn with a server tool crosses both, the model call on the gevent process
+    turn = system.run_turn({"input": f'[[call:get_current_time {{}}]] {uuid.uuid4().hex}'})
+    assert turn["status"] == "completed", turn
+    workers = {(s["step"], s["worker"].split("@")[0].split(".")[0].rstrip("0123456789"))
+               for s in system.trace(turn["turn_id"]) if s.get("worker")}  # fmt: skip
+    assert ("llm_call", "llm") in workers and ("execute_server_tools", "pipeline") in workers
+    assert ("reasoner", "pipeline") in workers
+    children = _children(group.pid)
+    assert len(children) == 2
+    # When the supervisor is killed outright, its workers do not outlive it
+    group.kill(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in children), "worker processes outlived their aptix worker"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

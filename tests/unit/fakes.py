@@ -18,7 +18,7 @@ from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import MemoryStateStore, TurnState
-from workers.context import StepContext, breakers_on
+from workers.context import StepContext, breakers_on, lease_renewer
 from workers.llm.types import LlmResponse
 from workers.tools import ToolRegistry
 from workers.tools.executor import ToolExecutor
@@ -64,10 +64,11 @@ def make_context(
     db = session_factory(engine)
     catalog = catalog or load_catalog()
     resolved = Settings(**settings)
+    store = MemoryStateStore()
     return StepContext(
         settings=resolved,
         engine=engine,
-        store=MemoryStateStore(),
+        store=store,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),
         tool_runs=ToolRunRepository(db),
@@ -76,6 +77,7 @@ def make_context(
         executor=ToolExecutor(resolved.tool_threads),
         llm=llm or FakeLlm(),
         breaker=breakers_on(fakeredis.FakeRedis(), resolved),
+        leases=lease_renewer(store, resolved),
         clock=clock or (lambda: FIXED_NOW),
         random=lambda: 0.5,
         hostname="unit-host",

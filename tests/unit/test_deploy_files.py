@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from aptix_cli.worker_group import plan
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
@@ -184,13 +186,15 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         return "gateway", options
     if argv[:2] == ["aptix", "worker"]:
         options = _options(argv[2:], where)
-        assert set(options) <= {"--queues", "--pool", "--concurrency", "--hostname"}, f"{where}: {argv}"
+        # --processes is ours (README, "Worker processes and pools"); the others are API.md's
+        assert set(options) <= {"--queues", "--pool", "--concurrency", "--processes", "--hostname"}, f"{where}: {argv}"
         if "--queues" in options:
             assert set(options["--queues"].split(",")) <= QUEUES, f"{where}: {argv}"
         if "--pool" in options:
             assert options["--pool"] in POOLS, f"{where}: {argv}"
-        if "--concurrency" in options:
-            assert int(options["--concurrency"]) > 0, f"{where}: {argv}"
+        for count in ("--concurrency", "--processes"):
+            if count in options:
+                assert int(options[count]) > 0, f"{where}: {argv}"
         return "worker", options
     if argv == ["aptix", "db", "upgrade"]:
         return "migrate", {}
@@ -239,9 +243,13 @@ def test_compose_workers_cover_each_queue_once() -> None:
         kind, options = _process(svc["command"], name)
         if kind == "worker":
             served += options["--queues"].split(",")
-            pools[options["--queues"]] = options["--pool"]
+            concurrency = int(options["--concurrency"]) if "--concurrency" in options else None
+            processes = int(options["--processes"]) if "--processes" in options else None
+            for spec in plan(options["--queues"], options.get("--pool"), concurrency, processes):
+                pools[spec.queues] = (spec.pool, spec.concurrency)
     assert sorted(served) == sorted(QUEUES)
-    assert pools["llm"] in {"threads", "gevent"}, "LLM calls are I/O-bound: use a threads or gevent pool"
+    # LLM calls are I/O-bound: the compose file gives the llm queue the pool that keeps 2,000 in flight
+    assert pools["llm"][0] == "gevent" and pools["llm"][1] >= 2000
 
 
 def _compose_env_names(svc: dict) -> set[str]:

@@ -16,7 +16,7 @@ from shared.db.tool_runs import ToolRun, ToolRunRepository
 from shared.db.turns import NewTurn
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
-from shared.state import LedgerEntry, MemoryStateStore
+from shared.state import Lease, LedgerEntry, MemoryStateStore
 from shared.task_names import StepName
 from tests.unit.fakes import (
     FIXED_NOW, TOOL_RUNS, Clock, FakeLlm, catalog_with_counted_tool, make_context, make_state,
@@ -168,7 +168,7 @@ def test_open_breaker_wait_is_no_call_and_the_turn_completes_when_the_model_retu
 def test_step_leased_elsewhere_is_sent_again_after_half_the_lease() -> None:
     ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), step_lease_seconds=10)
     env = _record_turn(ctx)
-    ctx.store.claim(TURN_ID, env.step_key, owner="other", ttl_seconds=10)
+    ctx.store.claim(Lease(TURN_ID, env.step_key, "other"), ttl_seconds=10)
     dispatch = run_step(ctx, env)
     assert dispatch is not None and dispatch.envelope.step_key == env.step_key
     assert dispatch.countdown == 5 and dispatch.envelope.attempt == 1
@@ -245,7 +245,7 @@ def test_entry_steps_run_in_one_message_and_each_is_traced_with_its_time_and_wor
 class _SaveFails(MemoryStateStore):
     """A state store that cannot save (Redis went away)."""
 
-    def save(self, state: Any, *, ttl_seconds: int, alive_until: float | None = None) -> None:
+    def save(self, state: Any, *, ttl_seconds: int, alive_until: float | None = None, release: Any = None) -> None:
         raise redis.ConnectionError("Connection refused")
 
 

@@ -1,11 +1,16 @@
-"""Tests of workers.llm.client.ResponsesClient over httpx.MockTransport (no network)."""
+"""Tests of workers.llm.client.ResponsesClient against a tiny HTTP/1.1 server on a real local socket."""
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-import httpx
 import pytest
 
 from shared.errors import LlmError
@@ -20,15 +25,111 @@ RESPONSE = {
     "usage": {"input_tokens": 1, "output_tokens": 1},
 }
 
-Handler = Callable[[httpx.Request], httpx.Response]
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as the server received it."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    """Header names lower-cased."""
+    body: bytes
+    client_port: int
+    """The client's source port: one per TCP connection."""
+
+
+@dataclass
+class Reply:
+    """What the server does with one request."""
+
+    status: int = 200
+    body: bytes | dict[str, Any] = field(default_factory=lambda: RESPONSE)
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    drop: bool = False
+    """Close the connection without answering."""
+    close_after: bool = False
+    """Answer as if keeping the connection alive, then close it (an idle keep-alive timeout)."""
+
+
+Handler = Callable[[Seen], Reply]
+
+
+class FakeLlm:
+    """A threaded HTTP/1.1 server; each test sets ``handler`` (default: 200 with RESPONSE)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+        self.handler: Handler = lambda _seen: Reply()
+        self.connection_closed = threading.Event()
+        fake = self
+
+        class _RequestHandler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                seen = Seen(
+                    self.command,
+                    self.path,
+                    {name.lower(): value for name, value in self.headers.items()},
+                    body,
+                    self.client_address[1],
+                )
+                fake.seen.append(seen)
+                reply = fake.handler(seen)
+                time.sleep(reply.delay_s)
+                if reply.drop:
+                    self.close_connection = True
+                    return
+                raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+                self.send_response(reply.status)
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                if reply.close_after:
+                    self.close_connection = True
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        class _Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that gave up (read timeout) makes the late answer fail: expected
+
+            def shutdown_request(self, request: Any) -> None:
+                super().shutdown_request(request)  # the socket is closed here, after the handler's finish()
+                fake.connection_closed.set()
+
+        self._server = _Server(("127.0.0.1", 0), _RequestHandler)
+        self.port = self._server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 @pytest.fixture
-def make_client() -> Iterator[Callable[..., ResponsesClient]]:
+def llm() -> Iterator[FakeLlm]:
+    server = FakeLlm()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def make_client(llm: FakeLlm) -> Iterator[Callable[..., ResponsesClient]]:
     clients: list[ResponsesClient] = []
 
-    def make(handler: Handler, *, api_key: str = KEY, base_url: str = "http://127.0.0.1:9/v1") -> ResponsesClient:
-        client = ResponsesClient(base_url=base_url, api_key=api_key, transport=httpx.MockTransport(handler))
+    def make(*, api_key: str = KEY, base_url: str | None = None, **kwargs: Any) -> ResponsesClient:
+        client = ResponsesClient(base_url=base_url or llm.base_url, api_key=api_key, **kwargs)
         clients.append(client)
         return client
 
@@ -37,96 +138,190 @@ def make_client() -> Iterator[Callable[..., ResponsesClient]]:
         client.close()
 
 
-def test_create_posts_the_request_unchanged(make_client: Callable[..., ResponsesClient]) -> None:
-    seen: list[httpx.Request] = []
+def test_create_posts_the_request_unchanged(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    parsed = make_client(base_url=llm.base_url + "/").create(REQUEST)
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=RESPONSE)
-
-    parsed = make_client(handler, base_url="http://127.0.0.1:9/v1/").create(REQUEST)
-
-    (request,) = seen
+    (request,) = llm.seen
     assert request.method == "POST"
-    assert str(request.url) == "http://127.0.0.1:9/v1/responses"
+    assert request.path == "/v1/responses"
     assert request.headers["authorization"] == f"Bearer {KEY}"
     assert request.headers["content-type"] == "application/json"
-    assert json.loads(request.content) == REQUEST
+    assert json.loads(request.body) == REQUEST
     assert parsed.output_text == "hello"
 
 
-def test_create_omits_authorization_when_key_is_empty(make_client: Callable[..., ResponsesClient]) -> None:
-    seen: list[httpx.Request] = []
+def test_create_sends_non_ascii_text_as_utf8(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    request = {**REQUEST, "input": "héllo ✓"}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=RESPONSE)
+    make_client().create(request)
 
-    make_client(handler, api_key="").create(REQUEST)
-
-    assert "authorization" not in seen[0].headers
+    assert json.loads(llm.seen[0].body.decode("utf-8")) == request
 
 
-def test_create_raises_retryable_error_on_500(make_client: Callable[..., ResponsesClient]) -> None:
-    calls: list[httpx.Request] = []
+def test_create_omits_authorization_when_key_is_empty(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    make_client(api_key="").create(REQUEST)
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request)
-        body = {"error": {"message": "The server had an error", "type": "server_error", "param": None, "code": None}}
-        return httpx.Response(500, json=body, headers={"retry-after": "3"})
+    assert "authorization" not in llm.seen[0].headers
+
+
+def test_create_raises_retryable_error_on_500(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    body = {"error": {"message": "The server had an error", "type": "server_error", "param": None, "code": None}}
+    llm.handler = lambda _seen: Reply(500, body, headers={"Retry-After": "3"})
 
     with pytest.raises(LlmError) as caught:
-        make_client(handler).create(REQUEST)
+        make_client().create(REQUEST)
 
-    assert len(calls) == 1  # no retries inside the client
+    assert len(llm.seen) == 1  # no retries inside the client
     assert (caught.value.status_code, caught.value.retryable, caught.value.retry_after) == (500, True, 3.0)
     assert KEY not in str(caught.value)
 
 
-def test_create_raises_non_retryable_error_on_400(make_client: Callable[..., ResponsesClient]) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = {"error": {"message": "bad", "type": "invalid_request_error", "param": "x", "code": "invalid_value"}}
-        return httpx.Response(400, json=body)
+def test_create_reads_retry_after_ms_on_429(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    body = {"error": {"message": "slow down", "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
+    llm.handler = lambda _seen: Reply(429, body, headers={"Retry-After-Ms": "1500", "retry-after": "9"})
+
+    with pytest.raises(LlmError) as caught:
+        make_client().create(REQUEST)
+
+    assert (caught.value.status_code, caught.value.retryable, caught.value.retry_after) == (429, True, 1.5)
+
+
+def test_create_raises_non_retryable_error_on_400(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    body = {"error": {"message": "bad", "type": "invalid_request_error", "param": "x", "code": "invalid_value"}}
+    llm.handler = lambda _seen: Reply(400, body)
 
     with pytest.raises(LlmError, match=r"answered 400 \(invalid_request_error/invalid_value\): bad") as caught:
-        make_client(handler).create(REQUEST)
+        make_client().create(REQUEST)
 
     assert caught.value.retryable is False
 
 
-@pytest.mark.parametrize("error", [httpx.ConnectError("refused"), httpx.ReadTimeout("slow")])
-def test_create_raises_retryable_error_on_transport_failure(
-    make_client: Callable[..., ResponsesClient], error: httpx.TransportError
-) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise error
+def test_create_does_not_follow_redirects(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    llm.handler = lambda _seen: Reply(307, b"", headers={"Location": f"{llm.base_url}/elsewhere"})
 
-    with pytest.raises(LlmError, match=type(error).__name__) as caught:
-        make_client(handler).create(REQUEST)
+    with pytest.raises(LlmError) as caught:
+        make_client().create(REQUEST)
+
+    assert len(llm.seen) == 1
+    assert (caught.value.status_code, caught.value.retryable) == (307, False)
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # nothing listens there now: connecting is refused
+
+
+@pytest.mark.parametrize("failure", ["refused", "read_timeout", "dropped"])
+def test_create_raises_retryable_error_on_transport_failure(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient], failure: str
+) -> None:
+    base_url = f"http://127.0.0.1:{_closed_port()}/v1" if failure == "refused" else None
+    llm.handler = lambda _seen: Reply(delay_s=2.0) if failure == "read_timeout" else Reply(drop=True)
+
+    started = time.monotonic()
+    with pytest.raises(LlmError, match="failed before an answer") as caught:
+        make_client(base_url=base_url, timeout=0.3).create(REQUEST)
 
     assert (caught.value.status_code, caught.value.retryable) == (0, True)
     assert KEY not in str(caught.value)
+    assert time.monotonic() - started < 1.5  # the timeout, not the server's delay, ended the call
+    assert len(llm.seen) == (0 if failure == "refused" else 1)  # no retries inside the client
 
 
-def test_create_raises_non_retryable_error_on_non_json_200(make_client: Callable[..., ResponsesClient]) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, text="<html>ok</html>")
+def test_create_raises_non_retryable_error_on_non_json_200(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    llm.handler = lambda _seen: Reply(200, b"<html>ok</html>", headers={"Content-Type": "text/html"})
 
     with pytest.raises(LlmError, match="not JSON") as caught:
-        make_client(handler).create(REQUEST)
+        make_client().create(REQUEST)
 
     assert caught.value.retryable is False
 
 
-def test_create_raises_on_failed_200(make_client: Callable[..., ResponsesClient]) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = {"id": "r", "status": "failed", "error": {"code": "server_error", "message": "m"}}
-        return httpx.Response(200, json=body)
+def test_create_raises_on_failed_200(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    llm.handler = lambda _seen: Reply(200, {"id": "r", "status": "failed", "error": {"code": "server_error"}})
 
     with pytest.raises(LlmError) as caught:
-        make_client(handler).create(REQUEST)
+        make_client().create(REQUEST)
 
     assert caught.value.retryable is True
+
+
+def test_calls_reuse_one_connection(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    client = make_client()
+
+    client.create(REQUEST)
+    client.create(REQUEST)
+
+    assert len({seen.client_port for seen in llm.seen}) == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    client = make_client()
+    llm.handler = lambda _seen: Reply(close_after=True)
+    client.create(REQUEST)
+    assert llm.connection_closed.wait(5)  # the server closed the kept-alive connection
+
+    llm.handler = lambda _seen: Reply()
+    assert client.create(REQUEST).output_text == "hello"
+
+    assert len({seen.client_port for seen in llm.seen}) == 2
+
+
+def test_max_connections_bounds_the_open_connections(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
+    client = make_client(max_connections=2)
+    llm.handler = lambda _seen: Reply(delay_s=0.2)
+    results: list[str | None] = []
+
+    def call() -> None:
+        results.append(client.create(REQUEST).output_text)
+
+    callers = [threading.Thread(target=call) for _ in range(6)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(10)
+
+    assert results == ["hello"] * 6  # the extra callers waited for a free connection
+    assert len({seen.client_port for seen in llm.seen}) <= 2
+
+
+def test_max_connections_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        ResponsesClient(base_url="http://127.0.0.1:9/v1", api_key=KEY, max_connections=0)
+
+
+def test_proxy_from_the_environment_is_used(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("APTIX_LLM_LOCAL_ONLY", raising=False)
+    for name in ("HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{llm.port}")
+
+    make_client(base_url="http://llm.example.invalid/v1").create(REQUEST)
+
+    assert llm.seen[0].path == "http://llm.example.invalid/v1/responses"  # the absolute form: via the proxy
+
+
+def test_no_proxy_bypasses_the_proxy(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+
+    make_client().create(REQUEST)
+
+    assert llm.seen[0].path == "/v1/responses"
 
 
 @pytest.mark.parametrize("url", ["https://api.openai.com/v1", "http://10.0.0.5:8900/v1", "http://example.com/v1"])

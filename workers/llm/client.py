@@ -1,24 +1,40 @@
-"""ResponsesClient: one POST to ``{base_url}/responses`` per call, over a shared ``httpx.Client``."""
+"""ResponsesClient: one POST to ``{base_url}/responses`` per call, over a shared urllib3 connection pool.
+
+Why urllib3 and not httpx (``benchmarks/llm_inflight.py``, FIELD-NOTES "I/O-bound work"): the
+``llm`` queue runs ``-P gevent -c 2000``, so one process keeps ~2,000 calls in flight. httpx's pool
+costs CPU in proportion to its open connections on every request (≈ 4 ms per call with 2,000, ≈ 1.6 ms
+when sharded into clients of 50); urllib3's costs ≈ 0.3 ms per call at any pool size.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import urllib3
+from urllib3.exceptions import HTTPError as Urllib3Error
 
 from shared.errors import LlmError
 from workers.llm.parsing import parse_error, parse_response
 from workers.llm.types import LlmResponse
 
-__all__ = ["LOCAL_ONLY_ENV", "ResponsesClient"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "LOCAL_ONLY_ENV", "ResponsesClient"]
 
 logger = logging.getLogger(__name__)
 
 LOCAL_ONLY_ENV = "APTIX_LLM_LOCAL_ONLY"
 """When this environment variable is "1", the client refuses non-loopback hosts (set by tests)."""
+
+DEFAULT_MAX_CONNECTIONS = 2000
+"""The pool bound: the ``llm`` queue's default gevent concurrency (``aptix_cli.worker_group``).
+
+Connections open lazily, so a threads worker of 8 still opens at most 8. A caller finding all of
+them busy waits for one (up to ``timeout``) rather than opening an extra one.
+"""
 
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -26,7 +42,10 @@ _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 class ResponsesClient:
     """A Responses API client, built once per worker process.
 
-    It never retries: a retryable :class:`LlmError` goes back to the caller, which reschedules.
+    It never retries: a retryable :class:`LlmError` goes back to the caller, which reschedules. It
+    follows no redirects (a 3xx is an error answer) and, like curl, honours the ``HTTP(S)_PROXY``,
+    ``ALL_PROXY`` and ``NO_PROXY`` environment variables. Certificates are checked against the
+    system store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` override it).
     """
 
     def __init__(
@@ -35,32 +54,46 @@ class ResponsesClient:
         base_url: str,
         api_key: str,
         timeout: float = 120.0,
-        transport: httpx.BaseTransport | None = None,
-        max_connections: int = 50,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
-        """Build the client and its connection pool.
+        """Build the client and its connection pool (no connection opens until the first call).
 
         Args:
             base_url: the API root, e.g. ``https://api.openai.com/v1``.
             api_key: the bearer key; no ``Authorization`` header is sent when empty.
-            timeout: seconds for each of connect, read, write and pool waits.
-            transport: an httpx transport to use instead of the network (tests).
-            max_connections: the connection pool size.
+            timeout: seconds for each of connect, each socket read or write, and the wait for a
+                free pooled connection.
+            max_connections: the most connections open at once; give at least the worker's
+                concurrency, or callers wait for a connection.
 
         Raises:
-            ValueError: ``APTIX_LLM_LOCAL_ONLY=1`` and ``base_url`` is not a loopback host.
+            ValueError: ``APTIX_LLM_LOCAL_ONLY=1`` and ``base_url`` is not a loopback host, or
+                ``max_connections`` is below 1.
         """
         if os.environ.get(LOCAL_ONLY_ENV) == "1" and not _is_loopback(base_url):
             raise ValueError(
                 f"{LOCAL_ONLY_ENV}=1 allows only 127.0.0.1, localhost or ::1; refusing LLM base_url {base_url!r}"
             )
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         self._url = base_url.rstrip("/") + "/responses"
-        self._http = httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(timeout),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
+        self._headers = {"Content-Type": "application/json", "Accept-Encoding": "gzip, deflate"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._pool_timeout = timeout
+        # block=True: a caller waits for a free connection instead of opening one more that the
+        # pool would close again on return (block=False churns TCP and TLS handshakes under load).
+        # retries=False: no retry, no redirect; urllib3 raises the first failure.
+        pool_args: dict[str, Any] = {
+            "num_pools": 4,
+            "maxsize": max_connections,
+            "block": True,
+            "retries": False,
+            "timeout": urllib3.Timeout(connect=timeout, read=timeout),
+        }
+        proxy = _proxy_for(self._url)
+        self._http: urllib3.PoolManager = (
+            urllib3.ProxyManager(proxy, **pool_args) if proxy else urllib3.PoolManager(**pool_args)
         )
 
     def create(self, request: dict[str, Any]) -> LlmResponse:
@@ -75,32 +108,52 @@ class ResponsesClient:
         Raises:
             LlmError: an error answer (see :func:`parse_error`), a transport failure or timeout
                 (``status_code`` 0, retryable), or a body that is not a usable response.
+            ValueError: the request is not JSON-serialisable (e.g. holds NaN).
         """
+        payload = json.dumps(request, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         try:
-            answer = self._http.post(self._url, json=request)
-        except httpx.TransportError as exc:
+            answer = self._http.request(
+                "POST",
+                self._url,
+                body=payload,
+                headers=self._headers,
+                redirect=False,
+                retries=False,
+                pool_timeout=self._pool_timeout,
+            )
+        except Urllib3Error as exc:
             logger.warning("LLM request to %s failed: %s", self._url, type(exc).__name__)
             raise LlmError(
                 f"LLM request failed before an answer ({type(exc).__name__})", status_code=0, retryable=True
             ) from exc
-        if not answer.is_success:
-            error = parse_error(answer.status_code, answer.content, answer.headers)
-            logger.warning("LLM answered %d (retryable=%s)", answer.status_code, error.retryable)
+        if not 200 <= answer.status < 300:
+            error = parse_error(answer.status, answer.data, answer.headers)
+            logger.warning("LLM answered %d (retryable=%s)", answer.status, error.retryable)
             raise error
         try:
-            body = answer.json()
+            body = json.loads(answer.data)
         except ValueError as exc:
             raise LlmError(
-                f"LLM server answered {answer.status_code} with a body that is not JSON",
-                status_code=answer.status_code,
+                f"LLM server answered {answer.status} with a body that is not JSON", status_code=answer.status
             ) from exc
         return parse_response(body)
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self._http.close()
+        """Close the idle pooled connections; busy ones close when their call ends."""
+        self._http.clear()
 
 
 def _is_loopback(base_url: str) -> bool:
     """Whether the URL's host is 127.0.0.1, localhost or ::1."""
     return (urlsplit(base_url).hostname or "").lower() in _LOCAL_HOSTS
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``<scheme>_proxy``, then ``all_proxy``), unless
+    ``no_proxy`` exempts its host."""
+    proxies = urllib.request.getproxies()  # on Linux: the environment variables, any case
+    parts = urlsplit(url)
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.netloc):
+        return None
+    return proxy

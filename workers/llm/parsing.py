@@ -85,7 +85,7 @@ def parse_error(status_code: int, body: bytes | str, headers: Mapping[str, str])
     Args:
         status_code: the HTTP status.
         body: the raw body, usually the OpenAI error envelope ``{"error": {...}}``.
-        headers: the response headers (case-insensitive mapping, e.g. ``httpx.Headers``).
+        headers: the response headers (any mapping; names are matched case-insensitively).
 
     Returns:
         The error, retryable for 408/409/5xx and 429 other than ``insufficient_quota``.

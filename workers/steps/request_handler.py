@@ -11,6 +11,7 @@ chain of tasks, downstream returns by sending the turn there.
 
 from __future__ import annotations
 
+from shared.db.tables import TurnRow
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import ClientTool
 from shared.result import InvokeResult, success
@@ -23,11 +24,8 @@ from workers.trace import trace
 __all__ = ["initial_state", "run"]
 
 
-def initial_state(ctx: StepContext, turn_id: str) -> TurnState | None:
-    """The initial state of a turn from its recorded request; None when the turn is unknown."""
-    row = ctx.turns.get(turn_id)
-    if row is None:
-        return None
+def initial_state(row: TurnRow) -> TurnState:
+    """The initial state of a turn from its recorded request."""
     return TurnState(
         turn_id=row.turn_id,
         session_id=row.session_id,

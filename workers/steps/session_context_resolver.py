@@ -34,7 +34,11 @@ def load_history(ctx: StepContext, state: TurnState) -> None:
     """Set ``state.history``: the session's completed turns before this one, as input items.
 
     Also used when a turn carries on from a database checkpoint, which does not keep the history.
+    A turn that opened its session has none, so it asks the database nothing.
     """
+    if state.new_session:
+        state.history = []
+        return
     before = state.created_at or ctx.clock()
     conversation = ctx.turns.conversation(state.session_id, before=before, limit=ctx.settings.history_turns)
     state.history = [{"type": "message", "role": role, "content": content} for role, content in conversation]

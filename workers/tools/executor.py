@@ -59,10 +59,9 @@ def parse_arguments(tool: ServerTool, arguments: str) -> dict[str, Any] | str:
         return f"error: the arguments of {tool.name} are not valid JSON ({exc.msg})"
     if not isinstance(parsed, dict):
         return f"error: the arguments of {tool.name} must be a JSON object"
-    try:
-        jsonschema.validate(parsed, tool.parameters)
-    except jsonschema.ValidationError as exc:
-        return f"error: invalid arguments for {tool.name}: {exc.message}"
+    error = jsonschema.exceptions.best_match(tool.validator.iter_errors(parsed))
+    if error is not None:
+        return f"error: invalid arguments for {tool.name}: {error.message}"
     return parsed
 
 

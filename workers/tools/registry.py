@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import jsonschema
 
 from shared.errors import ConfigurationError
 from shared.modes import CHANGE_MODE_TOOL, Mode, ModeCatalog
@@ -30,6 +32,13 @@ class ServerTool:
     timeout_seconds: float = 30.0
     idempotent: bool = False
     """Whether a call whose worker died after it started may simply run again."""
+    validator: Any = field(init=False, repr=False, compare=False)
+    """Checks a call's arguments against ``parameters`` (built once: building it checks the schema)."""
+
+    def __post_init__(self) -> None:
+        validator_class = jsonschema.validators.validator_for(self.parameters)
+        validator_class.check_schema(self.parameters)
+        object.__setattr__(self, "validator", validator_class(self.parameters))
 
     def schema(self) -> dict[str, Any]:
         """The Responses API function-tool definition (always with ``strict`` and ``parameters``)."""

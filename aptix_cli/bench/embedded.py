@@ -1,8 +1,9 @@
-"""``aptix bench``: throughput and latency figures of the pipeline, printed, never asserted.
+"""``aptix bench --embedded``: the in-process measurement, for machines without Redis and PostgreSQL.
 
-Starts the dev stack in this process (embedded services unless ``APTIX_*`` URLs are set, so the
-same command measures real Redis and PostgreSQL), submits a batch of plain turns, and prints
-turns/s, latency percentiles (queued to committed) and this process's CPU time per turn.
+Figures are printed, never asserted. Starts the dev stack in this process (embedded services
+unless ``APTIX_*`` URLs are set, so the same command measures real Redis and PostgreSQL), submits a
+batch of plain turns, and prints turns/s, latency percentiles (queued to committed) and this
+process's CPU time per turn.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any
 from aptix_cli.client import ApiClient
 from aptix_cli.dev import DevStack
 
-__all__ = ["run_bench"]
+__all__ = ["run_embedded_bench"]
 
 
-def run_bench(*, turns: int, llm_latency_ms: float, worker_threads: int) -> int:
+def run_embedded_bench(*, turns: int, llm_latency_ms: float, worker_threads: int) -> int:
     """Measure and print; 0 when every turn completed."""
     from shared.logging import configure_logging
 

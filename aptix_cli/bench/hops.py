@@ -1,0 +1,80 @@
+"""A turn's hops: the Celery tasks its pipeline ran, in order, and the queue of each.
+
+The CompositionTrace is not one record per task (the first reasoner task records nothing, the
+entry task records several steps), so the hops are read from the turn's state instead: its
+``steps_done`` holds every step that ran, keyed ``round:hop:step:iteration``. In a round the
+driver runs consecutive steps of one layer inside one task (``shared.task_names.LAYER_OF``), so
+the round's tasks are its steps in order with runs of the same task name collapsed, and each
+round (the first run, then one per client tool re-entry) starts a new chain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import redis
+
+from shared.state.keys import state_key
+from shared.task_names import TASK_QUEUES, StepName, task_name
+
+__all__ = ["TurnHops", "hop_tasks", "read_hops"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnHops:
+    """The tasks one turn ran, in order."""
+
+    tasks: tuple[str, ...]
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The queue of each task (``shared.task_names.TASK_QUEUES``)."""
+        return tuple(TASK_QUEUES[name].value for name in self.tasks)
+
+    def describe(self) -> str:
+        """E.g. ``entry > reasoner > compose > llm_call > reasoner > persist``."""
+        return " > ".join(name.removeprefix("aptix.step.") for name in self.tasks)
+
+
+def hop_tasks(step_keys: Iterable[str]) -> tuple[str, ...]:
+    """The task names a turn ran, from the keys of its ``steps_done``.
+
+    Args:
+        step_keys: ``round:hop:step:iteration`` keys, in any order.
+
+    Returns:
+        One task name per hop, in order.
+
+    Raises:
+        ValueError: a key is not a step key.
+    """
+    steps: list[tuple[int, int, str]] = []
+    for key in step_keys:
+        parts = key.split(":")
+        if len(parts) != 4:
+            raise ValueError(f"not a step key: {key!r}")
+        steps.append((int(parts[0]), int(parts[1]), task_name(StepName(parts[2]))))
+    tasks: list[str] = []
+    previous: tuple[int, str] | None = None
+    for round_, _hop, name in sorted(steps):
+        if previous != (round_, name):
+            tasks.append(name)
+        previous = (round_, name)
+    return tuple(tasks)
+
+
+def read_hops(client: redis.Redis, turn_ids: Iterable[str]) -> dict[str, TurnHops]:
+    """The hops of each turn whose state is still in the state store (``client``: its Redis database)."""
+    ids = list(turn_ids)
+    documents = client.mget([state_key(turn_id) for turn_id in ids]) if ids else []
+    found: dict[str, TurnHops] = {}
+    for turn_id, document in zip(ids, documents, strict=True):
+        if document is None:
+            continue
+        state = json.loads(document)
+        steps_done = state.get("steps_done") if isinstance(state, Mapping) else None
+        if isinstance(steps_done, Mapping):
+            found[turn_id] = TurnHops(hop_tasks(steps_done))
+    return found

@@ -1,0 +1,70 @@
+"""Run figures: latency percentiles and throughput of a set of turns or chains."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["RunFigures", "percentile", "run_figures"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """Throughput and latency of one run."""
+
+    count: int
+    """Items that finished (the latencies' count)."""
+    elapsed: float
+    """Seconds from submitting the first item to the last one finishing."""
+    p50: float
+    p95: float
+    p99: float
+    """Latency percentiles, seconds."""
+
+    @property
+    def rate(self) -> float:
+        """Finished items per second over ``elapsed``."""
+        return self.count / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The ``fraction`` quantile of ``values``, interpolating linearly between ranks (numpy's default).
+
+    Args:
+        values: the sample, in any order.
+        fraction: from 0 (minimum) to 1 (maximum).
+
+    Returns:
+        The quantile; NaN for an empty sample.
+
+    Raises:
+        ValueError: ``fraction`` is outside [0, 1].
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], not {fraction!r}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def run_figures(latencies: Sequence[float], *, started: float, finished: Sequence[float]) -> RunFigures:
+    """Figures of a run whose items were submitted from ``started`` and finished at ``finished`` (epoch seconds).
+
+    Args:
+        latencies: each finished item's latency, seconds.
+        started: when submitting began.
+        finished: when each item finished.
+    """
+    elapsed = max(finished) - started if finished else 0.0
+    return RunFigures(
+        count=len(latencies),
+        elapsed=elapsed,
+        p50=percentile(latencies, 0.50),
+        p95=percentile(latencies, 0.95),
+        p99=percentile(latencies, 0.99),
+    )

@@ -1,0 +1,64 @@
+"""``aptix bench``: a small real run of the production shape on the test services."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import psycopg
+import pytest
+import redis
+
+from tests.services_check import database_admin_url, redis_url
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(420)
+def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(services: None) -> None:
+    # When a small plain run goes through one gateway and one aptix worker
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aptix_cli",
+            "bench",
+            "--scenario",
+            "plain",
+            "--turns",
+            "20",
+            "--workers",
+            "1",
+            "--redis-url",
+            redis_url(),
+            "--database-url",
+            database_admin_url(),
+        ],  # fmt: skip
+        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    out = done.stdout
+
+    # Then it succeeds and prints the hops the turns ran, the CPU of every group and the bare chain
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"hops per turn:\s+6 \(", out), out
+    assert re.search(r"statuses:\s+completed 20\n", out), out
+    for group in ("gateway", "workers", "redis", "postgres", "total"):
+        assert re.search(rf"CPU per turn, ms:.*\b{group} [0-9.]+", out), out
+    assert "plain: 20 chains of 6 hops (pipeline > pipeline > pipeline > llm > pipeline > pipeline)" in out, out
+    assert re.search(r"CPU per chain, ms:\s+workers [0-9.]+ \| redis [0-9.]+ \| total", out), out
+
+    # And its scratch database is gone and its Redis databases hold nothing of the run
+    database = re.search(r"scratch database (aptix_bench_\w+)", out)
+    dbs = re.search(r"\(db (\d+) state, db (\d+) broker\)", out)
+    assert database and dbs, out
+    with psycopg.connect(database_admin_url()) as conn:
+        assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database.group(1),)).fetchone() is None
+    base = redis_url().rstrip("/")
+    for index in dbs.groups():
+        client = redis.Redis.from_url(f"{base}/{index}")
+        assert not client.keys("aptix:turn:*") and not client.exists("aptix:bench:bare:done")

@@ -1,0 +1,37 @@
+"""shared.broker_transport on a real Redis: a channel reuses one client, and messages still flow."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from shared.broker import create_producer, queue_depth, send_step
+from shared.broker_transport import Channel
+from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
+from shared.task_names import Queue, StepName
+from tests.conftest import claim_redis_databases
+from tests.services_check import redis_url
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_channel_keeps_one_client_until_its_pool_is_replaced(services: None) -> None:
+    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
+    url = f"{redis_url().rstrip('/')}/{index}"
+    app = create_producer(Settings(broker_url=url, redis_url=url))
+    try:
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            assert type(channel) is Channel
+            first = channel._create_client()
+            assert channel._create_client() is first
+            for hop in range(5):
+                send_step(app, TurnEnvelope(turn_id=f"t{hop}", step=StepName.REASONER, hop=hop))
+            channel._disconnect_pools()  # what kombu does after a fork or a lost connection
+            assert channel._create_client() is not first
+        assert queue_depth(redis.Redis.from_url(url), Queue.PIPELINE) == 5
+    finally:
+        redis.Redis.from_url(url).flushdb()

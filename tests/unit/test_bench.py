@@ -1,0 +1,175 @@
+"""The pure helpers of ``aptix bench``: percentiles, /proc parsing, CPU sums, hops, worker plans, report cells."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aptix_cli.bench.cpu import ProcStat, cpu_seconds, descendants, parse_stat, queues_arg
+from aptix_cli.bench.hops import TurnHops, hop_tasks
+from aptix_cli.bench.machine import cpu_model
+from aptix_cli.bench.processes import worker_plan
+from aptix_cli.bench.report import cpu_cells, latency_cell, ratio, statuses_cell
+from aptix_cli.bench.scenarios import CLIENT_TOOL, SCENARIOS
+from aptix_cli.bench.services import redis_db_url
+from aptix_cli.bench.stats import RunFigures, percentile, run_figures
+
+PLAIN_STEPS = [
+    "0:0:request_handler:0",
+    "0:1:session_creator:0",
+    "0:2:session_context_resolver:0",
+    "0:3:context_provider_initializer:0",
+    "0:4:reasoner:0",
+    "0:5:compose:1",
+    "0:6:llm_call:1",
+    "0:7:reasoner:1",
+    "0:8:persist:1",
+]
+
+
+def _stat_line(pid: int, comm: str, *, ppid: int = 1, utime: int = 0, stime: int = 0, cutime: int = 0) -> str:
+    # Fields 3.. of proc(5): state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+    # utime stime cutime cstime priority nice threads itreal starttime vsize rss ...
+    rest = ["S", ppid, 1, 1, 0, -1, 0, 0, 0, 0, 0, utime, stime, cutime, 0, 20, 0, 1, 0, 777, 1000, 55, 0]
+    return f"{pid} ({comm}) " + " ".join(str(field) for field in rest)
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 0.0) == 1.0
+    assert percentile(values, 1.0) == 4.0
+    assert percentile(values, 0.5) == pytest.approx(2.5)
+    assert percentile(list(map(float, range(101))), 0.95) == pytest.approx(95.0)
+
+
+def test_percentile_is_nan_for_no_values_and_refuses_a_bad_fraction() -> None:
+    assert math.isnan(percentile([], 0.5))
+    with pytest.raises(ValueError):
+        percentile([1.0], 1.5)
+
+
+def test_run_figures_counts_from_the_submission_to_the_last_finish() -> None:
+    figures = run_figures([1.0, 2.0, 3.0, 4.0], started=100.0, finished=[101.0, 104.0, 102.0, 103.0])
+    assert figures.elapsed == 4.0
+    assert figures.rate == 1.0
+    assert figures.p50 == pytest.approx(2.5)
+
+
+def test_parse_stat_reads_a_command_name_with_spaces_and_parentheses() -> None:
+    stat = parse_stat(_stat_line(42, "celery (worker) x", ppid=7, utime=11, stime=5, cutime=3))
+    assert stat == ProcStat(
+        pid=42, comm="celery (worker) x", ppid=7, utime=11, stime=5, cutime=3, cstime=0, starttime=777, rss_pages=55
+    )
+    assert stat.ticks(with_children=False) == 16
+    assert stat.ticks(with_children=True) == 19
+
+
+def test_parse_stat_refuses_other_text() -> None:
+    with pytest.raises(ValueError):
+        parse_stat("not a stat line")
+
+
+def test_descendants_finds_the_whole_tree_and_nothing_else() -> None:
+    table = {
+        pid: parse_stat(_stat_line(pid, "p", ppid=ppid))
+        for pid, ppid in {10: 1, 11: 10, 12: 11, 13: 11, 20: 1, 21: 20}.items()
+    }
+    assert descendants(table, [10]) == {10, 11, 12, 13}
+    assert descendants(table, [10, 99]) == {10, 11, 12, 13}
+
+
+def test_cpu_seconds_of_a_tree_is_the_difference_of_its_sums() -> None:
+    # Given a tree whose child (pid 3) ended and was reaped by pid 2 between the samples
+    before = {"workers": {(2, 1): 100, (3, 1): 40}}
+    after = {"workers": {(2, 1): 100 + 40 + 60 + 20}}  # cutime took the child's 40 + 60; pid 2 ran 20 more
+    # Then the tree used the child's 60 and pid 2's 20 ticks
+    assert cpu_seconds(before, after, trees={"workers"}, ticks_per_second=100) == {"workers": 0.8}
+
+
+def test_cpu_seconds_of_other_groups_counts_each_process_from_its_first_sample_or_zero() -> None:
+    before = {"postgres": {(5, 1): 300, (6, 1): 50}}
+    after = {"postgres": {(5, 1): 310, (7, 9): 4, (6, 2): 3}}  # pid 6 is a new process (new start time)
+    assert cpu_seconds(before, after, ticks_per_second=100) == {"postgres": pytest.approx(0.17)}
+
+
+def test_queues_arg_reads_the_queues_of_aptix_and_celery_command_lines() -> None:
+    assert queues_arg(["python", "-m", "aptix_cli", "worker", "--queues", "llm", "--pool", "gevent"]) == "llm"
+    assert (
+        queues_arg(["python", "-m", "celery", "-A", "x:app", "worker", "-Q", "pipeline", "-P", "prefork"]) == "pipeline"
+    )
+    assert queues_arg(["python", "-m", "aptix_cli", "worker", "--queues=tools"]) == "tools"
+    assert queues_arg(["python", "-m", "aptix_cli", "worker"]) is None
+
+
+def test_hop_tasks_of_a_plain_turn_are_six_tasks() -> None:
+    tasks = hop_tasks(reversed(PLAIN_STEPS))
+    assert TurnHops(tasks).describe() == "entry > reasoner > compose > llm_call > reasoner > persist"
+    assert TurnHops(tasks).queues == ("pipeline", "pipeline", "pipeline", "llm", "pipeline", "pipeline")
+
+
+def test_hop_tasks_start_a_new_chain_for_each_round() -> None:
+    reentry = [
+        "1:0:request_handler:0",
+        "1:1:client_tool_session_restorer:0",
+        "1:2:session_context_resolver:0",
+        "1:3:context_provider_initializer:0",
+        "1:4:client_tool_continuation_resolver:0",
+        "1:5:reasoner:0",
+        "1:6:compose:2",
+        "1:7:llm_call:2",
+        "1:8:reasoner:2",
+        "1:9:persist:2",
+    ]
+    assert len(hop_tasks(PLAIN_STEPS + reentry)) == 12
+
+
+def test_hop_tasks_refuses_a_key_that_is_not_a_step_key() -> None:
+    with pytest.raises(ValueError):
+        hop_tasks(["0:reasoner"])
+
+
+def test_worker_plan_without_flags_is_the_worker_groups_plan() -> None:
+    plan = worker_plan(["--processes", "1"])
+    assert [(spec.queues, spec.pool) for spec in plan.specs] == [("pipeline,tools", "threads"), ("llm", "gevent")]
+    assert plan.loglevel == "INFO"
+
+
+def test_worker_plan_with_one_pool_is_one_celery_worker() -> None:
+    plan = worker_plan(["--pool", "threads", "--concurrency", "8", "--loglevel", "WARNING"])
+    assert [(spec.queues, spec.pool, spec.concurrency) for spec in plan.specs] == [("pipeline,llm,tools", "threads", 8)]
+    assert plan.loglevel == "WARNING"
+
+
+def test_worker_plan_refuses_an_unknown_queue() -> None:
+    with pytest.raises(ValueError):
+        worker_plan(["--queues", "nope"])
+
+
+def test_cpu_model_is_the_first_model_name() -> None:
+    assert cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n\nmodel name\t: other\n") == "AMD EPYC 7B13"
+    assert cpu_model("processor\t: 0\n") == "unknown CPU"
+
+
+def test_redis_db_url_replaces_the_database_index() -> None:
+    assert redis_db_url("redis://127.0.0.1:6379", 8) == "redis://127.0.0.1:6379/8"
+    assert redis_db_url("redis://:secret@host:6380/0", 9) == "redis://:secret@host:6380/9"
+
+
+def test_scenarios_ask_the_scripted_model_for_their_calls() -> None:
+    assert SCENARIOS["plain"].request(3) == {"input": "bench turn 3"}
+    assert "[[call:get_current_time {}]]" in SCENARIOS["server-tool"].request(0)["input"]
+    client = SCENARIOS["client-tool"].request(0)
+    assert client["tools"] == [CLIENT_TOOL]
+    assert f"[[call:{CLIENT_TOOL['name']} " in client["input"]
+
+
+def test_report_cells() -> None:
+    cells = cpu_cells(
+        {"gateway": 1.0, "workers": 2.5, "redis": None}, total_of=("gateway", "workers", "redis"), apart=()
+    )
+    assert cells == "gateway 1.00 | workers 2.50 | redis n/a | total 3.50"
+    assert latency_cell(RunFigures(count=1, elapsed=1.0, p50=0.1, p95=0.2, p99=0.3)) == "100 / 200 / 300 ms"
+    assert statuses_cell({"queued": 1, "completed": 2}) == "completed 2, queued 1"
+    assert ratio(3.0, 2.0) == "1.50x"
+    assert ratio(1.0, 0.0) == "n/a"
