@@ -107,7 +107,10 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
 def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     lease = Lease(env.turn_id, env.step_key, owner=f"{ctx.hostname}:{uuid.uuid4().hex}")
     start = ctx.store.begin(
-        lease, ttl_seconds=ctx.settings.step_lease_seconds, check_cancel=env.step is not StepName.PERSIST
+        lease,
+        ttl_seconds=ctx.settings.step_lease_seconds,
+        check_cancel=env.step is not StepName.PERSIST,
+        alive_until=ctx.alive_until(),
     )
     if start.cancelled:
         logger.info("turn %s was cancelled; stopping at %s", env.turn_id, env.step_key)

@@ -18,7 +18,9 @@ that lost its data (its sentinel key vanished), every marker is dropped, so each
 re-driven at its deadline.
 
 A queued turn's marker vouches for its first message for ``APTIX_RECONCILER_QUEUED_SECONDS``, the
-time it may wait behind a backlog. But a worker killed while it takes a message from a Redis queue
+time it may wait behind a backlog, until a worker begins that message: the begin replaces it with a
+running turn's marker, so a worker that dies in the turn's first step strands it for one deadline,
+not for the queued window. But a worker killed while it takes a message from a Redis queue
 can lose it (the transport pops the message and records it as unacknowledged in two steps): so when
 the first step's queue is empty, a turn still queued past its deadline is not waiting in it, and is
 re-driven whatever its marker says.

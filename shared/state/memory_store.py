@@ -29,13 +29,17 @@ class MemoryStateStore:
             raw = self._states.get(turn_id)
         return None if raw is None else TurnState.model_validate_json(raw)
 
-    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True) -> StepStart:
+    def begin(
+        self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None
+    ) -> StepStart:
         with self._lock:
             if check_cancel and lease.turn_id in self._cancelled:
                 return StepStart(cancelled=True, claimed=False)
             if not self._claim(lease, ttl_seconds):
                 return StepStart(cancelled=False, claimed=False)
             raw = self._states.get(lease.turn_id)
+            if raw is None and alive_until is not None:
+                self.markers[lease.turn_id] = alive_until
         return StepStart(cancelled=False, claimed=True, state=None if raw is None else TurnState.model_validate_json(raw))
 
     def save(

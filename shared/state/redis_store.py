@@ -20,7 +20,7 @@ from shared.state.turn_state import TurnState
 __all__ = ["RedisStateStore"]
 
 # One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled and
-# returns the state with it; a save is refused unless the stored version is the one the caller
+# returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is refused unless the stored version is the one the caller
 # loaded, moves (or removes) the turn's in-flight marker and gives the step's lease back; a lease is
 # renewed or released only by its holder, and a renewal pushes the marker forward (never back).
 _BEGIN = """
@@ -28,6 +28,7 @@ if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
 local state = redis.call('get', KEYS[1])
 if state then return {1, state} end
+if ARGV[4] ~= '' then redis.call('zadd', KEYS[4], ARGV[4], ARGV[5]) end
 return {1}
 """
 _SAVE = """
@@ -81,9 +82,14 @@ class RedisStateStore:
         raw = self.client.get(state_key(turn_id))
         return None if raw is None else TurnState.model_validate_json(raw)
 
-    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True) -> StepStart:
-        keys = [state_key(lease.turn_id), cancel_key(lease.turn_id), claim_key(lease.turn_id, lease.step_key)]
-        found = self._begin(keys=keys, args=[lease.owner, ttl_seconds, "1" if check_cancel else "0"])
+    def begin(
+        self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None
+    ) -> StepStart:
+        keys = [
+            state_key(lease.turn_id), cancel_key(lease.turn_id), claim_key(lease.turn_id, lease.step_key), INFLIGHT_KEY
+        ]  # fmt: skip
+        marker = "" if alive_until is None else repr(alive_until)
+        found = self._begin(keys=keys, args=[lease.owner, ttl_seconds, "1" if check_cancel else "0", marker, lease.turn_id])
         if found[0] != 1:
             return StepStart(cancelled=found[0] == 0, claimed=False)
         state = TurnState.model_validate_json(found[1]) if len(found) > 1 else None

@@ -35,10 +35,18 @@ class StateStore(Protocol):
     def load(self, turn_id: str) -> TurnState | None:
         """The turn's state, or None when the store does not have it."""
 
-    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True) -> StepStart:
+    def begin(
+        self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None
+    ) -> StepStart:
         """Start a step, atomically: unless the turn was cancelled (when ``check_cancel``), take
         ``lease`` for ``ttl_seconds`` and, when taken, return the turn's state (None if the store
-        does not have it)."""
+        does not have it).
+
+        When the store has no state for the turn (its first step, or a step carrying on from the
+        database) and ``alive_until`` is given, the turn's in-flight marker is set to it, replacing
+        whatever it was: the long marker the gateway gives a queued turn covers its wait in the
+        broker, not its run, and must not vouch for a turn whose worker died mid-step.
+        """
 
     def save(
         self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None

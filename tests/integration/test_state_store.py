@@ -93,6 +93,24 @@ def test_begin_takes_the_lease_and_returns_the_state_in_one_call(store: RedisSta
     assert unknown.claimed and unknown.state is None
 
 
+def test_begin_sets_the_marker_only_of_a_turn_it_has_no_state_for(store: RedisStateStore) -> None:
+    queued = f"turn_{uuid.uuid4().hex}"
+    store.mark_alive([queued], until=9_000_000_000.0)  # the gateway's marker of a queued turn
+    assert store.begin(Lease(queued, "0:0:request_handler:0", "a"), ttl_seconds=30, alive_until=5000.0).claimed
+    assert store.alive_until([queued]) == {queued: 5000.0}  # replaced, even though lower
+
+    moving = _state()
+    store.save(moving, ttl_seconds=60, alive_until=9_000_000_000.0)  # e.g. a long wait before its next step
+    assert store.begin(Lease(moving.turn_id, "0:1:compose:1", "a"), ttl_seconds=30, alive_until=5000.0).claimed
+    assert store.alive_until([moving.turn_id]) == {moving.turn_id: 9_000_000_000.0}  # a turn with state: untouched
+
+    refused = f"turn_{uuid.uuid4().hex}"
+    store.mark_alive([refused], until=9_000_000_000.0)
+    assert store.claim(Lease(refused, "0:0:request_handler:0", "other"), ttl_seconds=30)
+    assert not store.begin(Lease(refused, "0:0:request_handler:0", "a"), ttl_seconds=30, alive_until=5000.0).claimed
+    assert store.alive_until([refused]) == {refused: 9_000_000_000.0}  # not begun: untouched
+
+
 def test_begin_refuses_a_cancelled_turn_unless_told_not_to_check(store: RedisStateStore) -> None:
     turn_id = f"turn_{uuid.uuid4().hex}"
     store.mark_cancelled(turn_id, ttl_seconds=60)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import fakeredis
+import pytest
 
 from shared.db.turns import InFlightTurn, NewTurn
 from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
@@ -101,6 +104,36 @@ def test_running_turn_whose_message_was_lost_is_re_driven_from_its_recorded_next
     clock.now = FIXED_NOW + timedelta(seconds=200)
     _reconciler(ctx, clock, sent).scan()
     assert [e for e, _ in sent] == [first.envelope]
+
+
+class _WorkerKilled(BaseException):
+    """The worker process died (nothing in the driver catches it)."""
+
+
+class _DiesBeforeSaving(MemoryStateStore):
+    def save(self, state: Any, *, ttl_seconds: int, alive_until: float | None = None, release: Any = None) -> None:
+        raise _WorkerKilled
+
+
+def test_turn_whose_worker_died_in_its_first_step_is_re_driven_at_its_deadline_not_after_its_queued_window() -> None:
+    # Given a queued turn with the gateway's marker, which covers a long wait in the broker
+    clock = Clock()
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), clock=clock)
+    ctx = replace(ctx, store=_DiesBeforeSaving())
+    _accept(ctx)
+    ctx.store.mark_alive([TURN_ID], until=(FIXED_NOW + timedelta(seconds=3600)).timestamp())
+
+    # When a worker starts its first message, marks it running, and dies before saving its state
+    with pytest.raises(_WorkerKilled):
+        run_step(ctx, TurnEnvelope(turn_id=TURN_ID, step=StepName.REQUEST_HANDLER))
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == TurnStatus.RUNNING.value
+
+    # Then the reconciler re-drives it once its running deadline passed, not an hour later
+    sent = _Sent()
+    clock.now = FIXED_NOW + timedelta(seconds=ctx.settings.reconciler_deadline_seconds + 1)
+    _reconciler(ctx, clock, sent).scan()
+    assert [(e.step, e.round) for e, _ in sent] == [(StepName.REQUEST_HANDLER, 0)]
 
 
 def test_turn_that_never_moves_fails_internal_error_after_the_re_drive_limit() -> None:
