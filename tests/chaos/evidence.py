@@ -7,14 +7,17 @@ scripted model received.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import redis
 
 from scripted_llm.script import last_user_text
+from shared.state.keys import INFLIGHT_KEY, PREFIX, state_key, version_key
 from tests.chaos.load import key_of
 from tests.chaos.system import ChaosSystem
 
@@ -44,6 +47,8 @@ class Evidence:
     """Model requests per turn key."""
     other_model_calls: int
     """Model requests whose last user text carries no chaos key."""
+    post_mortem: dict[str, str]
+    """Turn id -> what the database and Redis held about it, for each turn not yet ended."""
 
 
 def collect(system: ChaosSystem) -> Evidence:
@@ -62,12 +67,51 @@ def collect(system: ChaosSystem) -> Evidence:
         else:
             model_calls[key] += 1
     lines = system.tool_log.read_text(encoding="utf-8").splitlines() if system.tool_log.exists() else []
+    turns = _turn_rows(system.database.url)
     return Evidence(
-        turns=_turn_rows(system.database.url),
+        turns=turns,
         tool_runs=Counter(line for line in lines if line),
         model_calls=model_calls,
         other_model_calls=other,
+        post_mortem=_post_mortem(system, [turn.turn_id for turn in turns if turn.status in _IN_FLIGHT]),
     )
+
+
+_IN_FLIGHT = ("queued", "running")
+
+
+def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
+    """For each turn still in flight: its row's clock fields and what Redis holds (best effort)."""
+    if not turn_ids:
+        return {}
+    found: dict[str, str] = {}
+    try:
+        with psycopg.connect(system.database.url, connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT turn_id, round, redrives, updated_at, deadline_at FROM turns WHERE turn_id = ANY(%s)",
+                (turn_ids,),
+            ).fetchall()
+        client = redis.Redis.from_url(system.redis.url(0), socket_timeout=5)
+        now = time.time()
+        for turn_id, round_, redrives, updated_at, deadline_at in rows:
+            raw = client.get(state_key(turn_id))
+            state = json.loads(raw) if raw else None
+            marker = client.zscore(INFLIGHT_KEY, turn_id)
+            leases = [
+                f"{key.decode().rsplit(':claim:', 1)[1]}(ttl {client.ttl(key)})"
+                for key in client.scan_iter(f"{PREFIX}:turn:{turn_id}:claim:*")
+            ]
+            found[turn_id] = (
+                f"round {round_}, redrives {redrives}, updated {updated_at:%H:%M:%S}, deadline "
+                f"{'-' if deadline_at is None else f'{deadline_at:%H:%M:%S}'}; Redis: marker "
+                f"{'-' if marker is None else f'{marker - now:+.0f} s'}, leases {leases or '-'}, version "
+                f"{client.get(version_key(turn_id))!r}, state "
+                + ("-" if state is None else f"steps {list(state.get('steps_done', {}))} next "
+                   f"{(state.get('next_envelope') or {}).get('step')!r}")
+            )  # fmt: skip
+    except (psycopg.Error, redis.RedisError, ValueError) as exc:
+        found.setdefault("", f"post-mortem failed: {type(exc).__name__}: {exc}")
+    return found
 
 
 def _turn_rows(database_url: str) -> list[TurnRecord]:

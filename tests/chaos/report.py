@@ -115,6 +115,8 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
         if turn.status != "completed" and len(report.examples) < _EXAMPLES:
             why = f" {turn.error_code}" if turn.error_code else ""
             report.examples.append(f"{turn.key} {turn.turn_id} {turn.status}{why}")
+            if turn.turn_id in evidence.post_mortem:
+                report.examples.append(f"  {evidence.post_mortem[turn.turn_id]}")
     report.tool_runs = Counter(_bucket(evidence.tool_runs[key]) for key in keys)
     duplicated = sorted(key for key in keys if evidence.tool_runs[key] > 1)
     report.examples += [f"{key} ran its tool {evidence.tool_runs[key]} times" for key in duplicated[:_EXAMPLES]]
