@@ -4,7 +4,7 @@
 |---|---|---|---|
 | ``MODEL`` (429, 5xx, timeout, connection error, breaker open) | the server's Retry-After or the breaker's wait; else 1 s x 2^(calls-1), at most 30 s; with jitter | ``APTIX_LLM_RETRY_BUDGET_SECONDS`` since the first failure, and ``APTIX_LLM_MAX_ATTEMPTS`` calls (breaker waits make no call) | the turn fails ``llm_rate_limited`` / ``llm_error`` |
 | ``STEP_BUSY`` (another worker holds the step's lease) | half the lease, at least 1 s | none: the holder finishes, or its lease lapses when it stops heartbeating | - |
-| ``TURN_NOT_RECORDED`` (the gateway's commit is not visible yet) | 0.5 s | 20 s | the message is dropped: its turn was never recorded |
+| ``TURN_NOT_RECORDED`` (the gateway's commit is not visible yet) | 10 ms x 2^attempt, at most 0.5 s | 20 s in all | the message is dropped: its turn was never recorded |
 | ``INFRASTRUCTURE`` (Redis, database or broker unreachable; a lost state race) | 0.5 s x 2^attempt, at most 30 s; with jitter | none: outages are waited out | - |
 
 Every "later" becomes the same message sent again with this delay (``workers.driver``); a wait
@@ -26,7 +26,10 @@ __all__ = ["MAX_DELAY_SECONDS", "Reason", "delay", "model_delay"]
 
 MAX_DELAY_SECONDS = 30.0
 """The longest computed back-off (a server's Retry-After or a breaker's wait may be longer)."""
-_NOT_RECORDED_DELAY = 0.5
+_NOT_RECORDED_FIRST_DELAY = 0.01
+"""The gateway sends a turn's first message just before it commits the turn: an idle worker often
+reads the row a millisecond too early, and a 0.5 s wait then was most of an interactive turn's time."""
+_NOT_RECORDED_MAX_DELAY = 0.5
 _NOT_RECORDED_BUDGET = 20.0
 
 
@@ -51,7 +54,13 @@ def delay(reason: Reason, *, attempt: int, settings: Settings, rand: float) -> f
     if reason is Reason.STEP_BUSY:
         return max(1.0, settings.step_lease_seconds / 2)
     if reason is Reason.TURN_NOT_RECORDED:
-        return _NOT_RECORDED_DELAY if (attempt + 1) * _NOT_RECORDED_DELAY <= _NOT_RECORDED_BUDGET else None
+        wait, spent = _NOT_RECORDED_FIRST_DELAY, _NOT_RECORDED_FIRST_DELAY
+        for _ in range(attempt):
+            wait = min(_NOT_RECORDED_MAX_DELAY, wait * 2)
+            spent += wait
+            if spent > _NOT_RECORDED_BUDGET:
+                return None
+        return wait
     if reason is Reason.INFRASTRUCTURE:
         return _jittered(min(MAX_DELAY_SECONDS, 0.5 * 2**attempt), rand)
     raise ValueError(f"use model_delay for {reason}")

@@ -23,10 +23,14 @@ def test_step_busy_waits_half_the_lease() -> None:
     assert retry.delay(retry.Reason.STEP_BUSY, attempt=99, settings=Settings(step_lease_seconds=30), rand=0.1) == 15
 
 
-def test_turn_not_recorded_gives_up_after_twenty_seconds() -> None:
+def test_turn_not_recorded_is_tried_again_soon_then_every_half_second_for_twenty_seconds() -> None:
     settings = Settings()
-    assert retry.delay(retry.Reason.TURN_NOT_RECORDED, attempt=39, settings=settings, rand=0.0) == 0.5
-    assert retry.delay(retry.Reason.TURN_NOT_RECORDED, attempt=40, settings=settings, rand=0.0) is None
+    waits: list[float] = []
+    while (wait := retry.delay(retry.Reason.TURN_NOT_RECORDED, attempt=len(waits), settings=settings, rand=0.0)) is not None:
+        waits.append(wait)
+    assert waits[:7] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.5]
+    assert set(waits[6:]) == {0.5}
+    assert 19.5 < sum(waits) <= 20.0
 
 
 def test_model_delay_honours_the_hint_and_spends_the_time_budget() -> None:
