@@ -45,6 +45,19 @@ _PUSH_DEADLINE: Update = (
     .where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status == TurnStatus.RUNNING.value)
     .values(deadline_at=bindparam("p_deadline"), updated_at=bindparam("p_now"))
 )
+_SET_DEADLINE: Update = (
+    update(_TURNS)
+    .where(_TURNS.c.turn_id == bindparam("p_turn_id"), or_(*(_TURNS.c.status == status for status in IN_FLIGHT)))
+    .values(deadline_at=bindparam("p_deadline"))
+)
+"""The reconciler's move of a turn still moving (one executemany per scan batch: hence no ``IN``,
+which SQLAlchemy expands per call)."""
+_OVERDUE = (
+    select(_TURNS.c.turn_id, _TURNS.c.status, _TURNS.c.round, _TURNS.c.batch_id, _TURNS.c.redrives)
+    .where(_TURNS.c.status.in_(IN_FLIGHT), _TURNS.c.deadline_at < bindparam("p_now"))
+    .order_by(_TURNS.c.deadline_at)
+    .limit(bindparam("p_limit"))
+)
 _UPSERT_SNAPSHOT: dict[str, Insert] = {}
 _TRANSCRIPT: Table = TranscriptItemRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 _FINISH_VALUES: dict[str, BindParameter[Any]] = {
@@ -195,14 +208,8 @@ class TurnRepository:
 
     def overdue(self, *, now: datetime, limit: int = 500) -> list[InFlightTurn]:
         """Queued or running turns whose deadline passed, the most overdue first."""
-        query = (
-            select(TurnRow.turn_id, TurnRow.status, TurnRow.round, TurnRow.batch_id, TurnRow.redrives)
-            .where(TurnRow.status.in_(IN_FLIGHT), TurnRow.deadline_at < now)
-            .order_by(TurnRow.deadline_at)
-            .limit(limit)
-        )
         with self._sessions() as db:
-            rows = db.execute(query).all()
+            rows = db.execute(_OVERDUE, {"p_now": now, "p_limit": limit}).all()
         return [InFlightTurn(r.turn_id, TurnStatus(r.status), r.round, r.batch_id, r.redrives) for r in rows]
 
     def set_deadlines(self, deadlines: dict[str, datetime]) -> None:
@@ -210,12 +217,7 @@ class TurnRepository:
         if not deadlines:
             return
         with self._sessions.begin() as db:
-            for turn_id, deadline_at in deadlines.items():
-                db.execute(
-                    update(TurnRow)
-                    .where(TurnRow.turn_id == turn_id, TurnRow.status.in_(IN_FLIGHT))
-                    .values(deadline_at=deadline_at)
-                )
+            db.execute(_SET_DEADLINE, [{"p_turn_id": turn_id, "p_deadline": at} for turn_id, at in deadlines.items()])
 
     def note_redrive(self, turn_id: str, *, deadline_at: datetime) -> None:
         """Count one re-drive of the turn and give it a new deadline."""

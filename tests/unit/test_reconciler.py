@@ -42,9 +42,9 @@ def _reconciler(ctx: StepContext, clock: Clock, sent: _Sent, broker: fakeredis.F
     )
 
 
-def _accept(ctx: StepContext, *, batch: bool = False) -> None:
+def _accept(ctx: StepContext, *, batch: bool = False, turn_id: str = TURN_ID) -> None:
     ctx.turns.create(
-        NewTurn(turn_id=TURN_ID, session_id="sess_" + "2" * 32, org_id="o", user_id="u", new_session=True,
+        NewTurn(turn_id=turn_id, session_id="sess_" + turn_id[5:], org_id="o", user_id="u", new_session=True,
                 requested_mode=None, request={"input": "hi"}, request_hash="h", batch_id="batch_1" if batch else None),
         now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60),
     )  # fmt: skip
@@ -80,18 +80,21 @@ def test_stalled_queued_batch_turn_is_sent_again_at_batch_start_priority() -> No
     assert row is not None and row.redrives == 1 and row.deadline_at is not None and row.deadline_at > clock.now
 
 
-def test_turn_whose_marker_is_ahead_is_left_alone_and_its_deadline_moves_up() -> None:
+def test_turns_whose_markers_are_ahead_are_left_alone_and_their_deadlines_move_up() -> None:
     clock = Clock()
     ctx = make_context(clock=clock)
-    _accept(ctx)
-    until = (FIXED_NOW + timedelta(seconds=3600)).timestamp()
-    ctx.store.mark_alive([TURN_ID], until=until)
+    turn_ids = [TURN_ID[:-1] + str(index) for index in range(3)]
+    for index, turn_id in enumerate(turn_ids):
+        _accept(ctx, turn_id=turn_id)
+        ctx.store.mark_alive([turn_id], until=(FIXED_NOW + timedelta(seconds=3600 + index)).timestamp())
     sent = _Sent()
     clock.now = FIXED_NOW + timedelta(seconds=61)
     _reconciler(ctx, clock, sent).scan()
-    row = ctx.turns.get(TURN_ID)
-    assert sent == [] and row is not None and row.redrives == 0
-    assert row.deadline_at is not None and abs(row.deadline_at.timestamp() - until) < 1
+    assert sent == []
+    for index, turn_id in enumerate(turn_ids):
+        row = ctx.turns.get(turn_id)
+        assert row is not None and row.redrives == 0 and row.deadline_at is not None
+        assert abs(row.deadline_at.timestamp() - (FIXED_NOW + timedelta(seconds=3600 + index)).timestamp()) < 0.01
 
 
 def test_running_turn_whose_message_was_lost_is_re_driven_from_its_recorded_next_step() -> None:
