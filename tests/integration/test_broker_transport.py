@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
 import redis
+from celery.utils.saferepr import saferepr
 
 from shared.broker import create_producer, queue_depth, send_step
 from shared.broker_transport import Channel
@@ -35,3 +37,21 @@ def test_a_channel_keeps_one_client_until_its_pool_is_replaced(services: None) -
         assert queue_depth(redis.Redis.from_url(url), Queue.PIPELINE) == 5
     finally:
         redis.Redis.from_url(url).flushdb()
+
+
+def test_a_step_message_shows_its_envelope_as_celery_would(services: None) -> None:
+    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
+    url = f"{redis_url().rstrip('/')}/{index}"
+    app = create_producer(Settings(broker_url=url, redis_url=url))
+    client = redis.Redis.from_url(url)
+    try:
+        envelope = TurnEnvelope(turn_id=f"turn_{uuid.uuid4().hex}", step=StepName.LLM_CALL, hop=4, priority=3)
+        send_step(app, envelope)
+        keys = [key for key in client.keys("llm*") if client.type(key) == b"list"]
+        (raw,) = [item for key in keys for item in client.lrange(key, 0, -1)]
+        headers = json.loads(raw)["headers"]
+        args = [envelope.model_dump(mode="json")]
+        assert headers["argsrepr"] == saferepr(args, 1024)  # what Flower shows, as Celery itself would write it
+        assert headers["kwargsrepr"] == saferepr({}, 1024)
+    finally:
+        client.flushdb()
