@@ -37,6 +37,7 @@ from aptix_cli.bench.measure import ChainResult, TurnResult, measure_chains, mea
 from aptix_cli.bench.options import BenchOptions
 from aptix_cli.bench.processes import BenchProcesses, WorkerPlan, worker_plan
 from aptix_cli.bench.report import Report, chain_lines, comparison_table, ratio, turn_lines
+from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import SCENARIOS
 from aptix_cli.bench.services import Scratch, ScratchServices
 from aptix_cli.bench.stats import percentile
@@ -194,10 +195,19 @@ class _Run:
         self._rss(workers, "after the warm-up")
 
     def _scenario(self, api: ApiClient, name: str, meter: CpuMeter, workers: Sequence[ManagedProcess]) -> TurnResult:
-        result = self._measure(api, name, self.options.turns, meter)
+        if not self.options.rss:
+            result = self._measure(api, name, self.options.turns, meter)
+        else:
+            with psycopg.connect(self.scratch.dsn, autocommit=True) as db:
+                already = _finished_turns(db)
+                with RssSampler([w.pid for w in workers], lambda: _finished_turns(db) - already) as sampler:
+                    result = self._measure(api, name, self.options.turns, meter)
         self.report.line()
         self.report.lines(turn_lines(result, total_of=TOTAL_OF, apart=("model",), by_queues=self._queue_groups))
         self._rss(workers, f"after {self.options.turns} more turns")
+        if self.options.rss:
+            points = ", ".join(f"{done:,}: {rss / 2**20:.0f}" for done, rss in sampler.along(self.options.turns))
+            self.report.field("workers' RSS along", f"{points} (turns finished: MB)")
         self.ok = self.ok and result.run.all_completed
         return result
 
@@ -305,6 +315,11 @@ def _environment(options: BenchOptions, scratch: Scratch, api_key: str, model_po
 
 def _serving(roots: Sequence[int], queues: str, table: ProcessTable) -> Collection[int]:
     return serving(table, roots, queues)
+
+
+def _finished_turns(db: psycopg.Connection[tuple[int]]) -> int:
+    row = db.execute("SELECT count(*) FROM turns WHERE status IN ('completed', 'failed', 'cancelled')").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _interactive_cell(sample: InteractiveSample) -> str:

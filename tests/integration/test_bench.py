@@ -31,6 +31,7 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
             "20",
             "--workers",
             "1",
+            "--rss",
             "--redis-url",
             redis_url(),
             "--database-url",
@@ -51,6 +52,8 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
         assert re.search(rf"CPU per turn, ms:.*\b{group} [0-9.]+", out), out
     assert "plain: 20 chains of 6 hops (pipeline > pipeline > pipeline > llm > pipeline > pipeline)" in out, out
     assert re.search(r"CPU per chain, ms:\s+workers [0-9.]+ \| redis [0-9.]+ \| total", out), out
+    # and, asked with --rss, the workers' memory at the start, along the run and at its end
+    assert re.search(r"workers' RSS along:\s+0: [1-9]\d*, (.*, )?20: [1-9]\d* \(turns finished: MB\)", out), out
 
     # And its scratch database is gone and its Redis databases hold nothing of the run
     database = re.search(r"scratch database (aptix_bench_\w+)", out)

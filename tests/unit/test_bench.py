@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 
 import pytest
 
@@ -11,6 +13,7 @@ from aptix_cli.bench.hops import TurnHops, hop_tasks
 from aptix_cli.bench.machine import cpu_model
 from aptix_cli.bench.processes import worker_plan
 from aptix_cli.bench.report import cpu_cells, latency_cell, ratio, statuses_cell
+from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import CLIENT_TOOL, SCENARIOS
 from aptix_cli.bench.services import redis_db_url
 from aptix_cli.bench.stats import RunFigures, percentile, run_figures
@@ -173,3 +176,20 @@ def test_report_cells() -> None:
     assert statuses_cell({"queued": 1, "completed": 2}) == "completed 2, queued 1"
     assert ratio(3.0, 2.0) == "1.50x"
     assert ratio(1.0, 0.0) == "n/a"
+
+
+def test_rss_along_a_run_is_the_first_sample_at_or_past_each_quarter() -> None:
+    sampler = RssSampler([], lambda: 0)
+    sampler.samples = [(0, 100), (1, 101), (30, 105), (49, 106), (50, 107), (80, 108), (100, 110), (100, 111)]
+    assert sampler.along(100) == [(0, 100), (30, 105), (50, 107), (80, 108), (100, 110)]
+    sampler.samples = [(0, 100), (20, 120)]  # a run shorter than the sampling period
+    assert sampler.along(20) == [(0, 100), (20, 120)]
+
+
+def test_rss_sampler_samples_this_process_before_during_and_after() -> None:
+    finished = iter(range(1000))
+    with RssSampler([os.getpid()], lambda: next(finished), every_s=0.01) as sampler:
+        time.sleep(0.1)
+    assert len(sampler.samples) >= 3
+    assert [done for done, _ in sampler.samples] == list(range(len(sampler.samples)))
+    assert all(rss > 1_000_000 for _, rss in sampler.samples)  # a Python process has more than a megabyte resident
