@@ -6,7 +6,9 @@ its own PID.
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,11 +24,40 @@ __all__ = ["LocalStack", "ManagedProcess", "answers", "free_port", "wait_until"]
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A free TCP port below the kernel's ephemeral range, never handed out before in this process.
+
+    A process restarted on its old port must find it free: a port from the ephemeral range could
+    meanwhile be the local end of some outgoing connection, one below it cannot.
+
+    Raises:
+        RuntimeError: no free port found in 1,000 tries.
+    """
+    low, high = _port_range()
+    for _ in range(1000):
+        port = random.randint(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
         return port
+    raise RuntimeError(f"no free TCP port between {low} and {high}")
+
+
+_HANDED_OUT: set[int] = set()
+"""Ports :func:`free_port` returned (a restart reuses its port; no two processes may get the same)."""
+
+
+@functools.cache
+def _port_range() -> tuple[int, int]:
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    return 20000, max(ephemeral_low - 1, 20001)
 
 
 class ManagedProcess:

@@ -6,17 +6,16 @@ process group id (``os.killpg``), never by name.
 
 from __future__ import annotations
 
-import functools
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+
+from aptix_cli.stack import free_port
 
 __all__ = ["ChildProcess", "StartupError", "free_port", "http_ok"]
 
@@ -90,43 +89,9 @@ class ChildProcess:
         return self.log_text()[-3000:]
 
 
-def free_port() -> int:
-    """A free TCP port below the kernel's ephemeral range, never handed out before in this process.
-
-    A process restarted on its old port must find it free: a port from the ephemeral range could
-    meanwhile be the local end of some outgoing connection, one below it cannot.
-    """
-    low, high = _port_range()
-    for _ in range(1000):
-        port = random.randint(low, high)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError(f"no free TCP port between {low} and {high}")
-
-
 def http_ok(url: str) -> bool:
     """Whether ``GET url`` answers 200 within a second."""
     try:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-_HANDED_OUT: set[int] = set()
-"""Ports :func:`free_port` returned (a restart reuses its port; no two processes may get the same)."""
-
-
-@functools.cache
-def _port_range() -> tuple[int, int]:
-    try:
-        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_low = 32768
-    return 20000, max(ephemeral_low - 1, 20001)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import CLIENT_TOOL, SCENARIOS
 from aptix_cli.bench.services import redis_db_url
 from aptix_cli.bench.stats import RunFigures, percentile, run_figures
+from aptix_cli.stack import free_port
 
 PLAIN_STEPS = [
     "0:0:request_handler:0",
@@ -193,3 +196,12 @@ def test_rss_sampler_samples_this_process_before_during_and_after() -> None:
     assert len(sampler.samples) >= 3
     assert [done for done, _ in sampler.samples] == list(range(len(sampler.samples)))
     assert all(rss > 1_000_000 for _, rss in sampler.samples)  # a Python process has more than a megabyte resident
+
+
+def test_free_port_is_free_below_the_ephemeral_range_and_never_handed_out_twice() -> None:
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    low, high = 20000, int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) - 1
+    assert all(low <= port <= high for port in ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))  # nobody holds it
