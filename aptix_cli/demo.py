@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime
 from typing import Any
 
+from aptix_cli.bench.stats import percentile, turn_latency
 from aptix_cli.client import ApiClient
 from aptix_cli.client_commands import trace_table
 from aptix_cli.dev import DevStack
@@ -65,11 +64,15 @@ def _tour(api: ApiClient, batch_size: int) -> None:
     session_id = first["session_id"]
 
     _section("2. A server tool: the model calls get_current_time, the worker runs it")
-    _turn(api, {"session_id": session_id, "input": '[[call:get_current_time {}]] What time is it?'}, expect="completed")
+    _turn(api, {"session_id": session_id, "input": "[[call:get_current_time {}]] What time is it?"}, expect="completed")
 
     _section("3. A mode change: agent_change_mode applies to the next LLM call of the same turn")
     change = json.dumps({"targetMode": "ddr-authoring", "reason": "the user wants a design record"})
-    changed = _turn(api, {"session_id": session_id, "input": f"[[call:agent_change_mode {change}]] Let's write a DDR."}, expect="completed")
+    changed = _turn(
+        api,
+        {"session_id": session_id, "input": f"[[call:agent_change_mode {change}]] Let's write a DDR."},
+        expect="completed",
+    )
     if changed["mode"] != "ddr-authoring":
         raise DemoFailed(f"the mode did not change: {changed['mode']}")
     history = api.get_session(session_id)["mode_history"]
@@ -78,7 +81,11 @@ def _tour(api: ApiClient, batch_size: int) -> None:
     _section("4. A client tool: the turn pauses, the client posts the result, the same turn resumes")
     paused = _turn(
         api,
-        {"session_id": session_id, "input": '[[call:open_file {"path": "notes.txt"}]] Summarise notes.txt', "tools": [_OPEN_FILE]},
+        {
+            "session_id": session_id,
+            "input": '[[call:open_file {"path": "notes.txt"}]] Summarise notes.txt',
+            "tools": [_OPEN_FILE],
+        },
         expect="requires_client_tools",
     )
     call = paused["pending_tool_calls"][0]
@@ -126,22 +133,15 @@ def _batch(api: ApiClient, size: int) -> str:
     bar.finish(done, counts)
     elapsed = bar.elapsed
     turns = api.batch_results(batch["batch_id"])
-    latencies = sorted(_latency(turn) for turn in turns if turn.get("completed_at"))
+    latencies = [latency for turn in turns if (latency := turn_latency(turn)) is not None]
     if counts["completed"] != size:
         raise DemoFailed(f"the batch did not complete every turn: {counts}")
-    p50 = statistics.median(latencies)
-    p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
+    p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
     statuses = ", ".join(f"{status} {count}" for status, count in counts.items() if count)
     return (
         f"   {size} turns in {elapsed:.1f}s = {size / elapsed:.1f} turns/s; "
         f"latency p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms (queued to committed); {statuses}"
     )
-
-
-def _latency(turn: dict[str, Any]) -> float:
-    created = datetime.fromisoformat(turn["created_at"])
-    completed = datetime.fromisoformat(turn["completed_at"])
-    return (completed - created).total_seconds()
 
 
 def _section(title: str) -> None:

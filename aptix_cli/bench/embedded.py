@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime
 from typing import Any
 
+from aptix_cli.bench.stats import percentile, turn_latency
 from aptix_cli.client import ApiClient
 from aptix_cli.dev import DevStack
 
@@ -61,17 +60,13 @@ def _measure(api: ApiClient, turns: int) -> dict[str, Any]:
     elapsed = time.monotonic() - started
     cpu = _cpu_seconds() - cpu_before
     results = api.batch_results(batch["batch_id"])
-    latencies = sorted(
-        (datetime.fromisoformat(t["completed_at"]) - datetime.fromisoformat(t["created_at"])).total_seconds()
-        for t in results
-        if t.get("completed_at")
-    )
+    latencies = [latency for turn in results if (latency := turn_latency(turn)) is not None]
     counts = batch["counts"]
     return {
         "elapsed": elapsed,
         "rate": turns / elapsed,
-        "p50": statistics.median(latencies) if latencies else 0.0,
-        "p95": latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))] if latencies else 0.0,
+        "p50": percentile(latencies, 0.5) if latencies else 0.0,
+        "p95": percentile(latencies, 0.95) if latencies else 0.0,
         "cpu_ms": cpu / turns * 1000,
         "completed": counts["completed"],
         "statuses": ", ".join(f"{status} {count}" for status, count in counts.items() if count),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 
+from aptix_cli.bench.stats import turn_latency
 from aptix_cli.client import MAX_WAIT_SECONDS, ApiClient
 
 __all__ = ["InteractiveSample", "interactive_latencies"]
@@ -52,11 +52,8 @@ def interactive_latencies(
         sample.started += 1
         while turn["status"] in ("queued", "running"):
             turn = api.get_turn(str(turn["turn_id"]), wait=MAX_WAIT_SECONDS)
-        if turn["status"] == "completed" and turn.get("completed_at"):
-            sample.latencies.append(_seconds_between(str(turn["created_at"]), str(turn["completed_at"])))
+        latency = turn_latency(turn)
+        if turn["status"] == "completed" and latency is not None:
+            sample.latencies.append(latency)
         time.sleep(max(0.0, next_start - time.monotonic()))
     return sample
-
-
-def _seconds_between(start: str, end: str) -> float:
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()

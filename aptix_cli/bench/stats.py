@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-__all__ = ["RunFigures", "percentile", "run_figures"]
+__all__ = ["RunFigures", "percentile", "run_figures", "turn_latency"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,16 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def turn_latency(turn: Mapping[str, Any]) -> float | None:
+    """Seconds from a turn's ``created_at`` to its ``completed_at`` (as the API returns a Turn); None
+    while it has no ``completed_at``."""
+    if not turn.get("completed_at"):
+        return None
+    return (
+        datetime.fromisoformat(str(turn["completed_at"])) - datetime.fromisoformat(str(turn["created_at"]))
+    ).total_seconds()
 
 
 def run_figures(latencies: Sequence[float], *, started: float, finished: Sequence[float]) -> RunFigures:

@@ -18,7 +18,7 @@ from aptix_cli.bench.report import cpu_cells, latency_cell, ratio, statuses_cell
 from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import CLIENT_TOOL, SCENARIOS
 from aptix_cli.bench.services import redis_db_url
-from aptix_cli.bench.stats import RunFigures, percentile, run_figures
+from aptix_cli.bench.stats import RunFigures, percentile, run_figures, turn_latency
 from aptix_cli.stack import free_port
 
 PLAIN_STEPS = [
@@ -205,3 +205,9 @@ def test_free_port_is_free_below_the_ephemeral_range_and_never_handed_out_twice(
     assert all(low <= port <= high for port in ports)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports[0]))  # nobody holds it
+
+
+def test_turn_latency_is_created_to_completed_and_none_while_unfinished() -> None:
+    turn = {"created_at": "2026-11-23T10:00:00.250000Z", "completed_at": "2026-11-23T10:00:01.000000Z"}
+    assert turn_latency(turn) == 0.75
+    assert turn_latency({"created_at": "2026-11-23T10:00:00Z", "completed_at": None}) is None
