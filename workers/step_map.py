@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from shared.models.envelope import TurnEnvelope
 from shared.result import InvokeResult
 from shared.state import TurnState
-from shared.task_names import StepName as S
+from shared.task_names import StepName
 from workers.context import StepContext
 from workers.next_step import Next
 from workers.steps import (
@@ -45,32 +45,32 @@ class StepSpec:
     """One row of the step map."""
 
     run: StepFunction
-    next: frozenset[S]
+    next: frozenset[StepName]
     checkpoint: bool = False
 
 
-def _spec(run: StepFunction, *next_steps: S, checkpoint: bool = False) -> StepSpec:
+def _spec(run: StepFunction, *next_steps: StepName, checkpoint: bool = False) -> StepSpec:
     return StepSpec(run, frozenset(next_steps), checkpoint)
 
 
-ALWAYS_ALLOWED = frozenset({S.PERSIST})
+ALWAYS_ALLOWED = frozenset({StepName.PERSIST})
 
-STEP_MAP: dict[S, StepSpec] = {
-    S.REQUEST_HANDLER: _spec(
-        request_handler.run, S.SESSION_CREATOR, S.SESSION_RESTORER, S.CLIENT_TOOL_SESSION_RESTORER
+STEP_MAP: dict[StepName, StepSpec] = {
+    StepName.REQUEST_HANDLER: _spec(
+        request_handler.run, StepName.SESSION_CREATOR, StepName.SESSION_RESTORER, StepName.CLIENT_TOOL_SESSION_RESTORER
     ),
-    S.SESSION_CREATOR: _spec(session_creator.run, S.SESSION_CONTEXT_RESOLVER),
-    S.SESSION_RESTORER: _spec(session_restorer.run, S.SESSION_CONTEXT_RESOLVER),
-    S.CLIENT_TOOL_SESSION_RESTORER: _spec(client_tool_session_restorer.run, S.SESSION_CONTEXT_RESOLVER),
-    S.SESSION_CONTEXT_RESOLVER: _spec(session_context_resolver.run, S.CONTEXT_PROVIDER_INITIALIZER),
-    S.CONTEXT_PROVIDER_INITIALIZER: _spec(
-        context_provider_initializer.run, S.REASONER, S.CLIENT_TOOL_CONTINUATION_RESOLVER
+    StepName.SESSION_CREATOR: _spec(session_creator.run, StepName.SESSION_CONTEXT_RESOLVER),
+    StepName.SESSION_RESTORER: _spec(session_restorer.run, StepName.SESSION_CONTEXT_RESOLVER),
+    StepName.CLIENT_TOOL_SESSION_RESTORER: _spec(client_tool_session_restorer.run, StepName.SESSION_CONTEXT_RESOLVER),
+    StepName.SESSION_CONTEXT_RESOLVER: _spec(session_context_resolver.run, StepName.CONTEXT_PROVIDER_INITIALIZER),
+    StepName.CONTEXT_PROVIDER_INITIALIZER: _spec(
+        context_provider_initializer.run, StepName.REASONER, StepName.CLIENT_TOOL_CONTINUATION_RESOLVER
     ),
-    S.CLIENT_TOOL_CONTINUATION_RESOLVER: _spec(client_tool_continuation_resolver.run, S.REASONER),
-    S.REASONER: _spec(reasoner.run, S.COMPOSE, S.EXECUTE_SERVER_TOOLS),
-    S.EXECUTE_SERVER_TOOLS: _spec(execute_server_tools.run, S.REASONER),
-    S.COMPOSE: _spec(compose.run, S.LLM_CALL),
-    S.LLM_CALL: _spec(llm_call.run, S.REASONER, checkpoint=True),
-    S.PERSIST: _spec(persist.run),
+    StepName.CLIENT_TOOL_CONTINUATION_RESOLVER: _spec(client_tool_continuation_resolver.run, StepName.REASONER),
+    StepName.REASONER: _spec(reasoner.run, StepName.COMPOSE, StepName.EXECUTE_SERVER_TOOLS),
+    StepName.EXECUTE_SERVER_TOOLS: _spec(execute_server_tools.run, StepName.REASONER),
+    StepName.COMPOSE: _spec(compose.run, StepName.LLM_CALL),
+    StepName.LLM_CALL: _spec(llm_call.run, StepName.REASONER, checkpoint=True),
+    StepName.PERSIST: _spec(persist.run),
 }
 """Every step the pipeline runs, with the steps it may send the turn to."""
