@@ -10,6 +10,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import Gateway
+from api_gateway.errors import error_response
 from api_gateway.state import GatewayState
 
 __all__ = ["router"]
@@ -34,10 +35,7 @@ async def readyz(gateway: Gateway) -> JSONResponse:
     if ready:
         return JSONResponse(body)
     down = ", ".join(name for name, ok in checks.items() if not ok)
-    return JSONResponse(
-        {"error": {"code": "unavailable", "message": f"dependencies down: {down}", "details": body["checks"]}},
-        status_code=503,
-    )
+    return error_response(503, "unavailable", f"dependencies down: {down}", details=body["checks"])
 
 
 def _check_all(gateway: GatewayState) -> dict[str, bool]:

@@ -667,6 +667,7 @@ def test_turn_is_503_and_not_recorded_when_the_broker_is_down(
     assert turn.status_code == 503 and turn.json()["error"]["code"] == "unavailable"
     assert batch.status_code == 503
     assert ready.status_code == 503 and ready.json()["error"]["details"]["broker"] == "down"
+    assert int(ready.headers["retry-after"]) > 0  # like every other 503: the body and headers come from one place
     with engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(TurnRow)) == before
     engine.dispose()
