@@ -318,7 +318,7 @@ def _serving(roots: Sequence[int], queues: str, table: ProcessTable) -> Collecti
 
 
 def _finished_turns(db: psycopg.Connection[tuple[int]]) -> int:
-    row = db.execute("SELECT count(*) FROM turns WHERE status IN ('completed', 'failed', 'cancelled')").fetchone()
+    row = db.execute("SELECT count(*) FROM turns WHERE status = ANY(%s)", (list(turn_runs.FINISHED),)).fetchone()
     return int(row[0]) if row else 0
 
 

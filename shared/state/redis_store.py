@@ -20,9 +20,10 @@ from shared.state.turn_state import TurnState
 __all__ = ["RedisStateStore"]
 
 # One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled and
-# returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is refused unless the stored version is the one the caller
-# loaded, moves (or removes) the turn's in-flight marker and gives the step's lease back; a lease is
-# renewed or released only by its holder, and a renewal pushes the marker forward (never back).
+# returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is
+# refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
+# in-flight marker and gives the step's lease back; a lease is renewed or released only by its
+# holder, and a renewal pushes the marker forward (never back).
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
