@@ -108,7 +108,9 @@ def build_context(settings: Settings, *, hostname: str, llm: LlmPort | None = No
     """Build the context of a worker process from its settings (nothing connects until first use)."""
     from workers.llm.client import ResponsesClient  # the client owns a connection pool; build it here only
 
-    engine = create_db_engine(settings.database_url)
+    # No pre-ping: a worker makes about eight transactions per turn, and a step whose connection
+    # dropped is run again by the driver (an ``OperationalError`` is "later"), on a fresh pool.
+    engine = create_db_engine(settings.database_url, pre_ping=False)
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
     store = RedisStateStore.from_url(settings.redis_url)

@@ -20,12 +20,15 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
-def create_db_engine(url: str, *, pool_size: int = 10) -> Engine:
+def create_db_engine(url: str, *, pool_size: int = 10, pre_ping: bool = True) -> Engine:
     """An engine for ``url``: a bounded pool on PostgreSQL, WAL and a busy timeout on SQLite.
 
     Args:
         url: a SQLAlchemy URL.
         pool_size: connections kept open (PostgreSQL only).
+        pre_ping: test each connection with a round trip when it leaves the pool (PostgreSQL only).
+            Without it a connection the server dropped fails its first statement; SQLAlchemy then
+            discards every connection of the pool opened before, so the next try connects afresh.
 
     Returns:
         The engine.
@@ -38,7 +41,7 @@ def create_db_engine(url: str, *, pool_size: int = 10) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, json_serializer=_to_json
+        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping, json_serializer=_to_json
     )
 
 

@@ -1,7 +1,8 @@
 """Writes that must land although a database connection dropped under them.
 
 Used where the work before the write cannot be cheaply redone (a model's answer, a tool's outcome):
-the write is tried again at once on a fresh connection (the pool pre-pings), twice, before the error
+the write is tried again on a fresh connection (a dropped connection makes the pool discard it and every
+older one), twice, before the error
 goes to the caller.
 """
 

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Table, bindparam, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Table, bindparam, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.dml import ReturningInsert
 
 from shared.db.tables import ModeHistoryRow, SessionRow
 
 __all__ = ["SessionRepository"]
 
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
-_TOUCH = (
-    update(_SESSIONS).where(_SESSIONS.c.session_id == bindparam("p_session_id")).values(updated_at=bindparam("p_now"))
-)
-"""Built once (see ``shared.db.turns``: a statement built per call recomputes its cache key)."""
+_CREATE: dict[str, ReturningInsert[tuple[str]]] = {}
+"""Per dialect, built once (see ``shared.db.turns``: a statement built per call recomputes its cache key)."""
 
 
 class SessionRepository:
@@ -38,24 +37,25 @@ class SessionRepository:
     ) -> tuple[SessionRow, bool]:
         """Create the session unless it exists (a redelivered creator step finds it).
 
+        One statement, ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, in one transaction; a second
+        read only when the session was there already.
+
         Returns:
             The session and whether this call created it.
         """
+        values = {"p_session_id": session_id, "p_org_id": org_id, "p_user_id": user_id, "p_mode": mode, "p_now": now}
+        with self._sessions.begin() as db:
+            created = db.execute(_create_statement(db), values).scalar_one_or_none() is not None
+        if created:
+            row = SessionRow(
+                session_id=session_id, org_id=org_id, user_id=user_id, mode=mode, version=1, created_at=now,
+                updated_at=now,
+            )  # fmt: skip
+            return row, True
         existing = self.get(session_id)
-        if existing is not None:
-            return existing, False
-        row = SessionRow(
-            session_id=session_id, org_id=org_id, user_id=user_id, mode=mode, version=1, created_at=now, updated_at=now
-        )
-        try:
-            with self._sessions.begin() as db:
-                db.add(row)
-        except IntegrityError:
-            existing = self.get(session_id)
-            if existing is None:
-                raise
-            return existing, False
-        return row, True
+        if existing is None:  # deleted between the two statements; nothing deletes sessions today
+            raise LookupError(f"session {session_id!r} vanished while it was being created")
+        return existing, False
 
     def set_mode(
         self,
@@ -115,7 +115,19 @@ class SessionRepository:
                 )
             )
 
-    def touch(self, session_id: str, *, now: datetime) -> None:
-        """Record that the session was used."""
-        with self._sessions.begin() as db:
-            db.execute(_TOUCH, {"p_session_id": session_id, "p_now": now})
+
+def _create_statement(db: Session) -> ReturningInsert[tuple[str]]:
+    name = db.get_bind().dialect.name
+    statement = _CREATE.get(name)
+    if statement is None:
+        dialect = postgresql if name == "postgresql" else sqlite
+        statement = _CREATE[name] = (
+            dialect.insert(_SESSIONS)
+            .values(
+                session_id=bindparam("p_session_id"), org_id=bindparam("p_org_id"), user_id=bindparam("p_user_id"),
+                mode=bindparam("p_mode"), version=1, created_at=bindparam("p_now"), updated_at=bindparam("p_now"),
+            )
+            .on_conflict_do_nothing(index_elements=["session_id"])
+            .returning(_SESSIONS.c.session_id)
+        )  # fmt: skip
+    return statement

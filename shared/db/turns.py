@@ -14,7 +14,7 @@ from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
+from shared.db.tables import ProviderSnapshotRow, SessionRow, TranscriptItemRow, TurnRow
 from shared.models.turn import UNFINISHED_STATUSES, ModeChange, PendingToolCall, Turn, TurnStatus, Usage
 from shared.result import ErrorInfo
 
@@ -78,6 +78,11 @@ _FINISH: ReturningUpdate[tuple[str]] = (
 _FINISH_IN_FLIGHT: ReturningUpdate[tuple[str]] = (
     update(_TURNS).where(*_FINISH_WHERE).values(_FINISH_VALUES).returning(_TURNS.c.session_id)
 )
+_SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
+_TOUCH_SESSION = (
+    update(_SESSIONS).where(_SESSIONS.c.session_id == bindparam("p_session_id")).values(updated_at=bindparam("p_now"))
+)
+"""A turn's commit is its session's last use."""
 _CLEAR_TRANSCRIPT = delete(_TRANSCRIPT).where(_TRANSCRIPT.c.turn_id == bindparam("p_turn_id"))
 _ADD_TRANSCRIPT = insert(_TRANSCRIPT)
 UNFINISHED = tuple(status.value for status in UNFINISHED_STATUSES)
@@ -244,7 +249,7 @@ class TurnRepository:
         snapshot: dict[str, Any],
         now: datetime,
     ) -> bool:
-        """The commit point: the turn's result, its transcript items and its state snapshot, at once.
+        """The commit point: the turn's result, its transcript items, its state snapshot and its session's last use, at once.
 
         Idempotent: writing the same outcome twice leaves the same rows. A turn that already
         reached a terminal status (cancelled, say) is left as it is.
@@ -281,6 +286,7 @@ class TurnRepository:
                 ]  # fmt: skip
                 db.execute(_ADD_TRANSCRIPT, items)
             _upsert_snapshot(db, turn_id, snapshot, now=now)
+            db.execute(_TOUCH_SESSION, {"p_session_id": session_id, "p_now": now})
         return True
 
     def accept_tool_results(

@@ -63,3 +63,15 @@ def test_commit_never_overwrites_a_cancelled_turn() -> None:
     _commit(ctx, turn_id, 0)
     row = ctx.turns.get(turn_id)
     assert row is not None and row.status == "cancelled" and row.output_text is None
+
+
+def test_create_if_absent_creates_a_session_once_on_sqlite() -> None:
+    ctx = make_context()
+    first, created = ctx.sessions.create_if_absent(
+        session_id="sess_2", org_id="o", user_id="u", mode="general", now=FIXED_NOW
+    )
+    again, created_again = ctx.sessions.create_if_absent(
+        session_id="sess_2", org_id="o", user_id="u", mode="support", now=FIXED_NOW + timedelta(seconds=1)
+    )
+    assert (created, created_again) == (True, False)
+    assert (first.mode, again.mode, again.created_at) == ("general", "general", FIXED_NOW)

@@ -2,8 +2,8 @@
 
 Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (status,
 mode, output, pending tool calls, error, usage, trace), its transcript items (user input and
-answer, for the next turns' context) and a snapshot of the state (to rehydrate a paused turn when
-Redis lost it). Next: Stop. Fails with: nothing (a database blip raises and the task is retried).
+answer, for the next turns' context), a snapshot of the state (to rehydrate a paused turn when
+Redis lost it) and the session's last use. Next: Stop. Fails with: nothing (a database blip raises and the task is retried).
 """
 
 from __future__ import annotations
@@ -40,5 +40,4 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         snapshot=state.checkpoint(),
         now=ctx.clock(),
     )
-    ctx.sessions.touch(state.session_id, now=ctx.clock())
     return success(Stop())

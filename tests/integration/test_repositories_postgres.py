@@ -1,0 +1,95 @@
+"""The repositories' hot-path statements on a real PostgreSQL: session creation as one upsert, the
+turn's commit as its session's last use, and a worker's engine (no pre-ping) after its backends
+were terminated."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from shared.db.engine import create_db_engine, session_factory
+from shared.db.sessions import SessionRepository
+from shared.db.turns import NewTurn, TurnRepository
+from shared.models.turn import TurnStatus, Usage
+from tests.unit.fakes import FIXED_NOW
+
+
+def _session_id() -> str:
+    return f"sess_{uuid.uuid4().hex}"
+
+
+def test_create_if_absent_creates_once_and_then_returns_the_first_session(database_url: str) -> None:
+    sessions = SessionRepository(session_factory(create_db_engine(database_url)))
+    session_id = _session_id()
+    first, created = sessions.create_if_absent(
+        session_id=session_id, org_id="o", user_id="u", mode="general", now=FIXED_NOW
+    )
+    again, created_again = sessions.create_if_absent(
+        session_id=session_id, org_id="o", user_id="u", mode="support", now=FIXED_NOW + timedelta(seconds=5)
+    )
+    assert (created, created_again) == (True, False)
+    assert (first.mode, again.mode) == ("general", "general")
+    stored = sessions.get(session_id)
+    assert stored is not None
+    assert (stored.mode, stored.version, stored.created_at) == ("general", 1, FIXED_NOW)
+
+
+def _turn(turns: TurnRepository, session_id: str) -> str:
+    turn_id = f"turn_{uuid.uuid4().hex}"
+    turns.create(
+        NewTurn(turn_id=turn_id, session_id=session_id, org_id="o", user_id="u", new_session=True,
+                requested_mode=None, request={"input": "q"}, request_hash="h"),
+        now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60),
+    )  # fmt: skip
+    return turn_id
+
+
+def _commit(turns: TurnRepository, turn_id: str, *, status: TurnStatus, seconds: int) -> bool:
+    return turns.commit(
+        turn_id, status=status, mode="general", output_text="a", pending_tool_calls=[], mode_changes=[],
+        error=None, usage=Usage(), trace=[], transcript=[("user", "q"), ("assistant", "a")], snapshot={},
+        now=FIXED_NOW + timedelta(seconds=seconds),
+    )  # fmt: skip
+
+
+def test_the_commit_of_a_turn_is_its_sessions_last_use(database_url: str) -> None:
+    db = session_factory(create_db_engine(database_url))
+    sessions, turns = SessionRepository(db), TurnRepository(db)
+    session_id = _session_id()
+    sessions.create_if_absent(session_id=session_id, org_id="o", user_id="u", mode="general", now=FIXED_NOW)
+    turn_id = _turn(turns, session_id)
+
+    assert _commit(turns, turn_id, status=TurnStatus.COMPLETED, seconds=7)
+    touched = sessions.get(session_id)
+    assert touched is not None and touched.updated_at == FIXED_NOW + timedelta(seconds=7)
+
+    # A turn already ended leaves everything as it was, its session included.
+    assert not _commit(turns, turn_id, status=TurnStatus.FAILED, seconds=9)
+    untouched = sessions.get(session_id)
+    assert untouched is not None and untouched.updated_at == FIXED_NOW + timedelta(seconds=7)
+
+
+def test_a_worker_engine_without_pre_ping_fails_once_then_reconnects_every_connection(database_url: str) -> None:
+    engine = create_db_engine(database_url, pool_size=3, pre_ping=False)
+    held = [engine.connect() for _ in range(3)]
+    pids = {connection.execute(text("SELECT pg_backend_pid()")).scalar_one() for connection in held}
+    for connection in held:
+        connection.close()  # back to the pool, open
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+        for pid in pids:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    with pytest.raises(OperationalError), engine.connect() as connection:
+        connection.execute(text("SELECT 1"))  # the driver runs such a step again later
+    # One dropped connection discards the pool's older ones: no second failure.
+    new_pids = set()
+    for _ in range(3):
+        with engine.connect() as connection:
+            new_pids.add(connection.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    assert not new_pids & pids
+    engine.dispose()
