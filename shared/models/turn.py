@@ -78,11 +78,34 @@ class TurnStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    @property
+    def is_terminal(self) -> bool:
+        """The turn is over (completed, failed or cancelled): nothing changes it again."""
+        return self in _TERMINAL
 
-UNFINISHED_STATUSES = frozenset(
-    {TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.REQUIRES_CLIENT_TOOLS}
-)
-"""A session with a turn in one of these is busy."""
+    @property
+    def is_unfinished(self) -> bool:
+        """The turn may still change: queued, running or paused for client tools.
+
+        A session with an unfinished turn is busy.
+        """
+        return self not in _TERMINAL
+
+    @classmethod
+    def terminal(cls) -> frozenset[TurnStatus]:
+        """Every status for which :attr:`is_terminal` holds."""
+        return _TERMINAL
+
+    @classmethod
+    def unfinished(cls) -> frozenset[TurnStatus]:
+        """Every status for which :attr:`is_unfinished` holds."""
+        return frozenset(cls) - _TERMINAL
+
+
+_TERMINAL = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED})
+
+UNFINISHED_STATUSES = TurnStatus.unfinished()
+"""A session with a turn in one of these is busy (the same set as :meth:`TurnStatus.unfinished`)."""
 
 
 class ClientTool(BaseModel):

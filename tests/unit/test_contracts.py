@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from shared.errors import ConfigurationError
 from shared.models.envelope import TurnEnvelope
-from shared.models.turn import TurnRequest
+from shared.models.turn import TurnRequest, TurnStatus
 from shared.modes import load_catalog
 from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.settings import Settings, parse_api_keys
@@ -126,3 +126,13 @@ def test_each_queue_has_its_own_exchange_and_routing_key() -> None:
     app = create_producer(Settings())
     bindings = {(q.exchange.name, q.routing_key) for q in app.amqp.queues.values()}
     assert bindings == {(queue.value, queue.value) for queue in Queue}
+
+
+def test_turn_status_classifies_itself() -> None:
+    assert {status for status in TurnStatus if status.is_terminal} == TurnStatus.terminal() == {
+        TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED
+    }
+    assert {status for status in TurnStatus if status.is_unfinished} == TurnStatus.unfinished() == {
+        TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.REQUIRES_CLIENT_TOOLS
+    }
+    assert TurnStatus.terminal().isdisjoint(TurnStatus.unfinished())
