@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from api_gateway.turn_view import to_turn
+from shared.db import session_factory
+from shared.db.batches import BatchRecord, BatchRepository
 from shared.db.records import IDENTITY_FIELDS, TurnRecord
+from shared.db.sessions import ModeHistoryRecord, SessionRecord
 from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, TurnRow
 from shared.db.turns import NewTurn, TurnOutcome
 from shared.models.turn import ModeChange, TurnStatus, Usage
@@ -154,3 +157,40 @@ def test_the_partial_indexes_keep_the_text_of_their_migrations() -> None:
     migrations = Path(__file__).resolve().parents[2] / "shared" / "db" / "migrations" / "versions"
     assert f'sa.text("{UNFINISHED_SQL}")' in (migrations / "0001_initial_schema.py").read_text()
     assert f'sa.text("{IN_FLIGHT_SQL}")' in (migrations / "0004_recovery.py").read_text()
+
+
+def test_session_repository_returns_records_not_orm_rows() -> None:
+    ctx = make_context()
+    created, _ = ctx.sessions.create_if_absent(
+        session_id="sess_3", org_id="o", user_id="u", mode="general", now=FIXED_NOW
+    )
+    ctx.sessions.set_mode(
+        "sess_3", turn_id="turn_3", seq=0, from_mode="general", to_mode="support", reason="asked", org_id="o",
+        user_id="u", now=FIXED_NOW + timedelta(seconds=1),
+    )  # fmt: skip
+    stored = ctx.sessions.get("sess_3")
+    history = ctx.sessions.mode_history("sess_3")
+    assert isinstance(created, SessionRecord) and isinstance(stored, SessionRecord)
+    assert (stored.mode, stored.version) == ("support", 2)
+    assert [type(entry) for entry in history] == [ModeHistoryRecord]
+    assert (history[0].from_mode, history[0].to_mode, history[0].turn_id) == ("general", "support", "turn_3")
+
+
+def test_batch_repository_takes_and_returns_records() -> None:
+    # Given a batch of two turns recorded together
+    ctx = make_context()
+    batches = BatchRepository(session_factory(ctx.engine))
+    batch = BatchRecord(batch_id="batch_1", org_id="o", user_id="u", total=2, created_at=FIXED_NOW)
+    turns = [
+        NewTurn(turn_id=f"turn_{index:032d}", session_id=f"sess_b{index}", org_id="o", user_id="u", new_session=True,
+                requested_mode=None, request={"input": "q"}, request_hash="h", batch_id="batch_1", batch_index=index)
+        for index in range(2)
+    ]  # fmt: skip
+    batches.create(batch, turns, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+
+    # Then it reads back as records, the turns in request order
+    assert batches.get("batch_1", org_id="o") == batch
+    assert batches.get("batch_1", org_id="other") is None
+    read = list(batches.turns("batch_1", chunk=1))
+    assert [type(turn) for turn in read] == [TurnRecord, TurnRecord]
+    assert [turn.turn_id for turn in read] == [turn.turn_id for turn in turns]
