@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from shared.db import turn_sql as sql
 from shared.db.records import InFlightTurn, NewTurn, TurnOutcome, TurnRecord
 from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
-from shared.models.turn import TurnStatus
+from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
 from shared.result import ErrorInfo
 
 __all__ = [
@@ -122,7 +122,8 @@ class TurnRepository:
         if not deadlines:
             return
         with self._db.begin() as orm:
-            orm.execute(sql.SET_DEADLINE, [{"p_turn_id": turn_id, "p_deadline": at} for turn_id, at in deadlines.items()])
+            moves = [{"p_turn_id": turn_id, "p_deadline": at} for turn_id, at in deadlines.items()]
+            orm.execute(sql.SET_DEADLINE, moves)
 
     def note_redrive(self, turn_id: str, *, deadline_at: datetime) -> None:
         """Count one re-drive of the turn and give it a new deadline."""
@@ -142,7 +143,7 @@ class TurnRepository:
         snapshot: dict[str, Any],
         now: datetime,
     ) -> bool:
-        """The commit point: the turn's outcome, its transcript items, its state snapshot and its session's last use, at once.
+        """The commit point: the turn's outcome, transcript items, state snapshot and session's last use, at once.
 
         Idempotent: writing the same outcome twice leaves the same rows. A turn that already
         reached a terminal status (cancelled, say) is left as it is.
@@ -208,7 +209,7 @@ class TurnRepository:
         status: TurnStatus,
         error: ErrorInfo,
         now: datetime,
-        only_if: Collection[str] = TurnStatus.unfinished(),
+        only_if: Collection[str] = UNFINISHED_STATUSES,
     ) -> TurnRecord | None:
         """End a turn from outside the pipeline (cancel, client-tool timeout) if its status is in ``only_if``.
 
