@@ -161,7 +161,7 @@ def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
     if first_message:
         if row is None:
             raise TurnNotRecorded(env.turn_id)
-        if row.status == TurnStatus.QUEUED.value:  # never started: it has no checkpoint
+        if row.status is TurnStatus.QUEUED:  # never started: it has no checkpoint
             return request_handler.initial_state(row)
     checkpoint = ctx.turns.load_snapshot(env.turn_id)
     if checkpoint is not None:

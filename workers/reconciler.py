@@ -234,7 +234,7 @@ class Reconciler:
             status=TurnStatus.FAILED,
             error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message),
             now=now,
-            only_if=(TurnStatus.QUEUED.value, TurnStatus.RUNNING.value),
+            only_if=TurnStatus.in_flight(),
         )
         self._store.forget(turn.turn_id)
         self.stats.db_calls += 1

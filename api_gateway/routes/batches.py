@@ -20,8 +20,9 @@ from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.errors import ApiError
 from api_gateway.ids import is_batch_id, new_batch_id
 from api_gateway.state import GatewayState
-from shared.db.tables import BatchRow
-from shared.db.turns import SessionBusy, to_turn
+from api_gateway.turn_view import to_turn
+from shared.db.batches import BatchRecord
+from shared.db.turns import SessionBusy
 from shared.models.batch import Batch, BatchRequest
 
 __all__ = ["router"]
@@ -75,7 +76,7 @@ def _record_batch(gateway: GatewayState, body: BatchRequest, org_id: str, user_i
         for index, request in enumerate(body.requests)
     ]
     now = datetime.now(UTC)
-    row = BatchRow(batch_id=batch_id, org_id=org_id, user_id=user_id, total=len(turns), created_at=now)
+    row = BatchRecord(batch_id=batch_id, org_id=org_id, user_id=user_id, total=len(turns), created_at=now)
     try:
         gateway.batches.create(
             row,
@@ -114,7 +115,7 @@ def _check_distinct_sessions(body: BatchRequest) -> None:
         seen[request.session_id] = index
 
 
-def _require_batch(gateway: GatewayState, batch_id: str, org_id: str) -> BatchRow:
+def _require_batch(gateway: GatewayState, batch_id: str, org_id: str) -> BatchRecord:
     row = gateway.batches.get(batch_id, org_id=org_id) if is_batch_id(batch_id) else None
     if row is None:
         raise ApiError(404, "not_found", f"batch {batch_id!r} does not exist")

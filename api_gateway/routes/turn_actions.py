@@ -16,8 +16,8 @@ from api_gateway.errors import ApiError
 from api_gateway.expiry import expire_overdue
 from api_gateway.routes.turns import WaitSeconds, require_turn, wait_for
 from api_gateway.state import GatewayState
-from shared.db.tables import TurnRow
-from shared.db.turns import to_turn
+from api_gateway.turn_view import to_turn
+from shared.db.records import TurnRecord
 from shared.models.trace import TraceStep, TurnTrace
 from shared.models.turn import Turn, TurnHandle, ToolResultsRequest, TurnStatus
 from shared.result import ErrorCode, ErrorInfo
@@ -58,7 +58,7 @@ async def get_trace(turn_id: str, caller: Caller, gateway: Gateway) -> TurnTrace
     return TurnTrace(turn_id=turn_id, steps=steps)
 
 
-def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsRequest) -> TurnRow:
+def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsRequest) -> TurnRecord:
     row = require_turn(gateway, turn_id, org_id)
     expire_overdue(gateway, turn_id=turn_id)
     results = [result.model_dump() for result in body.tool_results]
@@ -82,7 +82,7 @@ def _resume(gateway: GatewayState, turn_id: str, org_id: str, body: ToolResultsR
     return require_turn(gateway, turn_id, org_id)
 
 
-def _cancel(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
+def _cancel(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRecord:
     row = require_turn(gateway, turn_id, org_id)
     expire_overdue(gateway, turn_id=turn_id)
     cancelled = gateway.turns.finish_early(

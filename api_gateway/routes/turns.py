@@ -18,8 +18,9 @@ from api_gateway.expiry import expire_overdue
 from api_gateway.admission import BrokerUnavailable, admit, enqueue_turns
 from api_gateway.ids import is_turn_id
 from api_gateway.state import GatewayState
-from shared.db.tables import TurnRow
-from shared.db.turns import IdempotencyConflict, SessionBusy, to_turn
+from api_gateway.turn_view import to_turn
+from shared.db.records import TurnRecord
+from shared.db.turns import IdempotencyConflict, SessionBusy
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
 
 __all__ = ["router"]
@@ -56,7 +57,7 @@ async def get_turn(turn_id: str, caller: Caller, gateway: Gateway, wait: WaitSec
     return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
 
 
-def _record_turn(gateway: GatewayState, body: TurnRequest, org_id: str, user_id: str) -> TurnRow:
+def _record_turn(gateway: GatewayState, body: TurnRequest, org_id: str, user_id: str) -> TurnRecord:
     turn = admit(gateway, body, org_id=org_id, user_id=user_id)
     try:
         row, _created = gateway.turns.create(
@@ -76,14 +77,14 @@ def _record_turn(gateway: GatewayState, body: TurnRequest, org_id: str, user_id:
     return row
 
 
-def require_turn(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRow:
+def require_turn(gateway: GatewayState, turn_id: str, org_id: str) -> TurnRecord:
     row = gateway.turns.get(turn_id, org_id=org_id) if is_turn_id(turn_id) else None
     if row is None:
         raise ApiError(404, "not_found", f"turn {turn_id!r} does not exist")
     return row
 
 
-async def wait_for(gateway: GatewayState, turn_id: str, org_id: str, seconds: float) -> TurnRow:
+async def wait_for(gateway: GatewayState, turn_id: str, org_id: str, seconds: float) -> TurnRecord:
     deadline = time.monotonic() + seconds
     delay = 0.02
     while True:

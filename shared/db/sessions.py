@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -11,30 +13,62 @@ from sqlalchemy.sql.dml import ReturningInsert
 
 from shared.db.tables import ModeHistoryRow, SessionRow
 
-__all__ = ["SessionRepository"]
+__all__ = ["ModeHistoryRecord", "SessionRecord", "SessionRepository"]
 
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 _CREATE: dict[str, ReturningInsert[tuple[str]]] = {}
-"""Per dialect, built once (see ``shared.db.turns``: a statement built per call recomputes its cache key)."""
+"""Per dialect, built once (see ``shared.db.turn_sql``: a statement built per call recomputes its cache key)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionRecord:
+    """An agent session as recorded: its authoritative current mode."""
+
+    session_id: str
+    org_id: str
+    user_id: str
+    mode: str
+    version: int
+    """Bumped by every mode change."""
+    created_at: datetime
+    updated_at: datetime
+    """The session's last use: its creation, a mode change or a turn's commit."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModeHistoryRecord:
+    """One mode transition of a session, as recorded."""
+
+    history_id: int
+    session_id: str
+    turn_id: str
+    seq: int
+    """Order of the change within its turn."""
+    from_mode: str | None
+    to_mode: str
+    reason: str | None
+    org_id: str
+    user_id: str
+    at: datetime
 
 
 class SessionRepository:
     """Reads and writes of the session aggregate."""
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self._sessions = sessions
+    def __init__(self, db: sessionmaker[Session]) -> None:
+        self._db = db
 
-    def get(self, session_id: str, *, org_id: str | None = None) -> SessionRow | None:
+    def get(self, session_id: str, *, org_id: str | None = None) -> SessionRecord | None:
         """The session, scoped to ``org_id`` when given."""
-        with self._sessions() as db:
-            row = db.get(SessionRow, session_id)
+        with self._db() as orm:
+            row = orm.get(SessionRow, session_id)
         if row is None or (org_id is not None and row.org_id != org_id):
             return None
-        return row
+        return _record(SessionRecord, row)
 
     def create_if_absent(
         self, *, session_id: str, org_id: str, user_id: str, mode: str, now: datetime
-    ) -> tuple[SessionRow, bool]:
+    ) -> tuple[SessionRecord, bool]:
         """Create the session unless it exists (a redelivered creator step finds it).
 
         One statement, ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, in one transaction; a second
@@ -44,14 +78,14 @@ class SessionRepository:
             The session and whether this call created it.
         """
         values = {"p_session_id": session_id, "p_org_id": org_id, "p_user_id": user_id, "p_mode": mode, "p_now": now}
-        with self._sessions.begin() as db:
-            created = db.execute(_create_statement(db), values).scalar_one_or_none() is not None
+        with self._db.begin() as orm:
+            created = orm.execute(_create_statement(orm), values).scalar_one_or_none() is not None
         if created:
-            row = SessionRow(
+            record = SessionRecord(
                 session_id=session_id, org_id=org_id, user_id=user_id, mode=mode, version=1, created_at=now,
                 updated_at=now,
             )  # fmt: skip
-            return row, True
+            return record, True
         existing = self.get(session_id)
         if existing is None:  # deleted between the two statements; nothing deletes sessions today
             raise LookupError(f"session {session_id!r} vanished while it was being created")
@@ -77,19 +111,19 @@ class SessionRepository:
         Returns:
             Whether this call recorded the change.
         """
-        with self._sessions.begin() as db:
-            seen = db.scalar(
+        with self._db.begin() as orm:
+            seen = orm.scalar(
                 select(ModeHistoryRow.history_id).where(ModeHistoryRow.turn_id == turn_id, ModeHistoryRow.seq == seq)
             )
             if seen is not None:
                 return False
-            session = db.get(SessionRow, session_id, with_for_update=True)
+            session = orm.get(SessionRow, session_id, with_for_update=True)
             if session is None:
                 return False
             session.mode = to_mode
             session.version += 1
             session.updated_at = now
-            db.add(
+            orm.add(
                 ModeHistoryRow(
                     session_id=session_id,
                     turn_id=turn_id,
@@ -104,20 +138,27 @@ class SessionRepository:
             )
         return True
 
-    def mode_history(self, session_id: str) -> list[ModeHistoryRow]:
+    def mode_history(self, session_id: str) -> list[ModeHistoryRecord]:
         """The session's mode transitions, oldest first."""
-        with self._sessions() as db:
-            return list(
-                db.scalars(
-                    select(ModeHistoryRow)
-                    .where(ModeHistoryRow.session_id == session_id)
-                    .order_by(ModeHistoryRow.at, ModeHistoryRow.history_id)
-                )
+        with self._db() as orm:
+            rows = orm.scalars(
+                select(ModeHistoryRow)
+                .where(ModeHistoryRow.session_id == session_id)
+                .order_by(ModeHistoryRow.at, ModeHistoryRow.history_id)
             )
+            return [_record(ModeHistoryRecord, row) for row in rows]
 
 
-def _create_statement(db: Session) -> ReturningInsert[tuple[str]]:
-    name = db.get_bind().dialect.name
+_Record = TypeVar("_Record", SessionRecord, ModeHistoryRecord)
+
+
+def _record(record: type[_Record], row: SessionRow | ModeHistoryRow) -> _Record:
+    """The record of ``row``: the record's fields are the row's columns."""
+    return record(**{field.name: getattr(row, field.name) for field in fields(record)})
+
+
+def _create_statement(orm: Session) -> ReturningInsert[tuple[str]]:
+    name = orm.get_bind().dialect.name
     statement = _CREATE.get(name)
     if statement is None:
         dialect = postgresql if name == "postgresql" else sqlite

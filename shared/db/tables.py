@@ -6,12 +6,15 @@ Portable between PostgreSQL and SQLite (plain JSON, no dialect-only types). API 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Dialect, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from shared.models.turn import TurnStatus
 
 __all__ = [
     "BatchRow",
@@ -24,8 +27,28 @@ __all__ = [
     "TurnRow",
 ]
 
-UNFINISHED_SQL = "status IN ('queued', 'running', 'requires_client_tools')"
-IN_FLIGHT_SQL = "status IN ('queued', 'running')"
+
+
+def status_in_sql(statuses: Iterable[TurnStatus]) -> str:
+    """A partial index's predicate on ``status``, in TurnStatus's declaration order.
+
+    The order keeps the text the migrations wrote (``0001``, ``0004``), so the tables and the
+    migrated schema describe the same indexes.
+
+    Args:
+        statuses: the statuses the predicate admits.
+
+    Returns:
+        ``status IN ('queued', ...)``.
+    """
+    chosen = frozenset(statuses)
+    return "status IN (" + ", ".join(f"'{status.value}'" for status in TurnStatus if status in chosen) + ")"
+
+
+UNFINISHED_SQL = status_in_sql(TurnStatus.unfinished())
+"""One unfinished turn per session: the predicate of ``uq_turns_one_unfinished_per_session``."""
+IN_FLIGHT_SQL = status_in_sql(TurnStatus.in_flight())
+"""The reconciler's scan: the predicate of ``ix_turns_in_flight_deadline``."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -34,8 +34,8 @@ class ToolRun:
 class ToolRunRepository:
     """Reads and writes of tool runs."""
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self._sessions = sessions
+    def __init__(self, db: sessionmaker[Session]) -> None:
+        self._db = db
 
     def start(self, *, turn_id: str, call_id: str, name: str, worker: str, now: datetime) -> ToolRun | None:
         """Record that the call starts now.
@@ -43,24 +43,24 @@ class ToolRunRepository:
         Returns:
             None when this call recorded the start (run the tool), else the earlier record.
         """
-        with self._sessions.begin() as db:
-            dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
+        with self._db.begin() as orm:
+            dialect = postgresql if orm.get_bind().dialect.name == "postgresql" else sqlite
             insert = dialect.insert(ToolRunRow).values(
                 turn_id=turn_id, call_id=call_id, name=name, status="started", worker=worker, started_at=now
             )
-            inserted = db.scalar(
+            inserted = orm.scalar(
                 insert.on_conflict_do_nothing(index_elements=["turn_id", "call_id"]).returning(ToolRunRow.turn_id)
             )
             if inserted is not None:
                 return None
-            row = db.scalar(select(ToolRunRow).where(ToolRunRow.turn_id == turn_id, ToolRunRow.call_id == call_id))
+            row = orm.scalar(select(ToolRunRow).where(ToolRunRow.turn_id == turn_id, ToolRunRow.call_id == call_id))
         assert row is not None
         return _run(row)
 
     def finish(self, *, turn_id: str, call_id: str, status: ToolRunStatus, output: str, now: datetime) -> bool:
         """Record the call's outcome unless one is recorded already; returns whether this one was."""
-        with self._sessions.begin() as db:
-            result = db.execute(
+        with self._db.begin() as orm:
+            result = orm.execute(
                 update(ToolRunRow)
                 .where(ToolRunRow.turn_id == turn_id, ToolRunRow.call_id == call_id, ToolRunRow.status == "started")
                 .values(status=status, output=output, finished_at=now)
@@ -69,8 +69,8 @@ class ToolRunRepository:
 
     def for_turn(self, turn_id: str) -> dict[str, ToolRun]:
         """Every recorded call of the turn, by call id."""
-        with self._sessions() as db:
-            rows = db.scalars(select(ToolRunRow).where(ToolRunRow.turn_id == turn_id)).all()
+        with self._db() as orm:
+            rows = orm.scalars(select(ToolRunRow).where(ToolRunRow.turn_id == turn_id)).all()
         return {row.call_id: _run(row) for row in rows}
 
 

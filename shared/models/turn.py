@@ -91,6 +91,14 @@ class TurnStatus(StrEnum):
         """
         return self not in _TERMINAL
 
+    @property
+    def is_in_flight(self) -> bool:
+        """The pipeline owes the turn its next step (queued or running): the reconciler watches it.
+
+        Unfinished but not in flight means paused for client tools: the client owes the next move.
+        """
+        return self in _IN_FLIGHT
+
     @classmethod
     def terminal(cls) -> frozenset[TurnStatus]:
         """Every status for which :attr:`is_terminal` holds."""
@@ -101,8 +109,14 @@ class TurnStatus(StrEnum):
         """Every status for which :attr:`is_unfinished` holds."""
         return frozenset(cls) - _TERMINAL
 
+    @classmethod
+    def in_flight(cls) -> frozenset[TurnStatus]:
+        """Every status for which :attr:`is_in_flight` holds."""
+        return _IN_FLIGHT
+
 
 _TERMINAL = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED})
+_IN_FLIGHT = frozenset({TurnStatus.QUEUED, TurnStatus.RUNNING})
 
 UNFINISHED_STATUSES = TurnStatus.unfinished()
 """A session with a turn in one of these is busy (the same set as :meth:`TurnStatus.unfinished`)."""

@@ -55,7 +55,12 @@ class ModelRetry(BaseModel):
 
 
 class TurnState(BaseModel):
-    """The whole hot state of one turn."""
+    """The whole hot state of one turn.
+
+    Its identity fields come from the turn's record and its outcome fields go to the commit point,
+    under the same names (``shared.db.records``: ``IDENTITY_FIELDS``, ``TurnOutcome``); its
+    ``checkpoint()`` is the snapshot.
+    """
 
     turn_id: str
     session_id: str

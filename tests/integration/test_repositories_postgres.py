@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from shared.db.engine import create_db_engine, session_factory
 from shared.db.sessions import SessionRepository
-from shared.db.turns import NewTurn, TurnRepository
+from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
 from shared.models.turn import TurnStatus, Usage
 from tests.unit.fakes import FIXED_NOW
 
@@ -50,9 +50,12 @@ def _turn(turns: TurnRepository, session_id: str) -> str:
 
 
 def _commit(turns: TurnRepository, turn_id: str, *, status: TurnStatus, seconds: int) -> bool:
+    outcome = TurnOutcome(
+        status=status, mode="general", output_text="a", pending_tool_calls=[], mode_changes=[], error=None,
+        usage=Usage(), trace=[],
+    )
     return turns.commit(
-        turn_id, status=status, mode="general", output_text="a", pending_tool_calls=[], mode_changes=[],
-        error=None, usage=Usage(), trace=[], transcript=[("user", "q"), ("assistant", "a")], snapshot={},
+        turn_id, outcome, transcript=[("user", "q"), ("assistant", "a")], snapshot={},
         now=FIXED_NOW + timedelta(seconds=seconds),
     )  # fmt: skip
 

@@ -136,3 +136,7 @@ def test_turn_status_classifies_itself() -> None:
         TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.REQUIRES_CLIENT_TOOLS
     }
     assert TurnStatus.terminal().isdisjoint(TurnStatus.unfinished())
+    assert {status for status in TurnStatus if status.is_in_flight} == TurnStatus.in_flight() == {
+        TurnStatus.QUEUED, TurnStatus.RUNNING
+    }
+    assert TurnStatus.in_flight() < TurnStatus.unfinished()

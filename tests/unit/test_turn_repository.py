@@ -1,13 +1,26 @@
-"""TurnRepository on SQLite: conversation context order and limit, the commit point's idempotence."""
+"""TurnRepository on SQLite: conversation context order and limit, the commit point's idempotence, and
+the turn records it takes and returns (one set of fields from a new turn to its snapshot)."""
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError, asdict, fields
 from datetime import timedelta
+from pathlib import Path
 
-from shared.db.turns import NewTurn
-from shared.models.turn import TurnStatus, Usage
+import pytest
+
+from api_gateway.turn_view import to_turn
+from shared.db import session_factory
+from shared.db.batches import BatchRecord, BatchRepository
+from shared.db.records import IDENTITY_FIELDS, TurnRecord
+from shared.db.sessions import ModeHistoryRecord, SessionRecord
+from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, TurnRow
+from shared.db.turns import NewTurn, TurnOutcome
+from shared.models.turn import ModeChange, TurnStatus, Usage
+from shared.state import TurnState
 from tests.unit.fakes import FIXED_NOW, make_context
 from workers.context import StepContext
+from workers.steps.request_handler import initial_state
 
 
 def _turn(ctx: StepContext, index: int) -> str:
@@ -21,10 +34,13 @@ def _turn(ctx: StepContext, index: int) -> str:
 
 
 def _commit(ctx: StepContext, turn_id: str, index: int, status: TurnStatus = TurnStatus.COMPLETED) -> None:
+    outcome = TurnOutcome(
+        status=status, mode="general", output_text=f"a{index}", pending_tool_calls=[], mode_changes=[],
+        error=None, usage=Usage(), trace=[],
+    )
     ctx.turns.commit(
-        turn_id, status=status, mode="general", output_text=f"a{index}", pending_tool_calls=[], mode_changes=[],
-        error=None, usage=Usage(), trace=[], transcript=[("user", f"q{index}"), ("assistant", f"a{index}")],
-        snapshot={}, now=FIXED_NOW + timedelta(seconds=index, milliseconds=500),
+        turn_id, outcome, transcript=[("user", f"q{index}"), ("assistant", f"a{index}")], snapshot={},
+        now=FIXED_NOW + timedelta(seconds=index, milliseconds=500),
     )  # fmt: skip
 
 
@@ -75,3 +91,106 @@ def test_create_if_absent_creates_a_session_once_on_sqlite() -> None:
     )
     assert (created, created_again) == (True, False)
     assert (first.mode, again.mode, again.created_at) == ("general", "general", FIXED_NOW)
+
+
+def test_get_returns_a_frozen_turn_record_not_an_orm_row() -> None:
+    ctx = make_context()
+    turn_id = _turn(ctx, 0)
+    record = ctx.turns.get(turn_id)
+    assert isinstance(record, TurnRecord) and not isinstance(record, Base)
+    assert record.status is TurnStatus.QUEUED and record.status == "queued"
+    with pytest.raises(FrozenInstanceError):
+        record.status = TurnStatus.RUNNING  # type: ignore[misc]  # the point: a record cannot be changed
+
+
+def test_a_turn_record_has_a_field_for_each_column_of_the_turns_table() -> None:
+    assert {field.name for field in fields(TurnRecord)} == set(TurnRow.__table__.columns.keys())
+
+
+def test_turn_state_carries_the_identity_and_the_outcome_under_the_same_names() -> None:
+    carried = {*IDENTITY_FIELDS, *(field.name for field in fields(TurnOutcome))}
+    assert carried <= set(TurnState.model_fields)
+    assert set(IDENTITY_FIELDS) <= {field.name for field in fields(NewTurn)}
+
+
+def test_a_turn_round_trips_from_new_to_committed_to_snapshot() -> None:
+    # Given a recorded turn and the state it starts with
+    ctx = make_context()
+    new = NewTurn(
+        turn_id="turn_" + "7" * 32, session_id="sess_7", org_id="o", user_id="u", new_session=True,
+        requested_mode="general", request={"input": "hello"}, request_hash="h", batch_id="batch_7", batch_index=0,
+    )  # fmt: skip
+    created, was_created = ctx.turns.create(new, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+    assert was_created and isinstance(created, TurnRecord)
+    assert {field.name: getattr(created, field.name) for field in fields(NewTurn)} == asdict(new)
+    state = initial_state(created)
+    assert (state.turn_id, state.batch_id, state.requested_mode, state.user_input, state.created_at) == (
+        new.turn_id, "batch_7", "general", "hello", FIXED_NOW
+    )  # fmt: skip
+
+    # When it finishes and commits what its state holds
+    state.status, state.mode, state.output_text = TurnStatus.COMPLETED, "general", "hi"
+    state.mode_changes = [ModeChange(from_mode="general", to_mode="support", reason="asked")]
+    state.usage = Usage(llm_calls=1, input_tokens=3, output_tokens=2)
+    state.record("turn_completed", at=FIXED_NOW, step="persist", worker="w")
+    outcome = TurnOutcome.of(state)
+    later = FIXED_NOW + timedelta(seconds=2)
+    assert ctx.turns.commit(new.turn_id, outcome, transcript=[], snapshot=state.checkpoint(), now=later)
+
+    # Then the record, the API view and the snapshot all say the same
+    committed = ctx.turns.get(new.turn_id)
+    assert committed is not None
+    assert {name: getattr(committed, name) for name in outcome.columns()} == outcome.columns()
+    assert committed.identity() == created.identity() and committed.completed_at == later
+    view = to_turn(committed)
+    assert (view.status, view.mode, view.output_text, view.mode_changes, view.usage) == (
+        outcome.status, outcome.mode, outcome.output_text, outcome.mode_changes, outcome.usage
+    )  # fmt: skip
+    snapshot = ctx.turns.load_snapshot(new.turn_id)
+    assert snapshot is not None
+    restored = TurnState.model_validate(snapshot)
+    assert TurnOutcome.of(restored) == outcome
+    assert {name: getattr(restored, name) for name in IDENTITY_FIELDS} == created.identity()
+
+
+def test_the_partial_indexes_keep_the_text_of_their_migrations() -> None:
+    migrations = Path(__file__).resolve().parents[2] / "shared" / "db" / "migrations" / "versions"
+    assert f'sa.text("{UNFINISHED_SQL}")' in (migrations / "0001_initial_schema.py").read_text()
+    assert f'sa.text("{IN_FLIGHT_SQL}")' in (migrations / "0004_recovery.py").read_text()
+
+
+def test_session_repository_returns_records_not_orm_rows() -> None:
+    ctx = make_context()
+    created, _ = ctx.sessions.create_if_absent(
+        session_id="sess_3", org_id="o", user_id="u", mode="general", now=FIXED_NOW
+    )
+    ctx.sessions.set_mode(
+        "sess_3", turn_id="turn_3", seq=0, from_mode="general", to_mode="support", reason="asked", org_id="o",
+        user_id="u", now=FIXED_NOW + timedelta(seconds=1),
+    )  # fmt: skip
+    stored = ctx.sessions.get("sess_3")
+    history = ctx.sessions.mode_history("sess_3")
+    assert isinstance(created, SessionRecord) and isinstance(stored, SessionRecord)
+    assert (stored.mode, stored.version) == ("support", 2)
+    assert [type(entry) for entry in history] == [ModeHistoryRecord]
+    assert (history[0].from_mode, history[0].to_mode, history[0].turn_id) == ("general", "support", "turn_3")
+
+
+def test_batch_repository_takes_and_returns_records() -> None:
+    # Given a batch of two turns recorded together
+    ctx = make_context()
+    batches = BatchRepository(session_factory(ctx.engine))
+    batch = BatchRecord(batch_id="batch_1", org_id="o", user_id="u", total=2, created_at=FIXED_NOW)
+    turns = [
+        NewTurn(turn_id=f"turn_{index:032d}", session_id=f"sess_b{index}", org_id="o", user_id="u", new_session=True,
+                requested_mode=None, request={"input": "q"}, request_hash="h", batch_id="batch_1", batch_index=index)
+        for index in range(2)
+    ]  # fmt: skip
+    batches.create(batch, turns, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+
+    # Then it reads back as records, the turns in request order
+    assert batches.get("batch_1", org_id="o") == batch
+    assert batches.get("batch_1", org_id="other") is None
+    read = list(batches.turns("batch_1", chunk=1))
+    assert [type(turn) for turn in read] == [TurnRecord, TurnRecord]
+    assert [turn.turn_id for turn in read] == [turn.turn_id for turn in turns]

@@ -1,13 +1,14 @@
 """Persistence (AGN-027 layer F): the commit point of a turn.
 
-Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (status,
-mode, output, pending tool calls, error, usage, trace), its transcript items (user input and
-answer, for the next turns' context), a snapshot of the state (to rehydrate a paused turn when
-Redis lost it) and the session's last use. Next: Stop. Fails with: nothing (a database blip raises and the task is retried).
+Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (its
+``TurnOutcome``: status, mode, output, pending tool calls, error, usage, trace), its transcript
+items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
+a paused turn when Redis lost it) and the session's last use. Next: Stop. Fails with: nothing (a database blip raises and the task is retried).
 """
 
 from __future__ import annotations
 
+from shared.db.records import TurnOutcome
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import InvokeResult, success
@@ -27,17 +28,6 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if state.status is TurnStatus.COMPLETED:
         transcript = [("user", state.user_input), ("assistant", state.output_text or "")]
     ctx.turns.commit(
-        state.turn_id,
-        status=state.status,
-        mode=state.mode,
-        output_text=state.output_text,
-        pending_tool_calls=state.pending_tool_calls,
-        mode_changes=state.mode_changes,
-        error=state.error,
-        usage=state.usage,
-        trace=[step.model_dump(mode="json") for step in state.trace],
-        transcript=transcript,
-        snapshot=state.checkpoint(),
-        now=ctx.clock(),
+        state.turn_id, TurnOutcome.of(state), transcript=transcript, snapshot=state.checkpoint(), now=ctx.clock()
     )
     return success(Stop())

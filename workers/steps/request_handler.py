@@ -1,6 +1,6 @@
 """AgentRequestHandler (AGN-032 §5.1): entry; builds the turn state and routes it.
 
-Reads: the turn row the gateway recorded. Writes: a new TurnState (first round), turn status
+Reads: the turn record the gateway wrote. Writes: a new TurnState (first round), turn status
 ``running`` with a fresh reconciler deadline (the turn's durable start), the ``turn_start`` trace step. Next: session_creator (new session), session_restorer
 (follow-up turn) or client_tool_session_restorer (tool-results re-entry); Stop when the turn was
 cancelled before it started. Fails with: nothing of its own.
@@ -11,7 +11,7 @@ chain of tasks, downstream returns by sending the turn there.
 
 from __future__ import annotations
 
-from shared.db.tables import TurnRow
+from shared.db.records import TurnRecord
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import ClientTool
 from shared.result import InvokeResult, success
@@ -24,19 +24,21 @@ from workers.trace import trace
 __all__ = ["initial_state", "run"]
 
 
-def initial_state(row: TurnRow) -> TurnState:
-    """The initial state of a turn from its recorded request."""
+def initial_state(record: TurnRecord) -> TurnState:
+    """The initial state of a turn from its recorded request.
+
+    Args:
+        record: the turn as the gateway recorded it.
+
+    Returns:
+        A state carrying the record's identity (``shared.db.records.IDENTITY_FIELDS``), its
+        acceptance time and its request.
+    """
     return TurnState(
-        turn_id=row.turn_id,
-        session_id=row.session_id,
-        org_id=row.org_id,
-        user_id=row.user_id,
-        batch_id=row.batch_id,
-        created_at=row.created_at,
-        new_session=row.new_session,
-        requested_mode=row.requested_mode,
-        user_input=str(row.request["input"]),
-        client_tools=[ClientTool.model_validate(tool) for tool in row.request.get("tools", [])],
+        **record.identity(),
+        created_at=record.created_at,
+        user_input=str(record.request["input"]),
+        client_tools=[ClientTool.model_validate(tool) for tool in record.request.get("tools", [])],
     )
 
 
