@@ -1,0 +1,18 @@
+"""The gateway's services: what it does to turns and batches, apart from how HTTP asks for it."""
+
+from api_gateway.services.batch_service import BatchService
+from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+from api_gateway.services.publisher import CeleryPublisher, TurnPublisher
+from api_gateway.services.turn_service import TurnService
+
+__all__ = [
+    "BatchService",
+    "CeleryPublisher",
+    "Conflict",
+    "InvalidRequest",
+    "NotFound",
+    "ServiceError",
+    "TurnPublisher",
+    "TurnService",
+    "Unavailable",
+]
