@@ -11,7 +11,7 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
-from api_gateway.services import BatchService, CeleryPublisher, TurnService
+from api_gateway.services import BatchService, CeleryPublisher, SessionService, TurnService
 from shared.broker import create_producer
 from shared.db import create_db_engine, session_factory
 from shared.db.batches import BatchRepository
@@ -46,6 +46,7 @@ class GatewayState:
     metrics: GatewayMetrics
     turn_service: TurnService
     batch_service: BatchService
+    session_service: SessionService
 
 
 def utc_now() -> datetime:
@@ -99,4 +100,5 @@ def connect_gateway(settings: Settings) -> GatewayState:
         batch_service=BatchService(
             turns=turn_service, batches=batches, max_requests=settings.max_batch_requests, clock=utc_now
         ),
+        session_service=SessionService(sessions=sessions, turns=turns),
     )

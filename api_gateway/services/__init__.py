@@ -1,8 +1,9 @@
-"""The gateway's services: what it does to turns and batches, apart from how HTTP asks for it."""
+"""The gateway's services: what it does to turns, batches and sessions, apart from how HTTP asks for it."""
 
 from api_gateway.services.batch_service import BatchService
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
 from api_gateway.services.publisher import CeleryPublisher, TurnPublisher
+from api_gateway.services.session_service import SessionService
 from api_gateway.services.turn_service import TurnService
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "ServiceError",
+    "SessionService",
     "TurnPublisher",
     "TurnService",
     "Unavailable",

@@ -1,4 +1,4 @@
-"""TurnService and BatchService on SQLite and the in-memory state store, with a fake publisher.
+"""TurnService, BatchService and SessionService on SQLite and the in-memory state store, with a fake publisher.
 
 What the gateway does to a turn — record, resume, cancel, expire — without HTTP, a broker or a worker;
 the routes over them are covered by tests/integration/test_gateway_http.py.
@@ -15,7 +15,15 @@ from sqlalchemy.pool import StaticPool
 
 from api_gateway.errors import service_error_status
 from api_gateway.metrics import GatewayMetrics
-from api_gateway.services import BatchService, Conflict, InvalidRequest, NotFound, TurnService, Unavailable
+from api_gateway.services import (
+    BatchService,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    SessionService,
+    TurnService,
+    Unavailable,
+)
 from shared.broker import BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
 from shared.db import session_factory
 from shared.db.batches import BatchRepository
@@ -77,6 +85,7 @@ class Gateway:
         self.batches = BatchService(
             turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock
         )
+        self.session_reads = SessionService(sessions=self.sessions, turns=self.turns)
 
     def session(self) -> str:
         """A session of ORG, as the pipeline's session creator leaves it."""
@@ -319,6 +328,29 @@ def test_batch_record_records_nothing_when_the_broker_refuses(gateway: Gateway) 
 
     assert refused.value.message.endswith("the batch was not accepted")
     assert gateway.accepted("batch") == 0
+
+
+def test_session_lists_its_turns_oldest_first(gateway: Gateway) -> None:
+    session_id = gateway.session()
+    first = gateway.service.record(TurnRequest(session_id=session_id, input="one"), org_id=ORG, user_id=USER)
+    gateway.service.cancel(first.turn_id, org_id=ORG)
+    gateway.clock.now += timedelta(seconds=1)
+    second = gateway.service.record(TurnRequest(session_id=session_id, input="two"), org_id=ORG, user_id=USER)
+
+    session = gateway.session_reads.get(session_id, org_id=ORG)
+
+    assert [(t.turn_id, t.status) for t in session.turns] == [
+        (first.turn_id, TurnStatus.CANCELLED), (second.turn_id, TurnStatus.QUEUED)
+    ]  # fmt: skip
+
+
+def test_session_is_not_found_for_another_org(gateway: Gateway) -> None:
+    session_id = gateway.session()
+
+    with pytest.raises(NotFound) as refused:
+        gateway.session_reads.get(session_id, org_id="org_b")
+
+    assert refused.value.code == "session_not_found"
 
 
 @pytest.mark.parametrize(
