@@ -11,7 +11,7 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
-from api_gateway.services import BatchService, CeleryPublisher, SessionService, TurnService
+from api_gateway.services import BatchService, CeleryPublisher, SessionService, TurnPublisher, TurnService
 from shared.broker import create_producer
 from shared.db import create_db_engine, session_factory
 from shared.db.batches import BatchRepository
@@ -26,7 +26,10 @@ __all__ = ["GatewayState", "connect_gateway", "utc_now"]
 
 @dataclass(frozen=True)
 class GatewayState:
-    """Everything a route may use."""
+    """The gateway's ports, each built once per process, and the services built on them.
+
+    Routes call the services; ``/readyz`` pings the engine, Redis and the producer.
+    """
 
     settings: Settings
     api_keys: dict[str, ApiKey]
@@ -39,6 +42,8 @@ class GatewayState:
     catalog: ModeCatalog
     producer: Celery
     """The producer-only Celery app (``/readyz`` checks its broker)."""
+    publisher: TurnPublisher
+    """Sends turns' steps through ``producer``."""
     redis: redis.Redis
     store: StateStore
     """The turn state store (cancel flags, in-flight markers, live traces), one for the process."""
@@ -71,6 +76,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
     batches = BatchRepository(db)
     catalog = load_catalog(settings.modes_file)
     producer = create_producer(settings)
+    publisher = CeleryPublisher(producer)
     store = RedisStateStore(client)
     metrics = GatewayMetrics()
     turn_service = TurnService(
@@ -79,7 +85,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         sessions=sessions,
         catalog=catalog,
         store=store,
-        publisher=CeleryPublisher(producer),
+        publisher=publisher,
         clock=utc_now,
         metrics=metrics,
     )
@@ -92,6 +98,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         batches=batches,
         catalog=catalog,
         producer=producer,
+        publisher=publisher,
         redis=client,
         store=store,
         clock=utc_now,
