@@ -6,6 +6,8 @@ the routes over them are covered by tests/integration/test_gateway_http.py.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -266,6 +268,26 @@ def test_cancel_refuses_when_the_turn_belongs_to_another_org(gateway: Gateway) -
 
     with pytest.raises(NotFound):
         gateway.service.cancel(row.turn_id, org_id="org_b")
+
+
+def test_wait_returns_a_paused_turn_at_once(gateway: Gateway) -> None:
+    row = gateway.service.require(gateway.paused_turn(gateway.session()), org_id=ORG)
+    started = time.monotonic()
+
+    waited = asyncio.run(gateway.service.wait(row, org_id=ORG, seconds=5))
+
+    assert time.monotonic() - started < 1
+    assert waited.turn_id == row.turn_id
+
+
+def test_wait_gives_up_on_a_queued_turn_after_its_seconds(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+    started = time.monotonic()
+
+    waited = asyncio.run(gateway.service.wait(row, org_id=ORG, seconds=0.05))
+
+    assert 0.05 <= time.monotonic() - started < 1
+    assert TurnStatus(waited.status) is TurnStatus.QUEUED
 
 
 def test_get_fails_a_turn_paused_past_the_client_tool_timeout(gateway: Gateway) -> None:
