@@ -13,10 +13,10 @@ from fastapi import FastAPI
 
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.errors import install_error_handlers
-from api_gateway.expiry import sweep_forever
 from api_gateway.metrics import install_metrics
 from api_gateway.routes import batches, health, sessions, turn_actions, turns
-from api_gateway.state import build_state
+from api_gateway.services.expiry_sweep import sweep_forever
+from api_gateway.state import connect_gateway
 from shared.settings import Settings, get_settings
 
 __all__ = ["create_app"]
@@ -25,11 +25,13 @@ __all__ = ["create_app"]
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The gateway app for ``settings`` (read from the environment when None)."""
     settings = settings or get_settings()
-    gateway = build_state(settings)
+    gateway = connect_gateway(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        sweeper = asyncio.create_task(sweep_forever(gateway))
+        sweeper = asyncio.create_task(
+            sweep_forever(gateway.turn_service, timeout_seconds=settings.client_tool_timeout_seconds)
+        )
         try:
             yield
         finally:

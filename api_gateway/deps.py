@@ -1,4 +1,4 @@
-"""Route dependencies: the gateway state and the authenticated caller, as Annotated aliases.
+"""Route dependencies: the gateway state, the authenticated caller and the long-poll, as Annotated aliases.
 
 ``AuthenticatedRoute`` is the route class of every router whose routes take a ``Caller``: it checks
 the key before FastAPI reads the body, so a request without a valid key is a 401 whatever its body.
@@ -10,7 +10,7 @@ import hmac
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, Request, Response
+from fastapi import Depends, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
@@ -18,7 +18,7 @@ from api_gateway.errors import ApiError
 from api_gateway.state import GatewayState
 from shared.settings import ApiKey
 
-__all__ = ["AuthenticatedRoute", "Caller", "Gateway"]
+__all__ = ["AuthenticatedRoute", "Caller", "Gateway", "WaitSeconds"]
 
 
 def _gateway(request: Request) -> GatewayState:
@@ -74,3 +74,4 @@ class AuthenticatedRoute(APIRoute):
 
 Gateway = Annotated[GatewayState, Depends(_gateway)]
 Caller = Annotated[ApiKey, Depends(_caller)]
+WaitSeconds = Annotated[float | None, Query(ge=0, le=60, description="Long-poll up to this many seconds.")]

@@ -1,4 +1,9 @@
-"""The one place that builds the HTTP error body ``{"error": {"code", "message", "details"}}``."""
+"""The one place that builds the HTTP error body ``{"error": {"code", "message", "details"}}``.
+
+Routes and dependencies raise :class:`ApiError` for what only HTTP knows (a missing key, a body
+that is not JSON); the services raise ``ServiceError``s, which :data:`SERVICE_ERROR_STATUS` maps
+to a status.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,17 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["ApiError", "RETRY_AFTER_SECONDS", "UNAVAILABLE_ERRORS", "error_response", "install_error_handlers"]
+from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+
+__all__ = [
+    "ApiError",
+    "RETRY_AFTER_SECONDS",
+    "SERVICE_ERROR_STATUS",
+    "UNAVAILABLE_ERRORS",
+    "error_response",
+    "install_error_handlers",
+    "service_error_status",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +45,13 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 """A dependency (database, Redis, broker) did not answer: 503 ``unavailable``, never 500."""
 RETRY_AFTER_SECONDS = 2
+SERVICE_ERROR_STATUS: dict[type[ServiceError], int] = {
+    NotFound: 404,
+    Conflict: 409,
+    InvalidRequest: 422,
+    Unavailable: 503,
+}
+"""The HTTP status of each kind of service error."""
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -78,6 +100,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status_code, exc.code, exc.message, exc.details)
 
+    @app.exception_handler(ServiceError)
+    async def _refused(_request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(service_error_status(exc), exc.code, exc.message, exc.details)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [
@@ -113,6 +139,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in the gateway")
         return error_response(500, "internal_error", "the gateway failed to handle the request")
+
+
+def service_error_status(exc: ServiceError) -> int:
+    """The HTTP status of ``exc``: that of the nearest kind in :data:`SERVICE_ERROR_STATUS` (500 if none)."""
+    for kind in type(exc).__mro__:
+        if kind in SERVICE_ERROR_STATUS:
+            return SERVICE_ERROR_STATUS[kind]
+    return 500
 
 
 def _text(value: str) -> str:

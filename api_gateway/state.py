@@ -1,16 +1,17 @@
-"""GatewayState: the gateway's ports, built once by ``create_app``."""
+"""GatewayState: the gateway's ports and services, built once by ``create_app``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import redis
 from celery import Celery
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
 
 from api_gateway.metrics import GatewayMetrics
+from api_gateway.services import BatchService, CeleryPublisher, SessionService, TurnPublisher, TurnService
 from shared.broker import create_producer
 from shared.db import create_db_engine, session_factory
 from shared.db.batches import BatchRepository
@@ -18,50 +19,93 @@ from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
-from shared.state import RedisStateStore
+from shared.state import RedisStateStore, StateStore
 
-__all__ = ["GatewayState", "build_state"]
+__all__ = ["GatewayState", "connect_gateway", "utc_now"]
 
 
 @dataclass(frozen=True)
 class GatewayState:
-    """Everything a route may use."""
+    """The gateway's ports, each built once per process, and the services built on them.
+
+    Routes call the services; ``/readyz`` pings the engine, Redis and the producer.
+    """
 
     settings: Settings
     api_keys: dict[str, ApiKey]
+    """Accepted bearer keys, each with its caller's identity."""
     engine: Engine
-    db: sessionmaker[Session]
+    """The database engine (``/readyz`` pings it)."""
     sessions: SessionRepository
     turns: TurnRepository
     batches: BatchRepository
     catalog: ModeCatalog
     producer: Celery
+    """The producer-only Celery app (``/readyz`` checks its broker)."""
+    publisher: TurnPublisher
+    """Sends turns' steps through ``producer``."""
     redis: redis.Redis
-    store: RedisStateStore
-    """The turn state store (cancel flags, in-flight markers, live traces)."""
+    store: StateStore
+    """The turn state store (cancel flags, in-flight markers, live traces), one for the process."""
+    clock: Callable[[], datetime]
     metrics: GatewayMetrics
+    turn_service: TurnService
+    batch_service: BatchService
+    session_service: SessionService
 
-    def deadline(self) -> datetime:
-        """The reconciler deadline of a turn accepted or resumed now."""
-        return datetime.now(UTC) + timedelta(seconds=self.settings.reconciler_deadline_seconds)
+
+def utc_now() -> datetime:
+    """The wall clock, timezone-aware (the gateway's clock)."""
+    return datetime.now(UTC)
 
 
-def build_state(settings: Settings) -> GatewayState:
-    """Connect the gateway's ports (lazily: nothing is contacted until a request needs it)."""
+def connect_gateway(settings: Settings) -> GatewayState:
+    """Connect the gateway's ports and build its services (lazily: nothing is contacted until a request needs it).
+
+    Args:
+        settings: the gateway's settings.
+
+    Returns:
+        The state ``create_app`` keeps for its routes.
+    """
     engine = create_db_engine(settings.database_url)
     db = session_factory(engine)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    sessions = SessionRepository(db)
+    turns = TurnRepository(db)
+    batches = BatchRepository(db)
+    catalog = load_catalog(settings.modes_file)
+    producer = create_producer(settings)
+    publisher = CeleryPublisher(producer)
+    store = RedisStateStore(client)
+    metrics = GatewayMetrics()
+    turn_service = TurnService(
+        settings=settings,
+        turns=turns,
+        sessions=sessions,
+        catalog=catalog,
+        store=store,
+        publisher=publisher,
+        clock=utc_now,
+        metrics=metrics,
+    )
     return GatewayState(
         settings=settings,
         api_keys=settings.accepted_api_keys,
         engine=engine,
-        db=db,
-        sessions=SessionRepository(db),
-        turns=TurnRepository(db),
-        batches=BatchRepository(db),
-        catalog=load_catalog(settings.modes_file),
-        producer=create_producer(settings),
+        sessions=sessions,
+        turns=turns,
+        batches=batches,
+        catalog=catalog,
+        producer=producer,
+        publisher=publisher,
         redis=client,
-        store=RedisStateStore(client),
-        metrics=GatewayMetrics(),
+        store=store,
+        clock=utc_now,
+        metrics=metrics,
+        turn_service=turn_service,
+        batch_service=BatchService(
+            turns=turn_service, batches=batches, max_requests=settings.max_batch_requests, clock=utc_now
+        ),
+        session_service=SessionService(sessions=sessions, turns=turns),
     )

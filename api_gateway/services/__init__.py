@@ -1,0 +1,20 @@
+"""The gateway's services: what it does to turns, batches and sessions, apart from how HTTP asks for it."""
+
+from api_gateway.services.batch_service import BatchService
+from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+from api_gateway.services.publisher import CeleryPublisher, TurnPublisher
+from api_gateway.services.session_service import SessionService
+from api_gateway.services.turn_service import TurnService
+
+__all__ = [
+    "BatchService",
+    "CeleryPublisher",
+    "Conflict",
+    "InvalidRequest",
+    "NotFound",
+    "ServiceError",
+    "SessionService",
+    "TurnPublisher",
+    "TurnService",
+    "Unavailable",
+]

@@ -1,0 +1,337 @@
+"""TurnService: what the gateway does to a turn — record, read, resume, cancel and expire it.
+
+Routes speak HTTP and call this; it speaks in repositories, the state store and the publisher, and
+refuses requests with the ``ServiceError``s of ``api_gateway.services.errors``.
+
+Every change that needs a message on the broker sends it before the database commits (the
+repositories' ``before_commit``): if the broker refuses, nothing is recorded and the client gets
+``Unavailable``; if the gateway dies after sending, the message finds no turn and is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from redis import RedisError
+from starlette.concurrency import run_in_threadpool
+
+from api_gateway.ids import is_turn_id
+from api_gateway.metrics import GatewayMetrics
+from api_gateway.services.admission import admit
+from api_gateway.services.errors import Conflict, NotFound, Unavailable
+from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
+from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
+from shared.db.sessions import SessionRepository
+from shared.db.records import TurnRecord
+from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnRepository
+from shared.models.envelope import TurnEnvelope
+from shared.models.trace import TraceStep
+from shared.models.turn import ToolResultsRequest, TurnRequest, TurnStatus
+from shared.modes import ModeCatalog
+from shared.result import ErrorCode, ErrorInfo
+from shared.settings import Settings
+from shared.state import StateStore
+from shared.task_names import StepName
+
+__all__ = ["TurnService"]
+
+logger = logging.getLogger(__name__)
+
+_CANCEL_FLAG_SECONDS = 7 * 86400
+"""How long the state store keeps a cancelled turn's flag (longer than any turn runs)."""
+
+
+class TurnService:
+    """Record, read, resume, cancel and expire turns; built once per gateway from its ports."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        turns: TurnRepository,
+        sessions: SessionRepository,
+        catalog: ModeCatalog,
+        store: StateStore,
+        publisher: TurnPublisher,
+        clock: Callable[[], datetime],
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._settings = settings
+        self._turns = turns
+        self._sessions = sessions
+        self._catalog = catalog
+        self._store = store
+        self._publisher = publisher
+        self._clock = clock
+        self._metrics = metrics
+
+    def record(self, body: TurnRequest, *, org_id: str, user_id: str) -> TurnRecord:
+        """Accept a turn: record it queued and send its first step, or return the earlier turn of its idempotency key.
+
+        Args:
+            body: the request (a new session when ``session_id`` is absent, else a follow-up turn).
+            org_id: the caller's organisation.
+            user_id: the caller.
+
+        Returns:
+            The recorded turn (for a replayed idempotency key, the earlier one, as it stands now).
+
+        Raises:
+            InvalidRequest: see :func:`~api_gateway.services.admission.admit`.
+            NotFound: ``session_not_found``.
+            Conflict: ``session_busy`` (the session has an unfinished turn) or ``idempotency_key_reused``.
+            Unavailable: the broker or the state store refused; nothing was recorded.
+        """
+        turn = self.admit(body, org_id=org_id, user_id=user_id)
+        try:
+            row, _created = self._turns.create(
+                turn,
+                now=self._clock(),
+                deadline_at=self.deadline(),
+                before_commit=lambda: self.publish_new(
+                    [turn.turn_id], batch=False, refused="the turn was not accepted"
+                ),
+            )
+        except SessionBusy as exc:
+            raise Conflict("session_busy", f"session {turn.session_id!r} has a turn that is not finished") from exc
+        except IdempotencyConflict as exc:
+            raise Conflict(
+                "idempotency_key_reused", "this idempotency_key was used before with a different request"
+            ) from exc
+        return row
+
+    def admit(
+        self,
+        body: TurnRequest,
+        *,
+        org_id: str,
+        user_id: str,
+        loc: tuple[str | int, ...] = ("body",),
+        batch_id: str | None = None,
+        batch_index: int | None = None,
+    ) -> NewTurn:
+        """Check ``body`` and describe the turn to record; a follow-up's session first loses its overdue turns.
+
+        Args and Raises: as :func:`~api_gateway.services.admission.admit`.
+        """
+        turn = admit(
+            body,
+            catalog=self._catalog,
+            sessions=self._sessions,
+            org_id=org_id,
+            user_id=user_id,
+            loc=loc,
+            batch_id=batch_id,
+            batch_index=batch_index,
+        )
+        if not turn.new_session:
+            self.expire_overdue(session_id=turn.session_id)
+        return turn
+
+    def publish_new(self, turn_ids: list[str], *, batch: bool, refused: str) -> None:
+        """Send each new turn's first step, and mark the turns in flight for the reconciler.
+
+        A first message may wait in the broker behind a backlog: the marker says so for
+        ``APTIX_RECONCILER_QUEUED_SECONDS``, so the reconciler does not send it twice meanwhile (a
+        broker that loses its messages loses the markers with them, or the reconciler notices and
+        drops them).
+
+        Args:
+            turn_ids: the turns, just written and not yet committed.
+            batch: whether they are a batch's (a lower priority than interactive turns).
+            refused: what the client is told was not accepted when this fails ("the turn was not accepted").
+
+        Raises:
+            Unavailable: the broker or the state store refused (the caller's transaction then rolls back).
+        """
+        priority = BATCH_START_PRIORITY if batch else INTERACTIVE_PRIORITY
+        envelopes = [
+            TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, priority=priority) for turn_id in turn_ids
+        ]
+        until = self._clock().timestamp() + self._settings.reconciler_queued_seconds
+        try:
+            self._store.mark_alive(turn_ids, until=until)
+            self._publisher.publish(envelopes)
+        except PUBLISH_ERRORS as exc:
+            logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
+            raise _unavailable(refused) from exc
+        self._metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))
+
+    def deadline(self) -> datetime:
+        """The reconciler deadline of a turn accepted or resumed now."""
+        return self._clock() + timedelta(seconds=self._settings.reconciler_deadline_seconds)
+
+    def require(self, turn_id: str, *, org_id: str) -> TurnRecord:
+        """The caller's turn as it stands.
+
+        Raises:
+            NotFound: no turn ``turn_id`` belongs to ``org_id``.
+        """
+        row = self._turns.get(turn_id, org_id=org_id) if is_turn_id(turn_id) else None
+        if row is None:
+            raise NotFound("not_found", f"turn {turn_id!r} does not exist")
+        return row
+
+    def get(self, turn_id: str, *, org_id: str) -> TurnRecord:
+        """The caller's turn, failed first if it waited for client tools past the timeout.
+
+        Raises:
+            NotFound: no turn ``turn_id`` belongs to ``org_id``.
+        """
+        row = self.require(turn_id, org_id=org_id)
+        if TurnStatus(row.status) is TurnStatus.REQUIRES_CLIENT_TOOLS and self.expire_overdue(turn_id=turn_id):
+            row = self.require(turn_id, org_id=org_id)
+        return row
+
+    async def wait(self, row: TurnRecord, *, org_id: str, seconds: float) -> TurnRecord:
+        """Long-poll: the turn once it leaves queued/running, or as it stands after ``seconds``.
+
+        Args:
+            row: the turn as last read (returned at once when it is not queued or running).
+            org_id: the caller's organisation.
+            seconds: how long to wait at most.
+
+        Raises:
+            NotFound: the turn is gone.
+        """
+        deadline = time.monotonic() + seconds
+        delay = 0.02
+        while _in_flight(row) and time.monotonic() < deadline:
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 0.25)
+            row = await run_in_threadpool(functools.partial(self.require, row.turn_id, org_id=org_id))
+        return row
+
+    def resume(self, turn_id: str, body: ToolResultsRequest, *, org_id: str) -> TurnRecord:
+        """Accept client tool results: the paused turn runs again from its next round, on any worker.
+
+        The gateway does not judge the results: a worker checks them against the pending calls
+        (a mismatch fails the turn with ``continuation_mismatch``).
+
+        Returns:
+            The turn, running.
+
+        Raises:
+            NotFound: no turn ``turn_id`` belongs to ``org_id``.
+            Conflict: ``turn_not_awaiting_tool_results`` (not paused, timed out, or a concurrent post won).
+            Unavailable: the broker or the state store refused; the results were not accepted.
+        """
+        row = self.require(turn_id, org_id=org_id)
+        self.expire_overdue(turn_id=turn_id)
+        batch = row.batch_id is not None
+        round_ = self._turns.accept_tool_results(
+            turn_id,
+            results=[result.model_dump() for result in body.tool_results],
+            now=self._clock(),
+            deadline_at=self.deadline(),
+            before_commit=lambda round_: self._publish_reentry(turn_id, round_=round_, batch=batch),
+        )
+        if round_ is None:
+            current = self.require(turn_id, org_id=org_id)
+            raise Conflict(
+                "turn_not_awaiting_tool_results", f"turn {turn_id!r} is {current.status}, not requires_client_tools"
+            )
+        return self.require(turn_id, org_id=org_id)
+
+    def cancel(self, turn_id: str, *, org_id: str) -> TurnRecord:
+        """Cancel a turn that has not finished; its session is free at once.
+
+        Returns:
+            The turn, cancelled.
+
+        Raises:
+            NotFound: no turn ``turn_id`` belongs to ``org_id``.
+            Conflict: ``turn_finished``.
+        """
+        self.require(turn_id, org_id=org_id)
+        self.expire_overdue(turn_id=turn_id)
+        cancelled = self._turns.finish_early(
+            turn_id,
+            status=TurnStatus.CANCELLED,
+            error=ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client"),
+            now=self._clock(),
+        )
+        if cancelled is None:
+            current = self.require(turn_id, org_id=org_id)
+            raise Conflict("turn_finished", f"turn {turn_id!r} already finished ({current.status})")
+        try:
+            self._store.mark_cancelled(turn_id, ttl_seconds=_CANCEL_FLAG_SECONDS)
+            self._store.forget(turn_id)
+        except RedisError:
+            # The database already says cancelled and the commit point will not overwrite it; the
+            # flag only stops the remaining steps early.
+            logger.warning("could not flag turn %s as cancelled in Redis", turn_id)
+        return cancelled
+
+    def trace(self, turn_id: str, *, org_id: str) -> list[TraceStep]:
+        """The turn's CompositionTrace: the live one while it runs, else the committed one.
+
+        Raises:
+            NotFound: no turn ``turn_id`` belongs to ``org_id``.
+        """
+        row = self.require(turn_id, org_id=org_id)
+        live = self._live_trace(turn_id)
+        if live is not None and len(live) >= len(row.trace):
+            return live
+        return [TraceStep.model_validate(step) for step in row.trace]
+
+    def expire_overdue(self, *, turn_id: str | None = None, session_id: str | None = None) -> int:
+        """Fail the turns waiting for client tools past ``APTIX_CLIENT_TOOL_TIMEOUT_SECONDS``.
+
+        Args:
+            turn_id: only this turn.
+            session_id: only this session's turns (neither: every overdue turn).
+
+        Returns:
+            How many turns this call failed.
+        """
+        timeout = self._settings.client_tool_timeout_seconds
+        now = self._clock()
+        overdue = self._turns.overdue_waiting(older_than=now - timedelta(seconds=timeout), session_id=session_id)
+        if turn_id is not None:
+            overdue = [found for found in overdue if found == turn_id]
+        error = ErrorInfo(
+            code=ErrorCode.CLIENT_TOOL_TIMEOUT,
+            message=f"no client tool results arrived within {timeout}s (APTIX_CLIENT_TOOL_TIMEOUT_SECONDS)",
+        )
+        expired = 0
+        for found in overdue:
+            row = self._turns.finish_early(
+                found, status=TurnStatus.FAILED, error=error, now=now, only_if=(TurnStatus.REQUIRES_CLIENT_TOOLS,)
+            )
+            if row is not None:
+                expired += 1
+                logger.info("turn %s timed out waiting for client tool results", found)
+        return expired
+
+    def _publish_reentry(self, turn_id: str, *, round_: int, batch: bool) -> None:
+        priority = BATCH_PRIORITY if batch else INTERACTIVE_PRIORITY
+        envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)
+        # A re-entry is a running turn: its marker covers the usual deadline, not a batch backlog.
+        until = self._clock().timestamp() + self._settings.reconciler_deadline_seconds
+        try:
+            self._store.mark_alive([turn_id], until=until)
+            self._publisher.publish([envelope])
+        except PUBLISH_ERRORS as exc:
+            logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
+            raise _unavailable("the results were not accepted") from exc
+
+    def _live_trace(self, turn_id: str) -> list[TraceStep] | None:
+        try:
+            state = self._store.load(turn_id)
+        except RedisError:
+            return None
+        return None if state is None else state.trace
+
+
+def _in_flight(row: TurnRecord) -> bool:
+    return TurnStatus(row.status).is_in_flight
+
+
+def _unavailable(refused: str) -> Unavailable:
+    return Unavailable(f"the task broker or the state store is unavailable; {refused}")

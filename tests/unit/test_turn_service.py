@@ -1,0 +1,390 @@
+"""TurnService, BatchService and SessionService on SQLite and the in-memory state store, with a fake publisher.
+
+What the gateway does to a turn — record, resume, cancel, expire — without HTTP, a broker or a worker;
+the routes over them are covered by tests/integration/test_gateway_http.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import StaticPool
+
+from api_gateway.errors import service_error_status
+from api_gateway.metrics import GatewayMetrics
+from api_gateway.services import (
+    BatchService,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    SessionService,
+    TurnService,
+    Unavailable,
+)
+from shared.broker import BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
+from shared.db import session_factory
+from shared.db.batches import BatchRepository
+from shared.db.sessions import SessionRepository
+from shared.db.tables import Base
+from shared.db.turns import TurnOutcome, TurnRepository
+from shared.models.batch import BatchRequest
+from shared.models.envelope import TurnEnvelope
+from shared.models.turn import PendingToolCall, ToolResult, ToolResultsRequest, TurnRequest, TurnStatus, Usage
+from shared.modes import load_catalog
+from shared.result import ErrorCode
+from shared.settings import Settings
+from shared.state import MemoryStateStore
+from shared.task_names import StepName
+from tests.unit.fakes import FIXED_NOW, Clock
+
+ORG = "org_a"
+USER = "user_a"
+TIMEOUT_SECONDS = 60
+
+
+class FakePublisher:
+    """Keeps what it is asked to send; raises ``refuse`` instead when set."""
+
+    def __init__(self) -> None:
+        self.sent: list[TurnEnvelope] = []
+        self.refuse: Exception | None = None
+
+    def publish(self, envelopes: Sequence[TurnEnvelope]) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.sent.extend(envelopes)
+
+
+class Gateway:
+    """The services over in-process ports, and the ports to look at."""
+
+    def __init__(self) -> None:
+        engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
+        Base.metadata.create_all(engine)
+        db = session_factory(engine)
+        self.settings = Settings(client_tool_timeout_seconds=TIMEOUT_SECONDS)
+        self.clock = Clock()
+        self.store = MemoryStateStore()
+        self.publisher = FakePublisher()
+        self.metrics = GatewayMetrics()
+        self.turns = TurnRepository(db)
+        self.sessions = SessionRepository(db)
+        self.service = TurnService(
+            settings=self.settings,
+            turns=self.turns,
+            sessions=self.sessions,
+            catalog=load_catalog(),
+            store=self.store,
+            publisher=self.publisher,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+        self.batches = BatchService(
+            turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock
+        )
+        self.session_reads = SessionService(sessions=self.sessions, turns=self.turns)
+
+    def session(self) -> str:
+        """A session of ORG, as the pipeline's session creator leaves it."""
+        session_id = "sess_" + "1" * 32
+        self.sessions.create_if_absent(session_id=session_id, org_id=ORG, user_id=USER, mode="general", now=FIXED_NOW)
+        return session_id
+
+    def paused_turn(self, session_id: str) -> str:
+        """A turn of ``session_id`` waiting for the result of client call ``call_1`` since now."""
+        turn_id = self.service.record(TurnRequest(session_id=session_id, input="hi"), org_id=ORG, user_id=USER).turn_id
+        outcome = TurnOutcome(
+            status=TurnStatus.REQUIRES_CLIENT_TOOLS, mode="general", output_text=None,
+            pending_tool_calls=[PendingToolCall(call_id="call_1", name="lookup", arguments="{}")], mode_changes=[],
+            error=None, usage=Usage(), trace=[],
+        )  # fmt: skip
+        self.turns.commit(turn_id, outcome, transcript=[], snapshot={}, now=self.clock())
+        return turn_id
+
+    def accepted(self, kind: str) -> float:
+        value = self.metrics.registry.get_sample_value("aptix_turns_accepted_total", {"kind": kind})
+        return 0.0 if value is None else value
+
+
+@pytest.fixture
+def gateway() -> Gateway:
+    return Gateway()
+
+
+def _results(*call_ids: str) -> ToolResultsRequest:
+    return ToolResultsRequest(tool_results=[ToolResult(call_id=call_id, output="42") for call_id in call_ids])
+
+
+def test_record_queues_a_new_turn_and_sends_its_first_step(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hello"), org_id=ORG, user_id=USER)
+
+    assert TurnStatus(row.status) is TurnStatus.QUEUED
+    assert row.new_session
+    assert [(e.turn_id, e.step, e.priority) for e in gateway.publisher.sent] == [
+        (row.turn_id, StepName.REQUEST_HANDLER, INTERACTIVE_PRIORITY)
+    ]
+    marker = gateway.store.alive_until([row.turn_id])[row.turn_id]
+    assert marker == FIXED_NOW.timestamp() + gateway.settings.reconciler_queued_seconds
+    assert gateway.accepted("single") == 1
+
+
+def test_record_returns_the_earlier_turn_when_the_idempotency_key_is_replayed(gateway: Gateway) -> None:
+    request = TurnRequest(input="hello", idempotency_key="key-1")
+    first = gateway.service.record(request, org_id=ORG, user_id=USER)
+
+    again = gateway.service.record(request, org_id=ORG, user_id=USER)
+
+    assert again.turn_id == first.turn_id
+    assert len(gateway.publisher.sent) == 1
+
+
+def test_record_refuses_when_the_idempotency_key_came_with_another_request(gateway: Gateway) -> None:
+    gateway.service.record(TurnRequest(input="hello", idempotency_key="key-1"), org_id=ORG, user_id=USER)
+
+    with pytest.raises(Conflict) as refused:
+        gateway.service.record(TurnRequest(input="other", idempotency_key="key-1"), org_id=ORG, user_id=USER)
+
+    assert refused.value.code == "idempotency_key_reused"
+    assert len(gateway.publisher.sent) == 1
+
+
+def test_record_refuses_when_the_session_has_an_unfinished_turn(gateway: Gateway) -> None:
+    session_id = gateway.session()
+    gateway.service.record(TurnRequest(session_id=session_id, input="one"), org_id=ORG, user_id=USER)
+
+    with pytest.raises(Conflict) as refused:
+        gateway.service.record(TurnRequest(session_id=session_id, input="two"), org_id=ORG, user_id=USER)
+
+    assert refused.value.code == "session_busy"
+    assert len(gateway.turns.for_session(session_id)) == 1
+
+
+def test_record_refuses_when_the_session_belongs_to_another_org(gateway: Gateway) -> None:
+    session_id = gateway.session()
+
+    with pytest.raises(NotFound) as refused:
+        gateway.service.record(TurnRequest(session_id=session_id, input="hi"), org_id="org_b", user_id=USER)
+
+    assert refused.value.code == "session_not_found"
+
+
+def test_record_refuses_when_a_client_tool_takes_a_server_tool_name(gateway: Gateway) -> None:
+    taken = sorted(load_catalog().server_tool_names)[0]
+    body = TurnRequest.model_validate({"input": "hi", "tools": [{"name": taken, "parameters": {}}]})
+
+    with pytest.raises(InvalidRequest) as refused:
+        gateway.service.record(body, org_id=ORG, user_id=USER)
+
+    assert refused.value.details[0]["loc"] == ["body", "tools"]
+
+
+def test_record_records_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
+    session_id = gateway.session()
+    gateway.publisher.refuse = OSError("connection refused")
+
+    with pytest.raises(Unavailable) as refused:
+        gateway.service.record(TurnRequest(session_id=session_id, input="hi"), org_id=ORG, user_id=USER)
+
+    assert refused.value.message.endswith("the turn was not accepted")
+    assert gateway.turns.for_session(session_id) == []
+    assert gateway.accepted("single") == 0
+
+
+def test_resume_refuses_when_the_turn_is_not_paused(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hello"), org_id=ORG, user_id=USER)
+
+    with pytest.raises(Conflict) as refused:
+        gateway.service.resume(row.turn_id, _results("call_1"), org_id=ORG)
+
+    assert refused.value.code == "turn_not_awaiting_tool_results"
+    assert refused.value.message == f"turn {row.turn_id!r} is queued, not requires_client_tools"
+
+
+def test_resume_leaves_wrong_call_ids_to_the_pipeline(gateway: Gateway) -> None:
+    # Given a turn paused for call_1
+    turn_id = gateway.paused_turn(gateway.session())
+    gateway.publisher.sent.clear()
+
+    # When results for another call arrive
+    row = gateway.service.resume(turn_id, _results("call_unknown"), org_id=ORG)
+
+    # Then the turn runs its next round, and a worker will judge the results (continuation_mismatch)
+    assert TurnStatus(row.status) is TurnStatus.RUNNING
+    assert row.client_tool_results == [{"call_id": "call_unknown", "output": "42"}]
+    assert [(e.turn_id, e.step, e.round) for e in gateway.publisher.sent] == [(turn_id, StepName.REQUEST_HANDLER, 1)]
+
+
+def test_resume_refuses_when_the_client_tool_timeout_passed(gateway: Gateway) -> None:
+    turn_id = gateway.paused_turn(gateway.session())
+    gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS + 1)
+
+    with pytest.raises(Conflict) as refused:
+        gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
+
+    assert refused.value.code == "turn_not_awaiting_tool_results"
+    assert TurnStatus(gateway.service.require(turn_id, org_id=ORG).status) is TurnStatus.FAILED
+
+
+def test_resume_accepts_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
+    turn_id = gateway.paused_turn(gateway.session())
+    gateway.publisher.refuse = OSError("connection refused")
+
+    with pytest.raises(Unavailable) as refused:
+        gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
+
+    assert refused.value.message.endswith("the results were not accepted")
+    assert TurnStatus(gateway.service.require(turn_id, org_id=ORG).status) is TurnStatus.REQUIRES_CLIENT_TOOLS
+
+
+def test_cancel_ends_an_unfinished_turn_and_flags_it_for_the_workers(gateway: Gateway) -> None:
+    session_id = gateway.session()
+    row = gateway.service.record(TurnRequest(session_id=session_id, input="hi"), org_id=ORG, user_id=USER)
+
+    cancelled = gateway.service.cancel(row.turn_id, org_id=ORG)
+
+    assert TurnStatus(cancelled.status) is TurnStatus.CANCELLED
+    assert cancelled.error == {"code": "cancelled", "message": "the turn was cancelled by the client"}
+    assert gateway.store.is_cancelled(row.turn_id)
+    assert gateway.store.alive_until([row.turn_id]) == {}
+    gateway.service.record(TurnRequest(session_id=session_id, input="next"), org_id=ORG, user_id=USER)
+
+
+def test_cancel_refuses_when_the_turn_already_finished(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+    gateway.service.cancel(row.turn_id, org_id=ORG)
+
+    with pytest.raises(Conflict) as refused:
+        gateway.service.cancel(row.turn_id, org_id=ORG)
+
+    assert refused.value.code == "turn_finished"
+
+
+def test_cancel_refuses_when_the_turn_belongs_to_another_org(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+
+    with pytest.raises(NotFound):
+        gateway.service.cancel(row.turn_id, org_id="org_b")
+
+
+def test_wait_returns_a_paused_turn_at_once(gateway: Gateway) -> None:
+    row = gateway.service.require(gateway.paused_turn(gateway.session()), org_id=ORG)
+    started = time.monotonic()
+
+    waited = asyncio.run(gateway.service.wait(row, org_id=ORG, seconds=5))
+
+    assert time.monotonic() - started < 1
+    assert waited.turn_id == row.turn_id
+
+
+def test_wait_gives_up_on_a_queued_turn_after_its_seconds(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+    started = time.monotonic()
+
+    waited = asyncio.run(gateway.service.wait(row, org_id=ORG, seconds=0.05))
+
+    assert 0.05 <= time.monotonic() - started < 1
+    assert TurnStatus(waited.status) is TurnStatus.QUEUED
+
+
+def test_get_fails_a_turn_paused_past_the_client_tool_timeout(gateway: Gateway) -> None:
+    turn_id = gateway.paused_turn(gateway.session())
+    assert TurnStatus(gateway.service.get(turn_id, org_id=ORG).status) is TurnStatus.REQUIRES_CLIENT_TOOLS
+
+    gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS + 1)
+    row = gateway.service.get(turn_id, org_id=ORG)
+
+    assert TurnStatus(row.status) is TurnStatus.FAILED
+    assert row.error is not None and row.error["code"] == ErrorCode.CLIENT_TOOL_TIMEOUT.value
+
+
+def test_expire_overdue_fails_only_turns_paused_past_the_timeout(gateway: Gateway) -> None:
+    turn_id = gateway.paused_turn(gateway.session())
+    gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS - 1)
+    assert gateway.service.expire_overdue() == 0
+
+    gateway.clock.now += timedelta(seconds=2)
+
+    assert gateway.service.expire_overdue() == 1
+    assert gateway.service.expire_overdue() == 0
+    assert TurnStatus(gateway.service.require(turn_id, org_id=ORG).status) is TurnStatus.FAILED
+
+
+def test_record_frees_a_session_whose_paused_turn_is_overdue(gateway: Gateway) -> None:
+    session_id = gateway.session()
+    gateway.paused_turn(session_id)
+    gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS + 1)
+
+    row = gateway.service.record(TurnRequest(session_id=session_id, input="again"), org_id=ORG, user_id=USER)
+
+    assert TurnStatus(row.status) is TurnStatus.QUEUED
+
+
+def test_batch_record_queues_every_request_at_batch_priority(gateway: Gateway) -> None:
+    body = BatchRequest(requests=[TurnRequest(input="a"), TurnRequest(input="b")])
+
+    batch = gateway.batches.record(body, org_id=ORG, user_id=USER)
+
+    assert batch.total == 2
+    assert [e.priority for e in gateway.publisher.sent] == [BATCH_START_PRIORITY, BATCH_START_PRIORITY]
+    assert gateway.accepted("batch") == 2
+
+
+def test_batch_record_refuses_more_requests_than_the_limit(gateway: Gateway) -> None:
+    body = BatchRequest(requests=[TurnRequest(input=str(index)) for index in range(4)])
+
+    with pytest.raises(InvalidRequest):
+        gateway.batches.record(body, org_id=ORG, user_id=USER)
+
+    assert gateway.publisher.sent == []
+
+
+def test_batch_record_records_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
+    gateway.publisher.refuse = OSError("connection refused")
+
+    with pytest.raises(Unavailable) as refused:
+        gateway.batches.record(BatchRequest(requests=[TurnRequest(input="a")]), org_id=ORG, user_id=USER)
+
+    assert refused.value.message.endswith("the batch was not accepted")
+    assert gateway.accepted("batch") == 0
+
+
+def test_session_lists_its_turns_oldest_first(gateway: Gateway) -> None:
+    session_id = gateway.session()
+    first = gateway.service.record(TurnRequest(session_id=session_id, input="one"), org_id=ORG, user_id=USER)
+    gateway.service.cancel(first.turn_id, org_id=ORG)
+    gateway.clock.now += timedelta(seconds=1)
+    second = gateway.service.record(TurnRequest(session_id=session_id, input="two"), org_id=ORG, user_id=USER)
+
+    session = gateway.session_reads.get(session_id, org_id=ORG)
+
+    assert [(t.turn_id, t.status) for t in session.turns] == [
+        (first.turn_id, TurnStatus.CANCELLED), (second.turn_id, TurnStatus.QUEUED)
+    ]  # fmt: skip
+
+
+def test_session_is_not_found_for_another_org(gateway: Gateway) -> None:
+    session_id = gateway.session()
+
+    with pytest.raises(NotFound) as refused:
+        gateway.session_reads.get(session_id, org_id="org_b")
+
+    assert refused.value.code == "session_not_found"
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (NotFound("session_not_found", "gone"), 404),
+        (Conflict("session_busy", "busy"), 409),
+        (InvalidRequest("bad"), 422),
+        (Unavailable("down"), 503),
+    ],
+)
+def test_service_error_status_is_that_of_its_kind(error: Exception, status: int) -> None:
+    assert isinstance(error, (NotFound, Conflict, InvalidRequest, Unavailable))
+    assert service_error_status(error) == status
