@@ -82,7 +82,7 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     """Wrap a command: build the client, turn errors into messages and exit codes."""
 
     def run(args: argparse.Namespace) -> int:
-        from aptix_cli.client import ApiClient, ApiError, GatewayUnreachable
+        from aptix_cli.client import ApiClient, GatewayError, GatewayUnreachable
 
         if not args.key:
             return _fail("no API key: pass --key KEY or set APTIX_KEY", code=2)
@@ -91,7 +91,7 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
                 return command(api, args)
         except UsageError as exc:
             return _fail(str(exc), code=2)
-        except ApiError as exc:
+        except GatewayError as exc:
             sys.stderr.write(f"error {exc.status} {exc.code}: {exc.message}\n")
             return 1
         except GatewayUnreachable as exc:

@@ -24,7 +24,7 @@ import psycopg
 
 from aptix_cli.bench.scenarios import Scenario
 from aptix_cli.bench.stats import RunFigures, run_figures
-from aptix_cli.client import ApiClient, ApiError
+from aptix_cli.client import ApiClient, GatewayError
 from aptix_cli.progress import ProgressBar
 
 __all__ = ["FINISHED", "Submitted", "ToolResultPoster", "TurnRun", "collect", "submit", "wait"]
@@ -167,7 +167,7 @@ class ToolResultPoster:
         results = [{"call_id": str(call["call_id"]), "output": "42"} for call in calls]
         try:
             self._api.post_tool_results(turn_id, results)
-        except ApiError as exc:
+        except GatewayError as exc:
             if exc.status != 409:  # 409: no longer waiting (answered already, or expired)
                 raise
 
