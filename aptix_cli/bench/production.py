@@ -43,7 +43,7 @@ from aptix_cli.bench.scenarios import SCENARIOS
 from aptix_cli.bench.services import Scratch, ScratchServices
 from aptix_cli.bench.stats import percentile
 from aptix_cli.client import ApiClient, ClientError
-from aptix_cli.stack import ManagedProcess, free_port
+from aptix_cli.launcher import ManagedProcess, free_port
 from shared.models.turn import TurnStatus
 from shared.settings import Settings
 

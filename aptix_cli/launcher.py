@@ -1,7 +1,9 @@
-"""LocalStack: gateway and worker processes started as plain processes (the demo and the tests).
+"""Child processes: a free port, one logged child process, and a group of them sharing an environment.
 
-Everything ``docker compose up`` starts can also be started this way; each process is stopped by
-its own PID.
+The bench starts the system this way (``aptix_cli.bench.processes``), and so do the integration
+tests (``tests.support.stack.LocalStack``) and the chaos harness (``tests.chaos``). Every child is
+stopped by its own pid (or, started in a session of its own, by its process group id), never by
+name.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["LocalStack", "ManagedProcess", "answers", "free_port", "wait_until"]
+__all__ = ["ManagedProcess", "ProcessGroup", "answers", "free_port", "wait_until"]
 
 
 def free_port() -> int:
@@ -61,17 +63,47 @@ def _port_range() -> tuple[int, int]:
 
 
 class ManagedProcess:
-    """One child process with its log file."""
+    """One child process with its log file (``<log_dir>/<name>.log``).
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+    Args:
+        name: Unique among the processes sharing ``log_dir`` (the log file's stem).
+        argv: The command.
+        env: Its whole environment.
+        log_dir: Where its log goes (stdout and stderr together).
+        cwd: Its working directory (default: this process's).
+        own_session: Start it in a session of its own with no stdin, so that :meth:`kill` ends
+            the whole process group it leads (the chaos harness kills workers with their children).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        log_dir: Path,
+        *,
+        cwd: Path | None = None,
+        own_session: bool = False,
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
+        self._own_session = own_session
         self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.popen = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL if own_session else None,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=own_session,
+        )
+        self.started_at = time.monotonic()
+        """When it was started (``time.monotonic()``)."""
 
     @property
     def pid(self) -> int:
-        """The process id."""
+        """The process id (with ``own_session``, also its process group id)."""
         return self.popen.pid
 
     def log(self) -> str:
@@ -83,10 +115,21 @@ class ManagedProcess:
         return self.popen.poll() is None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` and wait for the process to end."""
+        """Send ``sig`` (to the process group with ``own_session``) and wait for the process to end.
+
+        A process already gone is fine.
+        """
+        # Signal only while the process is unreaped: its pid (and group id) cannot be reused yet.
         if self.alive():
-            os.kill(self.pid, sig)
+            try:
+                if self._own_session:
+                    os.killpg(self.pid, sig)
+                else:
+                    os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
         self.popen.wait(timeout=30)
+        self._log.close()
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout``."""
@@ -100,37 +143,24 @@ class ManagedProcess:
         self._log.close()
 
 
-class LocalStack:
-    """Starts and stops Aptix processes sharing one environment."""
+class ProcessGroup:
+    """Starts processes sharing one environment and log folder, and stops every one it started.
+
+    Args:
+        env: Settings every process gets on top of this process's environment.
+        log_dir: Where the logs go (default: a new temporary folder).
+    """
 
     def __init__(self, env: dict[str, str], *, log_dir: Path | None = None) -> None:
         self.env = {**os.environ, **env}
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="aptix-stack-"))
         self.processes: list[ManagedProcess] = []
+        """The processes started and not stopped through the group, oldest first."""
 
-    def start_worker(
-        self,
-        name: str,
-        *,
-        queues: str = "pipeline,llm,tools",
-        pool: str | None = "threads",
-        concurrency: int | None = 4,
-        timeout: float = 60.0,
-    ) -> ManagedProcess:
-        """Start ``aptix worker`` as node ``name@<host>`` and wait until it is ready.
-
-        With ``pool=None`` it gets no ``--pool`` (nor ``--concurrency``): one Celery worker per queue
-        group, each on its own pool (``aptix_cli.worker_group``), named ``<group>.name@<host>``; it
-        is ready when all of them are.
-        """
-        from aptix_cli.worker_group import plan
-
-        argv = [sys.executable, "-m", "aptix_cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"]
-        if pool is not None:
-            argv += ["--pool", pool, "--concurrency", str(concurrency or 1)]
-        processes = 1 if pool is not None else len(plan(queues))
-        process = self._start(name, argv)
-        wait_until([process], lambda: process.log().count("ready.") >= processes, timeout)
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
+        """Start ``argv`` as ``name``, with ``env`` overriding the group's environment for it only."""
+        process = ManagedProcess(name, argv, {**self.env, **(env or {})}, self.log_dir)
+        self.processes.append(process)
         return process
 
     def start_gateway(
@@ -138,34 +168,47 @@ class LocalStack:
     ) -> tuple[ManagedProcess, str]:
         """Start ``aptix gateway`` and wait until ``/healthz`` answers. Returns the process and base URL.
 
-        ``env`` overrides the stack's environment for this process only.
+        Args:
+            port: Its port (default: :func:`free_port`).
+            timeout: Seconds to wait for ``/healthz``.
+            env: Overrides the group's environment for this process only.
+
+        Raises:
+            RuntimeError: it exited or did not answer in time (with its log).
         """
         port = port or free_port()
         argv = [sys.executable, "-m", "aptix_cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
-        process = self._start(f"gateway-{port}", argv, env)
+        process = self.start(f"gateway-{port}", argv, env)
         url = f"http://127.0.0.1:{port}"
         wait_until([process], lambda: answers(f"{url}/healthz"), timeout)
         return process, url
 
+    def stop(self, processes: Sequence[ManagedProcess], *, timeout: float = 15.0) -> None:
+        """Stop some of the processes (SIGTERM, then SIGKILL after ``timeout``), each by its pid."""
+        for process in processes:
+            process.stop(timeout=timeout)
+            if process in self.processes:
+                self.processes.remove(process)
+
     def stop_all(self) -> None:
-        """Stop every process this stack started."""
+        """Stop every process this group started, newest first."""
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
-        process = ManagedProcess(name, argv, {**self.env, **(env or {})}, self.log_dir)
-        self.processes.append(process)
-        return process
-
 
 def wait_until(processes: Sequence[ManagedProcess], ready: Callable[[], bool], timeout: float) -> None:
-    """Return once ``ready()``; raise with the processes' logs if one exits first or time runs out."""
+    """Return once ``ready()``.
+
+    Raises:
+        RuntimeError: one of ``processes`` exited first, or ``timeout`` seconds passed (with their logs).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for process in processes:
             if not process.alive():
-                raise RuntimeError(f"{process.name} exited early:\n{process.log()[-4000:]}")
+                code = process.popen.returncode
+                raise RuntimeError(f"{process.name} exited early (code {code}):\n{process.log()[-4000:]}")
         if ready():
             return
         time.sleep(0.1)
