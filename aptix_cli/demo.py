@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Any
 
-from aptix_cli.batch_progress import follow_batch, out_of_flight
+from aptix_cli.batch_progress import IN_FLIGHT, follow_batch, out_of_flight
 from aptix_cli.bench.stats import percentile, turn_latencies
 from aptix_cli.client import ApiClient
 from aptix_cli.dev import DevStack
@@ -105,7 +105,7 @@ def _tour(api: ApiClient, batch_size: int) -> None:
 def _turn(api: ApiClient, request: dict[str, Any], *, expect: str) -> dict[str, Any]:
     _say(f" > {request['input']}")
     turn = api.create_turn(request, wait=30)
-    if turn["status"] in ("queued", "running"):
+    if turn["status"] in IN_FLIGHT:
         turn = api.get_turn(turn["turn_id"], wait=30)
     return _show(turn, expect=expect)
 
