@@ -14,18 +14,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aptix_cli.progress import ProgressBar
 from shared.models.turn import TurnStatus
 
-if TYPE_CHECKING:
-    from aptix_cli.client import ApiClient
-
-__all__ = ["IN_FLIGHT", "finished", "follow_batch", "in_flight", "out_of_flight"]
+__all__ = ["IN_FLIGHT", "BatchReader", "finished", "follow_batch", "in_flight", "out_of_flight"]
 
 IN_FLIGHT = TurnStatus.unfinished() - {TurnStatus.REQUIRES_CLIENT_TOOLS}
 """Statuses the gateway's workers are still working on (queued, running)."""
+
+
+class BatchReader(Protocol):
+    """What :func:`follow_batch` needs of the gateway (``aptix_cli.client.ApiClient`` has it)."""
+
+    def get_batch(self, batch_id: str) -> dict[str, Any]:
+        """``GET /v1/batches/{batch_id}``: the ``Batch`` with its counts by status."""
+        ...
 
 
 def in_flight(counts: Mapping[str, int]) -> int:
@@ -44,7 +49,7 @@ def out_of_flight(batch: Mapping[str, Any]) -> int:
 
 
 def follow_batch(
-    api: ApiClient, batch: dict[str, Any], *, interval: float, bar: ProgressBar | None = None
+    api: BatchReader, batch: dict[str, Any], *, interval: float, bar: ProgressBar | None = None
 ) -> dict[str, Any]:
     """Poll a batch until none of its turns is in flight.
 

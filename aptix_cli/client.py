@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ApiClient", "ClientError", "GatewayError", "GatewayUnreachable", "MAX_WAIT_SECONDS"]
+__all__ = ["MAX_WAIT_SECONDS", "ApiClient", "ClientError", "GatewayError", "GatewayUnreachable"]
 
 MAX_WAIT_SECONDS = 60.0
 """The longest ``?wait=`` the gateway accepts (API.md)."""
