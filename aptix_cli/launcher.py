@@ -25,11 +25,14 @@ import httpx
 __all__ = ["ManagedProcess", "ProcessGroup", "answers", "free_port", "wait_until"]
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A free TCP port below the kernel's ephemeral range, never handed out before in this process.
 
     A process restarted on its old port must find it free: a port from the ephemeral range could
     meanwhile be the local end of some outgoing connection, one below it cannot.
+
+    Args:
+        host: The address the port must be free on.
 
     Raises:
         RuntimeError: no free port found in 1,000 tries.
@@ -41,7 +44,7 @@ def free_port() -> int:
             continue
         with socket.socket() as sock:
             try:
-                sock.bind(("127.0.0.1", port))
+                sock.bind((host, port))
             except OSError:
                 continue
         _HANDED_OUT.add(port)
