@@ -1,7 +1,7 @@
 """``ApiClient``: a small synchronous HTTP client for the gateway's public API (API.md).
 
 One method per endpoint, each returning the decoded JSON body. A response that is not a success
-raises :class:`ApiError` with the ``{"error": {"code", "message"}}`` of the body; a gateway that
+raises :class:`GatewayError` with the ``{"error": {"code", "message"}}`` of the body; a gateway that
 cannot be reached raises :class:`GatewayUnreachable`. Both derive from :class:`ClientError`::
 
     with ApiClient("http://127.0.0.1:8000", key="…") as api:
@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ApiClient", "ApiError", "ClientError", "GatewayUnreachable", "MAX_WAIT_SECONDS"]
+__all__ = ["MAX_WAIT_SECONDS", "ApiClient", "ClientError", "GatewayError", "GatewayUnreachable"]
 
 MAX_WAIT_SECONDS = 60.0
 """The longest ``?wait=`` the gateway accepts (API.md)."""
@@ -33,8 +33,11 @@ class ClientError(Exception):
     """Any failure of a call through :class:`ApiClient`."""
 
 
-class ApiError(ClientError):
-    """The gateway answered with an error status.
+class GatewayError(ClientError):
+    """The gateway answered with an error status (as seen by a client).
+
+    Not the gateway's own ``api_gateway.errors.ApiError``, which a route raises to produce such an
+    answer; this is the answer decoded on the other side of the wire.
 
     Attributes:
         status: The HTTP status code.
@@ -110,7 +113,7 @@ class ApiClient:
             A ``Turn`` when ``wait`` is given, else a ``TurnHandle`` (``turn_id``, ``session_id``, ``status``).
 
         Raises:
-            ApiError: The gateway refused the request.
+            GatewayError: The gateway refused the request.
             GatewayUnreachable: No answer.
         """
         return self._call("POST", "/v1/turns", json_body=request, wait=wait)
@@ -124,7 +127,7 @@ class ApiClient:
             A ``Turn`` when ``wait`` is given, else a ``TurnHandle``.
 
         Raises:
-            ApiError: E.g. 409 when the turn is not waiting for tool results.
+            GatewayError: E.g. 409 when the turn is not waiting for tool results.
             GatewayUnreachable: No answer.
         """
         body = {"tool_results": [dict(result) for result in results]}
@@ -154,7 +157,7 @@ class ApiClient:
         """``GET /v1/batches/{batch_id}/results``: one ``Turn`` per JSON line, in order.
 
         Raises:
-            ApiError: An error status, or a line that is not a JSON object.
+            GatewayError: An error status, or a line that is not a JSON object.
             GatewayUnreachable: No answer.
         """
         response = self._send("GET", f"/v1/batches/{batch_id}/results", json_body=None, wait=None)
@@ -165,9 +168,9 @@ class ApiClient:
             try:
                 turn = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ApiError(response.status_code, "bad_response", f"results line {number}: {exc}") from exc
+                raise GatewayError(response.status_code, "bad_response", f"results line {number}: {exc}") from exc
             if not isinstance(turn, dict):
-                raise ApiError(response.status_code, "bad_response", f"results line {number} is not an object")
+                raise GatewayError(response.status_code, "bad_response", f"results line {number} is not an object")
             turns.append(turn)
         return turns
 
@@ -178,9 +181,9 @@ class ApiClient:
         try:
             body = response.json()
         except ValueError as exc:
-            raise ApiError(response.status_code, "bad_response", "the response is not JSON") from exc
+            raise GatewayError(response.status_code, "bad_response", "the response is not JSON") from exc
         if not isinstance(body, dict):
-            raise ApiError(response.status_code, "bad_response", "the response is not a JSON object")
+            raise GatewayError(response.status_code, "bad_response", "the response is not a JSON object")
         return body
 
     def _send(self, method: str, path: str, *, json_body: object, wait: float | None) -> httpx.Response:
@@ -196,23 +199,23 @@ class ApiClient:
             raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from exc
         if response.is_success:
             return response
-        raise _api_error(response)
+        raise _gateway_error(response)
 
 
-def _api_error(response: httpx.Response) -> ApiError:
+def _gateway_error(response: httpx.Response) -> GatewayError:
     """Decode ``{"error": {"code", "message", "details"}}``, tolerating other bodies (proxies, 404s)."""
     status = response.status_code
     try:
         body = response.json()
     except ValueError:
-        return ApiError(status, f"http_{status}", response.text.strip()[:200] or response.reason_phrase)
+        return GatewayError(status, f"http_{status}", response.text.strip()[:200] or response.reason_phrase)
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
-        return ApiError(
+        return GatewayError(
             status,
             str(error.get("code") or f"http_{status}"),
             str(error.get("message") or response.reason_phrase),
             error.get("details"),
         )
     detail = body.get("detail") if isinstance(body, dict) else None
-    return ApiError(status, f"http_{status}", str(detail or response.reason_phrase))
+    return GatewayError(status, f"http_{status}", str(detail or response.reason_phrase))

@@ -6,6 +6,9 @@ Each command talks to any gateway through :class:`aptix_cli.client.ApiClient`, c
 stderr), an unreachable gateway, or a turn that failed or was cancelled; 2 a usage error (no key, a
 bad ``--tools`` or batch file). ``httpx`` is imported only when a client command runs, so the
 process commands keep their deferred imports.
+
+This module parses the arguments and calls the gateway; what a command prints comes from
+:mod:`aptix_cli.rendering`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -23,11 +25,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aptix_cli.client import ApiClient
 
-__all__ = ["add_client_commands", "trace_table"]
+__all__ = ["add_client_commands"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-_IN_FLIGHT = ("queued", "running")
-_TRACE_WIDTH = 120
 
 Command = Callable[["ApiClient", argparse.Namespace], int]
 
@@ -82,7 +82,7 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     """Wrap a command: build the client, turn errors into messages and exit codes."""
 
     def run(args: argparse.Namespace) -> int:
-        from aptix_cli.client import ApiClient, ApiError, GatewayUnreachable
+        from aptix_cli.client import ApiClient, GatewayError, GatewayUnreachable
 
         if not args.key:
             return _fail("no API key: pass --key KEY or set APTIX_KEY", code=2)
@@ -91,7 +91,7 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
                 return command(api, args)
         except UsageError as exc:
             return _fail(str(exc), code=2)
-        except ApiError as exc:
+        except GatewayError as exc:
             sys.stderr.write(f"error {exc.status} {exc.code}: {exc.message}\n")
             return 1
         except GatewayUnreachable as exc:
@@ -130,35 +130,25 @@ def _tool_results(api: ApiClient, args: argparse.Namespace) -> int:
 
 def _follow(api: ApiClient, turn: dict[str, Any], deadline: float) -> dict[str, Any]:
     """Long-poll the turn until it leaves queued/running or the deadline passes."""
-    while turn.get("status") in _IN_FLIGHT and (remaining := deadline - time.monotonic()) > 0.5:
+    from aptix_cli.batch_progress import IN_FLIGHT
+
+    while turn.get("status") in IN_FLIGHT and (remaining := deadline - time.monotonic()) > 0.5:
         turn = api.get_turn(turn["turn_id"], wait=remaining)
     return turn
 
 
 def _show_turn(turn: Mapping[str, Any], *, as_json: bool) -> int:
-    status = turn.get("status", "?")
+    """Print the turn; exit code 1 when it failed or was cancelled."""
+    from aptix_cli.rendering import turn_json, turn_lines
+    from shared.models.turn import TurnStatus
+
     if as_json:
-        _out(json.dumps(turn, indent=2))
+        _out(turn_json(turn))
     else:
-        if turn.get("output_text"):
-            _out(str(turn["output_text"]))
-            _out("")
-        mode = f"  mode: {turn['mode']}" if turn.get("mode") else ""
-        _out(f"status: {status}{mode}")
-        _out(f"turn: {turn.get('turn_id')}  session: {turn.get('session_id')}")
-        error = turn.get("error")
-        if isinstance(error, dict):
-            _out(f"error: {error.get('code')}: {error.get('message')}")
-        pending = turn.get("pending_tool_calls") or []
-        if pending:
-            _out("pending tool calls:")
-            for call in pending:
-                _out(f"  {call['call_id']}  {call['name']}  {call['arguments']}")
-            flags = " ".join(f"--result {shlex.quote(call['call_id'] + '=OUTPUT')}" for call in pending)
-            _out(f"send the outputs with: aptix tool-results {shlex.quote(str(turn['turn_id']))} {flags}")
-        elif status in _IN_FLIGHT:
-            _out(f"the turn is still {status}; it goes on at the gateway")
-    return 1 if status in ("failed", "cancelled") else 0
+        for line in turn_lines(turn):
+            _out(line)
+    status = turn.get("status")
+    return 1 if status in TurnStatus.terminal() and status != TurnStatus.COMPLETED else 0
 
 
 def _read_tools(path: Path) -> list[Any]:
@@ -177,53 +167,18 @@ def _read_tools(path: Path) -> list[Any]:
 
 
 def _trace(api: ApiClient, args: argparse.Namespace) -> int:
+    from aptix_cli.rendering import trace_table
+
     for line in trace_table(api.get_trace(args.turn_id)):
         _out(line)
     return 0
 
 
-def trace_table(trace: Mapping[str, Any]) -> list[str]:
-    """The lines of a readable table of a ``GET /v1/turns/{id}/trace`` body (also used by the demo)."""
-    header = ("seq", "kind", "step", "worker", "r", "i", "ms", "details")
-    rows = [header] + [_trace_row(step) for step in trace.get("steps", [])]
-    widths = [max(len(row[col]) for row in rows) for col in range(len(header) - 1)]
-    right = {0, 4, 5, 6}
-    lines = []
-    for row in rows:
-        cells = [cell.rjust(w) if col in right else cell.ljust(w) for col, (cell, w) in enumerate(zip(row, widths))]
-        line = "  ".join(cells)
-        room = max(_TRACE_WIDTH - len(line) - 2, 10)
-        lines.append(f"{line}  {_clip(row[-1], room)}".rstrip())
-    lines.append(f"{len(rows) - 1} steps, turn {trace.get('turn_id', '?')}")
-    return lines
-
-
-def _trace_row(step: Mapping[str, Any]) -> tuple[str, ...]:
-    data = dict(step.get("data") or {})
-    round_, iteration = data.pop("round", ""), data.pop("iteration", "")
-    duration = step.get("duration_ms")
-    details = " ".join(f"{key}={_compact(value)}" for key, value in data.items())
-    return (
-        str(step.get("seq", "")), str(step.get("kind", "")), str(step.get("step", "")),
-        _clip(str(step.get("worker", "")), 24), str(round_), str(iteration),
-        "" if duration is None else f"{float(duration):.1f}", details,
-    )  # fmt: skip
-
-
 def _session(api: ApiClient, args: argparse.Namespace) -> int:
-    session = api.get_session(args.session_id)
-    _out(f"session {session.get('session_id')}  mode: {session.get('mode')}")
-    _out(f"created {session.get('created_at')}  updated {session.get('updated_at')}")
-    history = session.get("mode_history") or []
-    _out(f"mode history ({len(history)}):")
-    for change in history:
-        reason = f"  {change['reason']}" if change.get("reason") else ""
-        _out(f"  {change.get('from')} -> {change.get('to')}  at {change.get('at')}{reason}")
-    turns = session.get("turns") or []
-    _out(f"turns ({len(turns)}):")
-    width = max((len(str(turn.get("status"))) for turn in turns), default=0)
-    for turn in turns:
-        _out(f"  {turn.get('turn_id')}  {str(turn.get('status')).ljust(width)}  {turn.get('created_at')}")
+    from aptix_cli.rendering import session_lines
+
+    for line in session_lines(api.get_session(args.session_id)):
+        _out(line)
     return 0
 
 
@@ -231,8 +186,11 @@ def _session(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _batch_submit(api: ApiClient, args: argparse.Namespace) -> int:
+    from aptix_cli.batch_progress import follow_batch, out_of_flight
     from aptix_cli.client import ClientError
-    from aptix_cli.progress import STATUS_ORDER, ProgressBar
+    from aptix_cli.progress import ProgressBar
+    from aptix_cli.rendering import batch_summary, failed_turn_line
+    from shared.models.turn import TurnStatus
 
     if args.out and not args.wait:
         raise UsageError("--out needs --wait (the results are written once every turn has finished)")
@@ -244,10 +202,7 @@ def _batch_submit(api: ApiClient, args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     try:
-        while _in_flight(batch):
-            bar.update(_done(batch), batch.get("counts", {}))
-            time.sleep(max(args.poll, 0.05))
-            batch = api.get_batch(batch_id)
+        batch = follow_batch(api, batch, interval=max(args.poll, 0.05), bar=bar)
     except KeyboardInterrupt:
         bar.interrupt()
         sys.stderr.write(f"interrupted; batch {batch_id} goes on at the gateway\n")
@@ -256,7 +211,7 @@ def _batch_submit(api: ApiClient, args: argparse.Namespace) -> int:
         bar.interrupt()
         raise
     counts: dict[str, int] = batch.get("counts", {})
-    bar.finish(_done(batch), counts)
+    bar.finish(out_of_flight(batch), counts)
     elapsed = bar.elapsed
     if args.out or counts.get("failed") or counts.get("cancelled"):
         turns = api.batch_results(batch_id)
@@ -264,13 +219,9 @@ def _batch_submit(api: ApiClient, args: argparse.Namespace) -> int:
             args.out.write_text("".join(json.dumps(turn) + "\n" for turn in turns))
             _out(f"wrote {len(turns)} turns to {args.out}")
         for turn in turns:
-            if turn.get("status") in ("failed", "cancelled"):
-                error = turn.get("error") or {}
-                _out(f"{turn.get('status')} {turn.get('turn_id')}: {error.get('code')}: {error.get('message')}")
-    shown = [s for s in STATUS_ORDER if s in ("completed", "failed", "cancelled") or counts.get(s)]
-    summary = " ".join(f"{status} {counts.get(status, 0)}" for status in shown)
-    rate = _done(batch) / elapsed if elapsed > 0 else 0.0
-    _out(f"batch {batch_id} finished: {summary}  in {elapsed:.1f}s  {rate:.1f} turns/s")
+            if turn.get("status") in (TurnStatus.FAILED, TurnStatus.CANCELLED):
+                _out(failed_turn_line(turn))
+    _out(batch_summary(batch_id, counts, done=out_of_flight(batch), elapsed=elapsed))
     return 0
 
 
@@ -295,16 +246,6 @@ def _read_batch(path: Path) -> list[dict[str, Any]]:
     return requests
 
 
-def _in_flight(batch: Mapping[str, Any]) -> bool:
-    counts = batch.get("counts", {})
-    return any(counts.get(status, 0) for status in _IN_FLIGHT)
-
-
-def _done(batch: Mapping[str, Any]) -> int:
-    counts = batch.get("counts", {})
-    return int(batch.get("total", 0)) - sum(int(counts.get(status, 0)) for status in _IN_FLIGHT)
-
-
 # --- output ----------------------------------------------------------------------------------
 
 
@@ -315,11 +256,3 @@ def _out(line: str) -> None:
 def _fail(message: str, *, code: int) -> int:
     sys.stderr.write(f"error: {message}\n")
     return code
-
-
-def _compact(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-def _clip(text: str, room: int) -> str:
-    return text if len(text) <= room else text[: room - 3] + "..."

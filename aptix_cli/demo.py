@@ -13,14 +13,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Any
 
-from aptix_cli.bench.stats import percentile, turn_latency
+from aptix_cli.batch_progress import IN_FLIGHT, follow_batch, out_of_flight
+from aptix_cli.bench.stats import percentile, turn_latencies
 from aptix_cli.client import ApiClient
-from aptix_cli.client_commands import trace_table
 from aptix_cli.dev import DevStack
 from aptix_cli.progress import ProgressBar
+from aptix_cli.rendering import trace_table
 
 __all__ = ["run_demo"]
 
@@ -105,7 +105,7 @@ def _tour(api: ApiClient, batch_size: int) -> None:
 def _turn(api: ApiClient, request: dict[str, Any], *, expect: str) -> dict[str, Any]:
     _say(f" > {request['input']}")
     turn = api.create_turn(request, wait=30)
-    if turn["status"] in ("queued", "running"):
+    if turn["status"] in IN_FLIGHT:
         turn = api.get_turn(turn["turn_id"], wait=30)
     return _show(turn, expect=expect)
 
@@ -121,19 +121,11 @@ def _show(turn: dict[str, Any], *, expect: str) -> dict[str, Any]:
 def _batch(api: ApiClient, size: int) -> str:
     requests = [{"input": f"Batch question {index}: what is {index} squared?"} for index in range(size)]
     bar = ProgressBar(sys.stdout, total=size, interval=2.0)  # the clock starts before the submission
-    batch = api.create_batch(requests)
-    while True:
-        counts = batch["counts"]
-        done = size - counts["queued"] - counts["running"]
-        if done >= size:
-            break
-        bar.update(done, counts)
-        time.sleep(0.2)
-        batch = api.get_batch(batch["batch_id"])
-    bar.finish(done, counts)
+    batch = follow_batch(api, api.create_batch(requests), interval=0.2, bar=bar)
+    counts = batch["counts"]
+    bar.finish(out_of_flight(batch), counts)
     elapsed = bar.elapsed
-    turns = api.batch_results(batch["batch_id"])
-    latencies = [latency for turn in turns if (latency := turn_latency(turn)) is not None]
+    latencies = turn_latencies(api.batch_results(batch["batch_id"]))
     if counts["completed"] != size:
         raise DemoFailed(f"the batch did not complete every turn: {counts}")
     p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)

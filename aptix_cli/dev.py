@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from aptix_cli.embedded_redis import EmbeddedRedis
+from aptix_cli.launcher import free_port
 from scripted_llm import ScriptedServer
 
 __all__ = ["DevStack", "DevStackInfo"]
@@ -96,7 +97,7 @@ class DevStack:
         )
         upgrade(settings.database_url)
         self._start_worker(settings)
-        port = self._port or _free_port(self._host)
+        port = self._port or free_port(self._host)
         self._start_gateway(settings, port)
         self.info = DevStackInfo(
             url=f"http://{self._host}:{port}",
@@ -189,10 +190,3 @@ class DevStack:
 def _embedded(parts: list[str], name: str, url: str) -> str:
     parts.append(name)
     return url
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port

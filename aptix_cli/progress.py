@@ -18,10 +18,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TextIO
 
+from shared.models.turn import TurnStatus
+
 __all__ = ["STATUS_ORDER", "ProgressBar", "format_duration", "render"]
 
-STATUS_ORDER = ("completed", "failed", "cancelled", "requires_client_tools", "running", "queued")
-"""The order statuses are shown in: finished ones first, then those still in flight."""
+STATUS_ORDER = (
+    TurnStatus.COMPLETED,
+    TurnStatus.FAILED,
+    TurnStatus.CANCELLED,
+    TurnStatus.REQUIRES_CLIENT_TOOLS,
+    TurnStatus.RUNNING,
+    TurnStatus.QUEUED,
+)
+"""Every status, in the order they are shown: terminal ones first, then those still unfinished."""
 
 _DEFAULT_WIDTH = 30
 
@@ -47,7 +56,7 @@ def render(done: int, total: int, counts: Mapping[str, int], elapsed: float, wid
     filled = min(width, int(fraction * width))
     bar = "[" + "#" * filled + "." * (width - filled) + "]"
     parts = [f"{bar} {done}/{total} {int(fraction * 100)}%"]
-    shown = [(status, counts[status]) for status in STATUS_ORDER if counts.get(status)]
+    shown: list[tuple[str, int]] = [(status, counts[status]) for status in STATUS_ORDER if counts.get(status)]
     shown += [(status, count) for status, count in counts.items() if status not in STATUS_ORDER and count]
     if shown:
         parts.append(" ".join(f"{status} {count}" for status, count in shown))

@@ -15,7 +15,8 @@ import tempfile
 import time
 from typing import Any
 
-from aptix_cli.bench.stats import percentile, turn_latency
+from aptix_cli.batch_progress import follow_batch
+from aptix_cli.bench.stats import percentile, turn_latencies
 from aptix_cli.client import ApiClient
 from aptix_cli.dev import DevStack
 
@@ -54,13 +55,11 @@ def _measure(api: ApiClient, turns: int) -> dict[str, Any]:
     cpu_before = _cpu_seconds()
     started = time.monotonic()
     batch = api.create_batch([{"input": f"bench {index}"} for index in range(turns)])
-    while batch["counts"]["queued"] + batch["counts"]["running"]:
-        time.sleep(0.2)
-        batch = api.get_batch(batch["batch_id"])
+    batch = follow_batch(api, batch, interval=0.2)
     elapsed = time.monotonic() - started
     cpu = _cpu_seconds() - cpu_before
     results = api.batch_results(batch["batch_id"])
-    latencies = [latency for turn in results if (latency := turn_latency(turn)) is not None]
+    latencies = turn_latencies(results)
     counts = batch["counts"]
     return {
         "elapsed": elapsed,

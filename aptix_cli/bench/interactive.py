@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from aptix_cli.batch_progress import IN_FLIGHT
 from aptix_cli.bench.stats import turn_latency
 from aptix_cli.client import MAX_WAIT_SECONDS, ApiClient
 
@@ -50,7 +51,7 @@ def interactive_latencies(
         next_start = time.monotonic() + 1.0 / per_second
         turn = api.create_turn({"input": f"interactive turn {sample.started}"}, wait=MAX_WAIT_SECONDS)
         sample.started += 1
-        while turn["status"] in ("queued", "running"):
+        while turn["status"] in IN_FLIGHT:
             turn = api.get_turn(str(turn["turn_id"]), wait=MAX_WAIT_SECONDS)
         latency = turn_latency(turn)
         if turn["status"] == "completed" and latency is not None:

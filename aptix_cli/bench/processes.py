@@ -1,7 +1,7 @@
 """The processes of a bench run: scripted model, gateway, ``aptix worker`` processes and bare-chain workers.
 
-They are started on one :class:`~aptix_cli.stack.LocalStack` (one environment, one log folder,
-each stopped by its own pid). ``aptix worker`` is started exactly as an operator would: with no
+They are started on one :class:`~aptix_cli.launcher.ProcessGroup` (one environment, one log
+folder, each stopped by its own pid). ``aptix worker`` is started exactly as an operator would: with no
 flags unless ``--worker-args`` gives some; :func:`worker_plan` reads those flags the way ``aptix
 worker`` does, so the bare-chain workers get the same Celery workers (queues, pool, concurrency).
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from aptix_cli.stack import LocalStack, ManagedProcess, answers, free_port, wait_until
+from aptix_cli.launcher import ManagedProcess, ProcessGroup, answers, free_port, wait_until
 from aptix_cli.worker_group import WorkerSpec, plan
 
 __all__ = ["BenchProcesses", "WorkerPlan", "worker_plan"]
@@ -63,12 +63,12 @@ class BenchProcesses:
     """
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.stack = LocalStack(env)
+        self.group = ProcessGroup(env)
 
     @property
     def log_dir(self) -> str:
         """The folder of the processes' logs."""
-        return str(self.stack.log_dir)
+        return str(self.group.log_dir)
 
     def start_model(self, *, port: int, latency_ms: float) -> ManagedProcess:
         """``python -m scripted_llm`` on ``port``; returns once it answers."""
@@ -76,13 +76,13 @@ class BenchProcesses:
             sys.executable, "-m", "scripted_llm", "--host", "127.0.0.1", "--port", str(port),
             "--latency-ms", f"{latency_ms:g}", "--journal-size", "1",
         ]  # fmt: skip
-        process = self._start("model", argv)
+        process = self.group.start("model", argv)
         wait_until([process], lambda: answers(f"http://127.0.0.1:{port}/__scripted/healthz"), _START_SECONDS)
         return process
 
     def start_gateway(self) -> tuple[ManagedProcess, str]:
         """``aptix gateway`` on a free port; returns the process and its base URL once ``/healthz`` answers."""
-        return self.stack.start_gateway(port=free_port(), timeout=_START_SECONDS)
+        return self.group.start_gateway(port=free_port(), timeout=_START_SECONDS)
 
     def start_workers(self, count: int, worker: WorkerPlan, control: Celery) -> list[ManagedProcess]:
         """``count`` ``aptix worker`` processes; returns once all their Celery workers answer a ping.
@@ -97,7 +97,7 @@ class BenchProcesses:
             argv = [sys.executable, "-m", "aptix_cli", "worker", *worker.args]
             if len(worker.specs) == 1 and "--hostname" not in worker.args:
                 argv += ["--hostname", f"bench{index}@%h"]  # one Celery worker: its default node name is shared
-            processes.append(self._start(f"worker-{index}", argv))
+            processes.append(self.group.start(f"worker-{index}", argv))
         _wait_for_nodes(control, processes, count * len(worker.specs))
         return processes
 
@@ -115,25 +115,17 @@ class BenchProcesses:
                     "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency),
                     "-n", f"bare{index}-{spec.group}@%h", "--without-gossip", "--loglevel", _bare_loglevel(worker),
                 ]  # fmt: skip
-                processes.append(self._start(f"bare-{index}-{spec.group}", argv))
+                processes.append(self.group.start(f"bare-{index}-{spec.group}", argv))
         _wait_for_nodes(control, processes, len(processes))
         return processes
 
     def stop(self, processes: Sequence[ManagedProcess]) -> None:
         """Stop some of the processes (SIGTERM, then SIGKILL), each by its pid."""
-        for process in processes:
-            process.stop(timeout=30.0)
-            if process in self.stack.processes:
-                self.stack.processes.remove(process)
+        self.group.stop(processes, timeout=30.0)
 
     def stop_all(self) -> None:
         """Stop every process still running."""
-        self.stack.stop_all()
-
-    def _start(self, name: str, argv: list[str]) -> ManagedProcess:
-        process = ManagedProcess(name, argv, self.stack.env, self.stack.log_dir)
-        self.stack.processes.append(process)
-        return process
+        self.group.stop_all()
 
 
 def _bare_loglevel(worker: WorkerPlan) -> str:

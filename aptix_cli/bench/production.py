@@ -29,6 +29,7 @@ from types import FrameType
 import psycopg
 import redis
 
+from aptix_cli import batch_progress
 from aptix_cli.bench import bare_chain, turn_runs
 from aptix_cli.bench.cpu import CpuMeter, Group, ProcessTable, descendants, read_processes, rss_bytes, serving
 from aptix_cli.bench.interactive import InteractiveSample, interactive_latencies
@@ -42,7 +43,8 @@ from aptix_cli.bench.scenarios import SCENARIOS
 from aptix_cli.bench.services import Scratch, ScratchServices
 from aptix_cli.bench.stats import percentile
 from aptix_cli.client import ApiClient, ClientError
-from aptix_cli.stack import ManagedProcess, free_port
+from aptix_cli.launcher import ManagedProcess, free_port
+from shared.models.turn import TurnStatus
 from shared.settings import Settings
 
 __all__ = ["run_production_bench"]
@@ -236,7 +238,7 @@ class _Run:
 
         def batch_done() -> bool:
             counts = api.get_batch(submitted.batch_id)["counts"]
-            return sum(int(counts.get(status, 0)) for status in turn_runs.FINISHED) >= turns
+            return batch_progress.finished(counts) >= turns
 
         loaded = interactive_latencies(
             api, seconds=_INTERACTIVE_SECONDS, per_second=_INTERACTIVE_PER_SECOND, stop=batch_done
@@ -318,7 +320,8 @@ def _serving(roots: Sequence[int], queues: str, table: ProcessTable) -> Collecti
 
 
 def _finished_turns(db: psycopg.Connection[tuple[int]]) -> int:
-    row = db.execute("SELECT count(*) FROM turns WHERE status = ANY(%s)", (list(turn_runs.FINISHED),)).fetchone()
+    terminal = [status.value for status in TurnStatus.terminal()]
+    row = db.execute("SELECT count(*) FROM turns WHERE status = ANY(%s)", (terminal,)).fetchone()
     return int(row[0]) if row else 0
 
 

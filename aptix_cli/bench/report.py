@@ -121,7 +121,7 @@ def latency_cell(figures: RunFigures) -> str:
 
 def statuses_cell(statuses: Mapping[str, int]) -> str:
     """``completed 500`` (finished statuses first)."""
-    order = [status for status in STATUS_ORDER if statuses.get(status)]
+    order: list[str] = [status for status in STATUS_ORDER if statuses.get(status)]
     order += sorted(status for status in statuses if status not in STATUS_ORDER and statuses[status])
     return ", ".join(f"{status} {statuses[status]}" for status in order) or "none"
 

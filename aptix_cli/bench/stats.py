@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-__all__ = ["RunFigures", "percentile", "run_figures", "turn_latency"]
+__all__ = ["RunFigures", "percentile", "run_figures", "turn_latencies", "turn_latency"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,11 @@ def turn_latency(turn: Mapping[str, Any]) -> float | None:
     return (
         datetime.fromisoformat(str(turn["completed_at"])) - datetime.fromisoformat(str(turn["created_at"]))
     ).total_seconds()
+
+
+def turn_latencies(turns: Iterable[Mapping[str, Any]]) -> list[float]:
+    """The :func:`turn_latency` of each turn that has one (as ``GET /v1/batches/{id}/results`` returns them)."""
+    return [latency for turn in turns if (latency := turn_latency(turn)) is not None]
 
 
 def run_figures(latencies: Sequence[float], *, started: float, finished: Sequence[float]) -> RunFigures:

@@ -22,15 +22,14 @@ from typing import Any, TextIO
 
 import psycopg
 
+from aptix_cli import batch_progress
 from aptix_cli.bench.scenarios import Scenario
 from aptix_cli.bench.stats import RunFigures, run_figures
-from aptix_cli.client import ApiClient, ApiError
+from aptix_cli.client import ApiClient, GatewayError
 from aptix_cli.progress import ProgressBar
 
-__all__ = ["FINISHED", "Submitted", "ToolResultPoster", "TurnRun", "collect", "submit", "wait"]
+__all__ = ["Submitted", "ToolResultPoster", "TurnRun", "collect", "submit", "wait"]
 
-FINISHED = ("completed", "failed", "cancelled")
-"""Statuses a turn does not leave."""
 _STALL_SECONDS = 180.0
 _CLIENT_POLL_SECONDS = 0.1
 
@@ -73,7 +72,8 @@ def submit(api: ApiClient, scenario: Scenario, turns: int, *, first_index: int =
 def wait(
     api: ApiClient, submitted: Submitted, *, poster: ToolResultPoster | None, progress: TextIO | None
 ) -> dict[str, int]:
-    """Poll until every turn finished or none finished for a few minutes; returns the last counts.
+    """Poll until every turn finished (:func:`aptix_cli.batch_progress.finished`) or none finished for a
+    few minutes; returns the last counts.
 
     Args:
         api: the gateway.
@@ -92,7 +92,7 @@ def wait(
         if now - last_count >= interval or poster is None:
             last_count = now
             counts = {str(status): int(count) for status, count in api.get_batch(submitted.batch_id)["counts"].items()}
-            done = sum(counts.get(status, 0) for status in FINISHED)
+            done = batch_progress.finished(counts)
             if bar is not None:
                 bar.update(done, counts)
             if done >= submitted.turns:
@@ -167,7 +167,7 @@ class ToolResultPoster:
         results = [{"call_id": str(call["call_id"]), "output": "42"} for call in calls]
         try:
             self._api.post_tool_results(turn_id, results)
-        except ApiError as exc:
+        except GatewayError as exc:
             if exc.status != 409:  # 409: no longer waiting (answered already, or expired)
                 raise
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import psycopg
 import redis
 
-from tests.chaos.processes import ChildProcess, free_port
+from aptix_cli.launcher import ManagedProcess, free_port, wait_until
+from tests.chaos.processes import spawn
 from tests.services_check import database_admin_url
 
 __all__ = ["Database", "RedisServer"]
@@ -33,7 +34,7 @@ class RedisServer:
         self._log_dir = log_dir
         self._data_dir = log_dir / "redis-data"
         self._data_dir.mkdir(exist_ok=True)
-        self._process: ChildProcess | None = None
+        self._process: ManagedProcess | None = None
         self._generation = 0
 
     def url(self, db: int) -> str:
@@ -48,8 +49,8 @@ class RedisServer:
             "--appendonly", "no", "--dir", str(self._data_dir), "--daemonize", "no",
         ]  # fmt: skip
         env = {"PATH": os.environ.get("PATH", os.defpath)}
-        self._process = ChildProcess(f"redis-{self._generation}", argv, env=env, log_dir=self._log_dir)
-        self._process.wait_ready(self._answers, timeout=20)
+        self._process = spawn(f"redis-{self._generation}", argv, env=env, log_dir=self._log_dir)
+        wait_until([self._process], self._answers, 20)
 
     def shutdown_nosave(self) -> None:
         """``SHUTDOWN NOSAVE``: the server exits and everything it held is gone."""

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import redis
 
+from aptix_cli.batch_progress import IN_FLIGHT
 from scripted_llm.script import last_user_text
 from shared.state.keys import INFLIGHT_KEY, PREFIX, state_key, version_key
 from tests.chaos.load import key_of
@@ -73,11 +74,8 @@ def collect(system: ChaosSystem) -> Evidence:
         tool_runs=Counter(line for line in lines if line),
         model_calls=model_calls,
         other_model_calls=other,
-        post_mortem=_post_mortem(system, [turn.turn_id for turn in turns if turn.status in _IN_FLIGHT]),
+        post_mortem=_post_mortem(system, [turn.turn_id for turn in turns if turn.status in IN_FLIGHT]),
     )
-
-
-_IN_FLIGHT = ("queued", "running")
 
 
 def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:

@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psycopg
 
+from shared.models.turn import TurnStatus
 from tests.chaos.system import API_KEY
 
 __all__ = [
-    "TERMINAL_STATUSES",
+    "SETTLED_STATUSES",
     "Ledger",
     "key_of",
     "post_turns",
@@ -36,8 +37,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "requires_client_tools"})
-"""Statuses a turn may end the wait in; anything else is unfinished."""
+SETTLED_STATUSES = TurnStatus.terminal() | {TurnStatus.REQUIRES_CLIENT_TOOLS}
+"""Statuses a turn may end the wait in: terminal, or paused for client tools (which the chaos load
+never posts, so such a turn stays put). Anything else (queued, running) is unfinished."""
 
 _KEY = re.compile(r"\] chaos (\S+)\s*$")
 _HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -127,13 +129,13 @@ def status_counts(database_url: str) -> Counter[str] | None:
 
 
 def wait_fraction(database_url: str, total: int, fraction: float, *, timeout: float) -> float:
-    """Wait until ``fraction`` of ``total`` turns are terminal (or ``timeout``); returns the fraction reached."""
+    """Wait until ``fraction`` of ``total`` turns are settled (or ``timeout``); returns the fraction reached."""
     deadline = time.monotonic() + timeout
     reached = 0.0
     while time.monotonic() < deadline:
         counts = status_counts(database_url)
         if counts is not None:
-            reached = sum(counts[status] for status in TERMINAL_STATUSES) / max(total, 1)
+            reached = sum(counts[status] for status in SETTLED_STATUSES) / max(total, 1)
             if reached >= fraction:
                 break
         time.sleep(0.25)
@@ -144,7 +146,7 @@ def wait_settled(database_url: str, *, deadline: float) -> bool:
     """Poll every second until no turn row is unfinished, or the monotonic ``deadline``; True if settled."""
     while True:
         counts = status_counts(database_url)
-        if counts is not None and all(status in TERMINAL_STATUSES for status in +counts):
+        if counts is not None and all(status in SETTLED_STATUSES for status in +counts):
             return True
         if time.monotonic() >= deadline:
             return False

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tests.chaos.evidence import Evidence
-from tests.chaos.load import TERMINAL_STATUSES, Ledger
+from tests.chaos.load import SETTLED_STATUSES, Ledger
 
 __all__ = ["FaultReport", "FaultRun", "build_report", "render_fault", "render_summary"]
 
@@ -99,7 +99,7 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
     report.unacknowledged = len(set(rows_per_key) - ledger.accepted)
     report.keys_with_extra_rows = sum(1 for count in rows_per_key.values() if count > 1)
     # Unfinished turns first, so the examples show them before failed ones.
-    for turn in sorted(evidence.turns, key=lambda turn: (turn.status in TERMINAL_STATUSES, turn.key or "")):
+    for turn in sorted(evidence.turns, key=lambda turn: (turn.status in SETTLED_STATUSES, turn.key or "")):
         if turn.status == "completed":
             report.completed += 1
             if turn.output_text is not None and "outcome of this count_run call is unknown" in turn.output_text:
@@ -108,7 +108,7 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
                 report.wrong_output += 1
         elif turn.status == "failed":
             report.failed[turn.error_code or "unknown"] += 1
-        elif turn.status not in ("cancelled", "requires_client_tools"):
+        elif turn.status not in SETTLED_STATUSES:
             report.unfinished[turn.status] += 1
         else:
             continue

@@ -22,8 +22,9 @@ from typing import Any
 import httpx
 import psycopg
 
+from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
 from tests.chaos.backing import Database, RedisServer
-from tests.chaos.processes import REPO_ROOT, ChildProcess, free_port, http_ok
+from tests.chaos.processes import REPO_ROOT, spawn
 
 __all__ = ["API_KEY", "ChaosSystem", "SystemOptions"]
 
@@ -60,13 +61,13 @@ class ChaosSystem:
         self.tool_log = fault_dir / "tool-runs.log"
         self.model_url = f"http://127.0.0.1:{free_port()}"
         self.gateway_url = f"http://127.0.0.1:{free_port()}"
-        self.workers: list[ChildProcess] = []
+        self.workers: list[ManagedProcess] = []
         """Worker processes not killed by the harness (a replacement may still be starting)."""
-        self.reconcilers: list[ChildProcess] = []
+        self.reconcilers: list[ManagedProcess] = []
         self._catalog = catalog
-        self._model: ChildProcess | None = None
-        self._gateway: ChildProcess | None = None
-        self._started: list[ChildProcess] = []
+        self._model: ManagedProcess | None = None
+        self._gateway: ManagedProcess | None = None
+        self._started: list[ManagedProcess] = []
         self._saved_journal: list[Any] = []
         self._serial = 0
         self._ready: set[str] = set()
@@ -106,7 +107,7 @@ class ChaosSystem:
         for _ in range(self.options.reconcilers):
             self.start_reconciler()
 
-    def spawn_worker(self) -> ChildProcess:
+    def spawn_worker(self) -> ManagedProcess:
         """Start a worker process without waiting for it (see :meth:`wait_worker`)."""
         name = self._name("worker")
         argv = [
@@ -119,17 +120,17 @@ class ChaosSystem:
         self.workers.append(worker)
         return worker
 
-    def wait_worker(self, worker: ChildProcess, *, timeout: float = 90.0) -> None:
-        """Wait until ``worker`` logged "ready." (raises StartupError if it exits first)."""
-        worker.wait_ready(lambda: self.worker_ready(worker), timeout=timeout)
+    def wait_worker(self, worker: ManagedProcess, *, timeout: float = 90.0) -> None:
+        """Wait until ``worker`` logged "ready." (raises RuntimeError if it exits first)."""
+        wait_until([worker], lambda: self.worker_ready(worker), timeout)
 
-    def worker_ready(self, worker: ChildProcess) -> bool:
+    def worker_ready(self, worker: ManagedProcess) -> bool:
         """Whether ``worker`` logged Celery's "ready." (remembered, so a long log is read once)."""
-        if worker.name not in self._ready and "ready." in worker.log_text():
+        if worker.name not in self._ready and "ready." in worker.log():
             self._ready.add(worker.name)
         return worker.name in self._ready
 
-    def kill_worker(self, rng: random.Random) -> ChildProcess:
+    def kill_worker(self, rng: random.Random) -> ManagedProcess:
         """SIGKILL a random worker that is up and ready; raises LookupError when none is."""
         candidates = [worker for worker in self.workers if worker.alive() and self.worker_ready(worker)]
         if not candidates:
@@ -148,7 +149,7 @@ class ChaosSystem:
             "--latency-ms", str(self.options.model_latency_ms), "--journal-size", "200000",
         ]  # fmt: skip
         self._model = self._spawn(self._name("model"), argv)
-        self._model.wait_ready(lambda: http_ok(f"{self.model_url}/__scripted/healthz"), timeout=60)
+        wait_until([self._model], lambda: answers(f"{self.model_url}/__scripted/healthz"), 60)
 
     def kill_model(self) -> None:
         """Save the model's journal, then SIGKILL it at once (the journal lives in its memory)."""
@@ -169,7 +170,7 @@ class ChaosSystem:
         port = self.gateway_url.rsplit(":", 1)[1]
         argv = [sys.executable, "-m", "aptix_cli", "gateway", "--host", "127.0.0.1", "--port", port]
         self._gateway = self._spawn(self._name("gateway"), argv)
-        self._gateway.wait_ready(lambda: http_ok(f"{self.gateway_url}/healthz"), timeout=60)
+        wait_until([self._gateway], lambda: answers(f"{self.gateway_url}/healthz"), 60)
 
     def kill_gateway(self) -> None:
         """SIGKILL the gateway."""
@@ -178,15 +179,15 @@ class ChaosSystem:
             self._gateway = None
             logger.info("killed the gateway")
 
-    def start_reconciler(self) -> ChildProcess:
+    def start_reconciler(self) -> ManagedProcess:
         """Start an ``aptix reconciler`` process; it counts as started once it said "ready" or ran 3 s."""
         name = self._name("reconciler")
         reconciler = self._spawn(name, [sys.executable, "-m", "aptix_cli", "reconciler"])
         self.reconcilers.append(reconciler)
-        reconciler.wait_ready(lambda: _reconciler_started(reconciler), timeout=60)
+        wait_until([reconciler], lambda: _reconciler_started(reconciler), 60)
         return reconciler
 
-    def kill_reconciler(self) -> ChildProcess:
+    def kill_reconciler(self) -> ManagedProcess:
         """SIGKILL the oldest reconciler (the likeliest to be the active one)."""
         victim = self.reconcilers.pop(0)
         victim.kill()
@@ -208,8 +209,8 @@ class ChaosSystem:
         finally:
             self.redis.stop()
 
-    def _spawn(self, name: str, argv: list[str]) -> ChildProcess:
-        process = ChildProcess(name, argv, env=self.env(), log_dir=self.dir)
+    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        process = spawn(name, argv, env=self.env(), log_dir=self.dir)
         self._started.append(process)
         return process
 
@@ -223,8 +224,8 @@ class ChaosSystem:
         return [entry["body"] for entry in response.json()["requests"]]
 
 
-def _reconciler_started(reconciler: ChildProcess) -> bool:
+def _reconciler_started(reconciler: ManagedProcess) -> bool:
     # The reconciler command is new: accept its "ready" line if it prints one, else a few seconds alive.
-    if _READY.search(reconciler.log_text()):
+    if _READY.search(reconciler.log()):
         return True
     return time.monotonic() - reconciler.started_at >= _RECONCILER_SETTLE_SECONDS

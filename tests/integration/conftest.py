@@ -12,11 +12,12 @@ import pytest
 import redis
 import yaml
 
-from aptix_cli.stack import LocalStack, ManagedProcess
+from aptix_cli.launcher import ManagedProcess
 from scripted_llm import ScriptedServer
 from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
+from tests.support.stack import LocalStack
 
 TEST_TOOLS = [
     {"name": "record_call", "description": "Count a call.", "handler": "tests.support.tools:record_call",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aptix_cli.stack import free_port
+from aptix_cli.launcher import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -651,7 +651,7 @@ def test_turn_is_503_and_not_recorded_when_the_broker_is_down(
     system: System, extra_gateway: Callable[[dict[str, str]], str]
 ) -> None:
     # Given a gateway whose broker does not answer
-    from aptix_cli.stack import free_port
+    from aptix_cli.launcher import free_port
 
     url = extra_gateway({"APTIX_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
     engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
@@ -677,7 +677,7 @@ def test_requests_are_503_with_retry_after_when_the_database_is_down(
     system: System, extra_gateway: Callable[[dict[str, str]], str]
 ) -> None:
     # Given a gateway whose database does not answer (nothing listens on its port)
-    from aptix_cli.stack import free_port
+    from aptix_cli.launcher import free_port
 
     url = extra_gateway({"APTIX_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"})
     # When a client posts a turn, reads one, and asks for a session
@@ -696,7 +696,7 @@ def test_requests_are_503_with_retry_after_when_the_database_is_down(
 def test_turn_is_503_with_retry_after_when_the_state_store_is_down(
     system: System, extra_gateway: Callable[[dict[str, str]], str]
 ) -> None:
-    from aptix_cli.stack import free_port
+    from aptix_cli.launcher import free_port
 
     url = extra_gateway({"APTIX_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
     response = system.http.post(f"{url}/v1/turns", json={"input": "redis down"}, headers=system.headers(), timeout=60)

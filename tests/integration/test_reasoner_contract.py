@@ -337,7 +337,7 @@ def test_turn_actions_refuse_bad_callers_and_bodies_without_touching_the_turn(sy
 def test_tool_results_are_503_and_change_nothing_when_the_broker_is_down(
     system: System, extra_gateway: Callable[[dict[str, str]], str]
 ) -> None:
-    from aptix_cli.stack import free_port
+    from aptix_cli.launcher import free_port
 
     turn = _pause(system)
     url = extra_gateway({"APTIX_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})

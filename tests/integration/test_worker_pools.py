@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from aptix_cli.stack import LocalStack
 from tests.integration.conftest import System
+from tests.support.stack import LocalStack
 
 pytestmark = pytest.mark.integration
 

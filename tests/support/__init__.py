@@ -1,1 +1,1 @@
-"""Operator tools and a mode catalog used by the integration tests."""
+"""Support for the tests: operator tools, a mode catalog and LocalStack (the integration tests' processes)."""

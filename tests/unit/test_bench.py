@@ -19,7 +19,7 @@ from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import CLIENT_TOOL, SCENARIOS
 from aptix_cli.bench.services import redis_db_url
 from aptix_cli.bench.stats import RunFigures, percentile, run_figures, turn_latency
-from aptix_cli.stack import free_port
+from aptix_cli.launcher import free_port
 
 PLAIN_STEPS = [
     "0:0:request_handler:0",

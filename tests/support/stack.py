@@ -1,0 +1,45 @@
+"""LocalStack: the integration tests' gateway and worker processes, started as plain processes.
+
+Everything ``docker compose up`` starts can also be started this way; each process is stopped by
+its own PID (see :class:`aptix_cli.launcher.ProcessGroup`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from aptix_cli.launcher import ManagedProcess, ProcessGroup, wait_until
+
+__all__ = ["LocalStack"]
+
+
+class LocalStack(ProcessGroup):
+    """Starts and stops Aptix processes sharing one environment: ``aptix gateway`` and ``aptix worker``."""
+
+    def start_worker(
+        self,
+        name: str,
+        *,
+        queues: str = "pipeline,llm,tools",
+        pool: str | None = "threads",
+        concurrency: int | None = 4,
+        timeout: float = 60.0,
+    ) -> ManagedProcess:
+        """Start ``aptix worker`` as node ``name@<host>`` and wait until it is ready.
+
+        With ``pool=None`` it gets no ``--pool`` (nor ``--concurrency``): one Celery worker per queue
+        group, each on its own pool (``aptix_cli.worker_group``), named ``<group>.name@<host>``; it
+        is ready when all of them are.
+
+        Raises:
+            RuntimeError: it exited or was not ready in time (with its log).
+        """
+        from aptix_cli.worker_group import plan
+
+        argv = [sys.executable, "-m", "aptix_cli", "worker", "--queues", queues, "--hostname", f"{name}@%h"]
+        if pool is not None:
+            argv += ["--pool", pool, "--concurrency", str(concurrency or 1)]
+        processes = 1 if pool is not None else len(plan(queues))
+        process = self.start(name, argv)
+        wait_until([process], lambda: process.log().count("ready.") >= processes, timeout)
+        return process
