@@ -21,7 +21,7 @@ from shared.models.turn import TurnStatus
 
 __all__ = ["IN_FLIGHT", "BatchReader", "finished", "follow_batch", "in_flight", "out_of_flight"]
 
-IN_FLIGHT = TurnStatus.unfinished() - {TurnStatus.REQUIRES_CLIENT_TOOLS}
+IN_FLIGHT = TurnStatus.in_flight()
 """Statuses the gateway's workers are still working on (queued, running)."""
 
 
