@@ -34,6 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 _IN_PROCESS_STACK_COMMANDS = frozenset({"dev", "demo", "bench"})
 
 
+def _warn_unknown_variables(command: str) -> None:
+    # Settings ignore what they do not know; say so at start, so a misspelled setting is seen.
+    from shared.settings import unknown_variables
+
+    for message in unknown_variables(os.environ):
+        sys.stderr.write(f"aptix {command}: warning: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aptix", description="Aptix agent workers")
     commands = parser.add_subparsers(dest="command")
@@ -144,7 +152,17 @@ def _gateway(args: argparse.Namespace) -> int:
 
     from api_gateway.app import create_app
     from shared.logging import configure_logging
+    from shared.settings import get_settings, placeholder_api_keys
 
+    _warn_unknown_variables("gateway")
+    placeholders = placeholder_api_keys(get_settings())
+    if placeholders:
+        sys.stderr.write(
+            f"aptix gateway: APTIX_API_KEYS holds {len(placeholders)} published default or placeholder key(s) "
+            "(dev-key, CHANGE-ME...), which anyone who read the docs can use; set your own keys, "
+            "e.g. APTIX_API_KEYS=\"$(openssl rand -hex 24):my-org:me\" (`aptix dev` makes one for you)\n"
+        )
+        return 2
     configure_logging()
     uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
     return 0
@@ -172,6 +190,7 @@ def _worker(args: argparse.Namespace) -> int:
     from shared.settings import get_settings
     from workers.app import create_celery
 
+    _warn_unknown_variables("worker")
     configure_logging(args.loglevel)
     if args.loglevel.upper() != "DEBUG":
         # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
@@ -215,6 +234,7 @@ def _reconciler(args: argparse.Namespace) -> int:
     from workers.dispatcher import Dispatcher
     from workers.runtime import build_reconciler
 
+    _warn_unknown_variables("reconciler")
     configure_logging(args.loglevel)
     settings = get_settings()
     producer = create_producer(settings)
@@ -243,6 +263,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     from shared.db.migrate import upgrade
     from shared.settings import get_settings
 
+    _warn_unknown_variables("db upgrade")
     upgrade(get_settings().database_url, args.revision)
     sys.stdout.write(f"database migrated to {args.revision}\n")
     return 0

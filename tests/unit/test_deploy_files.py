@@ -21,18 +21,19 @@ import pytest
 import yaml
 
 from aptix_cli.worker_group import plan
+from shared.settings import known_variables
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 K8S_DIR = REPO / "deploy" / "k8s"
+SECRET_EXAMPLE = REPO / "deploy" / "secret.example.yaml"
 IMAGE = "aptix/agent-workers:0.1.0"
 KUBERNETES_VERSION = "1.33.0"
 
 K8S_FILES = {
     "namespace.yaml",
     "configmap.yaml",
-    "secret.yaml",
     "gateway.yaml",
     "worker-pipeline.yaml",
     "worker-llm.yaml",
@@ -60,8 +61,17 @@ QUEUES = {"pipeline", "llm", "tools"}
 POOLS = {"prefork", "threads", "gevent", "solo", "eventlet"}
 
 
+# Read by the deployment's other programs: PostgreSQL's image, Flower, Compose's port binding.
+OTHER_ENV = {"FLOWER_BASIC_AUTH", "FLOWER_MAX_TASKS", "GATEWAY_BIND_ADDRESS"}
+
+
 def _allowed_env_name(name: str) -> bool:
-    return name in DOCUMENTED_ENV or name.startswith("POSTGRES_") or name == "FLOWER_BASIC_AUTH"
+    # Aptix's own names come from Settings itself, so a new setting needs no second list here.
+    return name in known_variables() or name in OTHER_ENV or name.startswith("POSTGRES_")
+
+
+def test_documented_variables_are_settings() -> None:
+    assert DOCUMENTED_ENV <= known_variables()
 
 
 # --------------------------------------------------------------------------- validators
@@ -125,6 +135,30 @@ def test_k8s_manifests_validate_strictly() -> None:
     assert "WARN" not in output and "ERROR" not in output, output
     documents = sum(len([d for d in yaml.safe_load_all(p.read_text()) if d]) for p in paths)
     assert output.count(" passed for resource ") == documents, output
+
+
+def test_secret_example_validates_and_stays_out_of_the_apply_path() -> None:
+    result = _validate_k8s([SECRET_EXAMPLE])
+    assert result.returncode == 0 and "WARN" not in result.stdout + result.stderr, result.stdout + result.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(SECRET_EXAMPLE.read_text()) if doc]
+    assert kinds == ["Secret", "Secret"]
+    applied = [file for file, doc in _k8s_docs() if doc["kind"] == "Secret"]
+    assert not applied, f"`kubectl apply -f deploy/k8s/` would write placeholder Secrets: {applied}"
+    placeholders = [p.name for p in _k8s_manifests() if "change-me" in p.read_text().lower()]
+    assert not placeholders, placeholders
+
+
+def test_compose_publishes_nothing_beyond_localhost_and_has_no_default_keys() -> None:
+    services = _compose()["services"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith(("127.0.0.1:", "${GATEWAY_BIND_ADDRESS:-127.0.0.1}:")), (name, port)
+    text = COMPOSE_FILE.read_text()
+    assert "${APTIX_API_KEYS:?" in text and "${FLOWER_BASIC_AUTH:?" in text
+    assert "dev-key" not in text and "change-me" not in text.lower()
+    flower = services["flower"]
+    assert "basic-auth" not in " ".join(flower["command"]), "Flower reads FLOWER_BASIC_AUTH: keep it off argv"
+    assert flower["environment"]["FLOWER_MAX_TASKS"], "Flower's task history is unbounded by default"
 
 
 def test_k8s_validator_rejects_an_unknown_field(tmp_path: Path) -> None:
@@ -205,7 +239,8 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         global_options = _options(argv[1:at], where)
         assert set(global_options) == {"--broker"}, f"{where}: Flower needs only the broker: {argv}"
         options = _options(argv[at + 1 :], where)
-        assert "--basic-auth" in options, f"{where}: Flower must run with --basic-auth: {argv}"
+        # Its password comes from FLOWER_BASIC_AUTH in its environment (checked per file), never argv.
+        assert "--basic-auth" not in options, f"{where}: the password would show in `ps`: {argv}"
         return "flower", options
     raise AssertionError(f"{where}: {argv} is not a process documented in shared/API.md")
 
@@ -320,7 +355,8 @@ def test_k8s_pods_run_documented_commands_as_non_root() -> None:
 
 def test_k8s_environment_is_documented() -> None:
     names: set[str] = set()
-    for _, doc in _k8s_docs():
+    secrets = [("secret.example.yaml", doc) for doc in yaml.safe_load_all(SECRET_EXAMPLE.read_text()) if doc]
+    for _, doc in [*_k8s_docs(), *secrets]:
         if doc["kind"] == "ConfigMap":
             names |= set(doc["data"])
         if doc["kind"] == "Secret":
@@ -340,6 +376,8 @@ def test_k8s_gateway_probes_and_flower_is_cluster_internal() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert docs[("Service", "aptix-flower")]["spec"].get("type", "ClusterIP") == "ClusterIP"
+    flower = docs[("Deployment", "aptix-flower")]["spec"]["template"]["spec"]["containers"][0]
+    assert {"FLOWER_BASIC_AUTH", "FLOWER_MAX_TASKS"} <= {e["name"] for e in flower["env"]}
     assert not [key for key in docs if key[0] == "Ingress"], "never expose Flower directly"
 
 
