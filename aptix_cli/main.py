@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     upgrade = db_commands.add_parser("upgrade", help="migrate the database to the newest schema")
     upgrade.add_argument("--revision", default="head")
     upgrade.set_defaults(run=_db_upgrade)
+    wait = db_commands.add_parser(
+        "wait", help="wait until the database is migrated to the schema this code needs (an init container)"
+    )
+    wait.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
+    wait.set_defaults(run=_db_wait)
 
     dev = commands.add_parser("dev", help="everything in one process with embedded defaults")
     dev.add_argument("--host", default="127.0.0.1")
@@ -257,6 +262,33 @@ def _reconciler(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     reconciler.run(stop)
     return 0
+
+
+def _db_wait(args: argparse.Namespace) -> int:
+    import time
+
+    from shared.db import create_db_engine
+    from shared.db.migrate import head_revision, schema_revision
+    from shared.settings import get_settings
+
+    _warn_unknown_variables("db wait")
+    engine = create_db_engine(get_settings().database_url, pool_size=1)
+    required = head_revision()
+    deadline = time.monotonic() + args.timeout
+    revision: str | None = None
+    while True:
+        try:
+            revision = schema_revision(engine)
+            if revision == required:
+                sys.stdout.write(f"database schema at {required}\n")
+                return 0
+            reason = f"schema at {revision or 'nothing (never migrated)'}, {required} needed"
+        except Exception as exc:  # the database is not up yet: keep waiting
+            reason = f"database not answering ({type(exc).__name__})"
+        if time.monotonic() >= deadline:
+            sys.stderr.write(f"aptix db wait: gave up after {args.timeout:g}s: {reason}; run `aptix db upgrade`\n")
+            return 1
+        time.sleep(1.0)
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:

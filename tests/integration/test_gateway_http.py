@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select
 
 from shared.db.engine import normalise_database_url
+from shared.db.migrate import head_revision, upgrade
 from shared.db.tables import SessionRow, TurnRow
 from tests.conftest import KEY_A, KEY_B, ORG_A, ORG_B
 from tests.integration.conftest import System
@@ -507,7 +509,28 @@ def test_readyz_is_200_with_every_check_ok_when_the_dependencies_answer(system: 
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "ready"
-    assert body["checks"] == {"database": "ok", "redis": "ok", "broker": "ok"}
+    assert body["checks"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok"}
+    assert body["schema"] == {"revision": head_revision(), "required": head_revision()}
+
+
+def test_readyz_is_503_saying_to_migrate_when_the_schema_is_behind(
+    system: System, extra_gateway: Callable[[dict[str, str]], str], tmp_path: Path
+) -> None:
+    # Given a gateway on a database nobody migrated
+    database = f"sqlite:///{tmp_path}/never-migrated.sqlite"
+    url = extra_gateway({"APTIX_DATABASE_URL": database})
+    # When its readiness is asked
+    ready = system.http.get(f"{url}/readyz", timeout=60)
+    # Then it is not ready, and says what to run
+    assert ready.status_code == 503, ready.text
+    error = ready.json()["error"]
+    assert error["details"] == {"database": "ok", "schema": "down", "redis": "ok", "broker": "ok"}
+    assert "aptix db upgrade" in error["message"] and "revision None" in error["message"]
+    # And once the schema is migrated it is ready, with no restart
+    upgrade(database)
+    ready = system.http.get(f"{url}/readyz", timeout=60)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["schema"]["revision"] == head_revision()
 
 
 def test_openapi_document_is_served_with_the_turns_path(system: System) -> None:

@@ -232,6 +232,10 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         return "worker", options
     if argv == ["aptix", "db", "upgrade"]:
         return "migrate", {}
+    if argv[:3] == ["aptix", "db", "wait"]:
+        options = _options(argv[3:], where)
+        assert set(options) <= {"--timeout"} and float(options.get("--timeout", 1)) > 0, f"{where}: {argv}"
+        return "wait-for-schema", options
     if argv[:3] == ["python", "-m", "scripted_llm"]:
         return "scripted-llm", _options(argv[3:], where)
     if argv[0] == "celery" and "flower" in argv:
@@ -351,6 +355,16 @@ def test_k8s_pods_run_documented_commands_as_non_root() -> None:
                 assert pod["terminationGracePeriodSeconds"] >= 60, f"{where}: warm shutdown"
     assert sorted(served) == sorted(QUEUES)
     assert kinds == {"gateway", "worker", "migrate", "flower"}
+
+
+def test_k8s_gateway_and_workers_wait_for_the_schema_before_starting() -> None:
+    for where, pod in _pod_specs():
+        commands = [_process(c["command"], where)[0] for c in pod["containers"]]
+        if {"gateway", "worker"} & set(commands):
+            init = pod.get("initContainers", [])
+            assert [_process(c["command"], where)[0] for c in init] == ["wait-for-schema"], where
+            assert init[0]["securityContext"]["readOnlyRootFilesystem"] is True, where
+            assert init[0]["envFrom"] == pod["containers"][0]["envFrom"], f"{where}: same database"
 
 
 def test_k8s_environment_is_documented() -> None:

@@ -1,4 +1,4 @@
-"""Start-up checks on the environment: misspelled settings are named, published keys are refused."""
+"""Start-up checks: misspelled settings are named, published keys are refused, the schema is waited for."""
 
 from __future__ import annotations
 
@@ -58,3 +58,14 @@ def test_a_process_command_warns_about_a_misspelled_setting(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     assert "APTIX_MAX_ITERATOINS is not an Aptix setting" in done.stderr
     assert "did you mean APTIX_MAX_ITERATIONS?" in done.stderr
+
+
+def test_db_wait_gives_up_on_an_unmigrated_database_and_passes_once_migrated(tmp_path: Path) -> None:
+    env = {"APTIX_DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite"}
+    waited = _aptix(["db", "wait", "--timeout", "0"], env, tmp_path)
+    assert waited.returncode == 1, waited.stderr
+    assert "never migrated" in waited.stderr and "aptix db upgrade" in waited.stderr
+    assert _aptix(["db", "upgrade"], env, tmp_path).returncode == 0
+    waited = _aptix(["db", "wait", "--timeout", "0"], env, tmp_path)
+    assert waited.returncode == 0, waited.stderr
+    assert "database schema at" in waited.stdout
