@@ -9,12 +9,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import redis
 from fastapi import FastAPI
 
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.errors import install_error_handlers
 from api_gateway.expiry import sweep_forever
-from api_gateway.metrics import install_metrics
+from api_gateway.metrics import QueueDepthCollector, install_metrics
 from api_gateway.routes import batches, health, sessions, turn_actions, turns
 from api_gateway.state import build_state
 from shared.settings import Settings, get_settings
@@ -46,5 +47,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sessions.router)
     app.include_router(batches.router)
     install_metrics(app, gateway.metrics)
+    if settings.effective_broker_url.startswith("redis://"):
+        broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)
+        gateway.metrics.registry.register(QueueDepthCollector(broker))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app

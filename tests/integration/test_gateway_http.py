@@ -670,6 +670,20 @@ def test_metrics_count_requests_by_route_template_and_accepted_turns(system: Sys
     assert not re.search(r"(turn|sess)_[0-9a-f]{32}", body), "raw ids leaked into metric labels"
 
 
+def test_metrics_show_each_queue_backlog_and_never_grow_a_label_per_unknown_method(system: System) -> None:
+    # Given requests with methods the HTTP parser accepts but no route has (WebDAV's, a CDN's)
+    for method in ("PROPFIND", "MKCOL", "PURGE", "LOCK", "SEARCH"):
+        system.http.request(method, "/v1/turns")
+    # When the metrics are scraped
+    body = system.http.get("/metrics").text
+    # Then every queue's backlog is there, waiting and in progress, and the unknown methods share one label
+    for queue in ("pipeline", "llm", "tools"):
+        for state in ("waiting", "in_progress"):
+            assert re.search(rf'aptix_queue_depth\{{queue="{queue}",state="{state}"\}} \d', body), (queue, state)
+    assert not re.search(r'method="(PROPFIND|MKCOL|PURGE|LOCK|SEARCH)"', body)
+    assert re.search(r'aptix_http_requests_total\{method="other",route="/v1/turns",status="405"\} 5', body)
+
+
 def test_turn_is_503_and_not_recorded_when_the_broker_is_down(
     system: System, extra_gateway: Callable[[dict[str, str]], str]
 ) -> None:
