@@ -670,6 +670,26 @@ def test_metrics_count_requests_by_route_template_and_accepted_turns(system: Sys
     assert not re.search(r"(turn|sess)_[0-9a-f]{32}", body), "raw ids leaked into metric labels"
 
 
+def test_responses_carry_security_headers_and_a_trailing_slash_is_never_redirected(system: System) -> None:
+    # Given an authenticated read, an unauthenticated one, a 404 and an oversized body
+    responses = [
+        system.http.get("/v1/modes", headers=system.headers()),
+        system.http.get("/v1/modes"),
+        system.http.get(f"/v1/turns/turn_{'0' * 32}", headers=system.headers()),
+        system.http.post("/v1/turns", content=b"x" * (5 * 1024 * 1024), headers=system.headers()),
+    ]
+    # Then each carries the protective headers, and none may be cached
+    assert [r.status_code for r in responses] == [200, 401, 404, 413]
+    for response in responses:
+        assert response.headers["x-content-type-options"] == "nosniff", response.headers
+        assert response.headers["cache-control"] == "no-store", response.headers
+        assert response.headers["x-frame-options"] == "DENY"
+    # And a trailing slash is a 404, not a redirect built from a Host header the client chose
+    slash = system.http.post("/v1/turns/", json={"input": "x"}, headers={**system.headers(), "Host": "evil.example"})
+    assert slash.status_code == 404, slash.headers
+    assert "location" not in slash.headers
+
+
 def test_metrics_show_each_queue_backlog_and_never_grow_a_label_per_unknown_method(system: System) -> None:
     # Given requests with methods the HTTP parser accepts but no route has (WebDAV's, a CDN's)
     for method in ("PROPFIND", "MKCOL", "PURGE", "LOCK", "SEARCH"):
