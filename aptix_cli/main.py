@@ -157,6 +157,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
     from api_gateway.app import create_app
     from shared.logging import configure_logging
+    from shared.redaction import secrets_in
     from shared.settings import get_settings, placeholder_api_keys
 
     _warn_unknown_variables("gateway")
@@ -168,7 +169,7 @@ def _gateway(args: argparse.Namespace) -> int:
             "e.g. APTIX_API_KEYS=\"$(openssl rand -hex 24):my-org:me\" (`aptix dev` makes one for you)\n"
         )
         return 2
-    configure_logging()
+    configure_logging(secrets=secrets_in(get_settings()))
     uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -192,11 +193,12 @@ def _worker(args: argparse.Namespace) -> int:
     import logging
 
     from shared.logging import configure_logging
+    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from workers.app import create_celery
 
     _warn_unknown_variables("worker")
-    configure_logging(args.loglevel)
+    configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
     if args.loglevel.upper() != "DEBUG":
         # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
         # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
@@ -234,14 +236,15 @@ def _reconciler(args: argparse.Namespace) -> int:
     from shared.db.turns import TurnRepository
     from shared.logging import configure_logging
     from shared.models.envelope import TurnEnvelope
+    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from shared.state import RedisStateStore
     from workers.dispatcher import Dispatcher
     from workers.runtime import build_reconciler
 
     _warn_unknown_variables("reconciler")
-    configure_logging(args.loglevel)
     settings = get_settings()
+    configure_logging(args.loglevel, secrets=secrets_in(settings))
     producer = create_producer(settings)
 
     def send(envelope: TurnEnvelope, countdown: float) -> None:
