@@ -40,6 +40,8 @@ K8S_FILES = {
     "worker-tools.yaml",
     "migrate-job.yaml",
     "flower.yaml",
+    "availability.yaml",
+    "network-policies.yaml",
 }
 
 # shared/API.md, "Configuration (environment variables)": the contract says these never change name.
@@ -355,6 +357,43 @@ def test_k8s_pods_run_documented_commands_as_non_root() -> None:
                 assert pod["terminationGracePeriodSeconds"] >= 60, f"{where}: warm shutdown"
     assert sorted(served) == sorted(QUEUES)
     assert kinds == {"gateway", "worker", "migrate", "flower"}
+
+
+def _serving_deployments() -> dict[str, dict]:
+    return {
+        doc["metadata"]["name"]: doc
+        for _, doc in _k8s_docs()
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"] != "aptix-flower"
+    }
+
+
+def test_k8s_every_gateway_and_worker_deployment_survives_a_drain_and_spreads_out() -> None:
+    deployments = _serving_deployments()
+    assert set(deployments) == {"aptix-gateway", "aptix-worker-pipeline", "aptix-worker-llm", "aptix-worker-tools"}
+    budgets = {
+        doc["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]: doc["spec"]
+        for _, doc in _k8s_docs()
+        if doc["kind"] == "PodDisruptionBudget"
+    }
+    for name, deployment in deployments.items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == name
+        budget = budgets[name]
+        assert budget.get("minAvailable", 0) >= 1 or budget.get("maxUnavailable") == 1, name
+        spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+        assert all(c["labelSelector"]["matchLabels"] == {"app.kubernetes.io/name": name} for c in spread), name
+
+
+def test_k8s_network_policies_deny_ingress_except_the_gateway_api_port() -> None:
+    policies = [doc["spec"] for _, doc in _k8s_docs() if doc["kind"] == "NetworkPolicy"]
+    deny = [p for p in policies if p["podSelector"] == {}]
+    assert deny and deny[0]["policyTypes"] == ["Ingress"] and not deny[0].get("ingress"), "default deny"
+    allowed = [p for p in policies if p["podSelector"] != {}]
+    assert [p["podSelector"]["matchLabels"] for p in allowed] == [{"app.kubernetes.io/name": "aptix-gateway"}]
+    assert allowed[0]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    gateway = _serving_deployments()["aptix-gateway"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in gateway["ports"]
 
 
 def test_k8s_gateway_and_workers_wait_for_the_schema_before_starting() -> None:
