@@ -439,8 +439,14 @@ def test_k8s_gateway_probes_and_flower_is_cluster_internal() -> None:
 
 def test_dockerfile_builds_every_package_and_runs_the_gateway_as_non_root() -> None:
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
-    assert "pip install --no-cache-dir ." in text
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim\b", text, re.M)
+    stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
+    assert stages == [("${PYTHON_IMAGE}", "build"), ("${PYTHON_IMAGE}", "")], "a build stage, then a clean one"
+    # Exactly the locked dependencies, by hash; the project itself adds none.
+    assert "pip install --require-hashes -r requirements/runtime.lock" in text
+    assert "pip install --no-deps ." in text
+    assert "[test]" not in text and "requirements/test.lock" not in text, "no test extras in the image"
+    assert "COPY --from=build /opt/aptix /opt/aptix" in text
     user = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert user and user[-1].split(":")[0].isdigit() and user[-1].split(":")[0] != "0", (
         "a numeric non-root USER (Kubernetes runAsNonRoot can only verify a numeric one)"
@@ -455,3 +461,28 @@ def test_dockerfile_builds_every_package_and_runs_the_gateway_as_non_root() -> N
     packages = {pattern.rstrip("*").rstrip(".") for pattern in includes}
     missing = sorted(p for p in packages if p not in copied)
     assert not missing, f"deploy/Dockerfile does not COPY {missing}"
+    # And the build context holds what it copies, but not the virtualenv, git or the tests.
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
+    assert {".git", ".venv", "tests"} <= ignored
+    assert not (copied - {"--from=build"}) & ignored
+
+
+def _lock_pins(path: Path) -> dict[str, str]:
+    pins = re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s;]+)", path.read_text(), re.M)
+    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
+
+
+def test_locks_pin_every_dependency_with_hashes() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = _lock_pins(REPO / "requirements" / "runtime.lock")
+    test = _lock_pins(REPO / "requirements" / "test.lock")
+    for requirement in pyproject["dependencies"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ;]", requirement)[0]).lower()
+        assert name in runtime and runtime[name] == test.get(name), f"{name}: regenerate the locks (README)"
+    for requirement in pyproject["optional-dependencies"]["test"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ;]", requirement)[0]).lower()
+        assert name in test and name not in runtime, name
+    for lock in ("runtime.lock", "test.lock"):
+        text = (REPO / "requirements" / lock).read_text()
+        assert not re.findall(r"^[A-Za-z0-9_.\-]+\s*(>=|<=|~=|>|<)", text, re.M), f"{lock}: only exact pins"
+        assert len(re.findall(r"^[A-Za-z0-9_.\-]+==", text, re.M)) <= text.count("--hash=sha256:"), lock
