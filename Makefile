@@ -9,11 +9,22 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# Exact versions with hashes from requirements/*.lock (the Dockerfile installs the same runtime
+# lock), then the project itself with no dependency resolution of its own.
 install: $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -r requirements/runtime.lock
+	$(BIN)/pip install -q --no-deps -e .
 
 install-test: $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -r requirements/test.lock
+	$(BIN)/pip install -q --no-deps -e .
+
+# Regenerate both locks after changing dependencies in pyproject.toml (uv resolves for every platform).
+.PHONY: lock
+lock: $(BIN)/python
+	$(BIN)/pip install -q uv
+	$(BIN)/uv pip compile pyproject.toml --python-version 3.11 --universal --generate-hashes -o requirements/runtime.lock
+	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 --universal --generate-hashes -o requirements/test.lock
 
 services: install-test
 	$(BIN)/python -m tests.services_check

@@ -9,12 +9,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import redis
 from fastapi import FastAPI
 
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.errors import install_error_handlers
-from api_gateway.metrics import install_metrics
+from api_gateway.metrics import QueueDepthCollector, install_metrics
 from api_gateway.routes import batches, health, sessions, turn_actions, turns
+from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.state import connect_gateway
 from shared.settings import Settings, get_settings
@@ -39,7 +41,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
 
-    app = FastAPI(title="Aptix agent workers", version="0.1.0", lifespan=lifespan)
+    # redirect_slashes=False: Starlette builds the redirect for "/v1/turns/" from the Host header,
+    # before authentication (an open redirect); a wrong path is a 404 like any other.
+    app = FastAPI(title="Aptix agent workers", version="0.1.0", lifespan=lifespan, redirect_slashes=False)
     app.state.gateway = gateway
     install_error_handlers(app)
     app.include_router(health.router)
@@ -48,5 +52,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sessions.router)
     app.include_router(batches.router)
     install_metrics(app, gateway.metrics)
+    if settings.effective_broker_url.startswith("redis://"):
+        broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)
+        gateway.metrics.registry.register(QueueDepthCollector(broker))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: also on 413s and errors
     return app

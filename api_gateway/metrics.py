@@ -1,17 +1,31 @@
-"""Prometheus metrics of the gateway: requests by route and status, their latency, accepted turns.
+"""Prometheus metrics of the gateway: requests by route and status, their latency, accepted turns,
+and each queue's backlog on the broker (what an autoscaler scales workers on).
 
 Each app gets its own registry (several apps may live in one process: tests, ``aptix dev``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["GatewayMetrics", "install_metrics"]
+from shared.broker import queue_depth, unacked_depth
+from shared.task_names import Queue
+
+__all__ = ["GatewayMetrics", "QueueDepthCollector", "install_metrics"]
+
+logger = logging.getLogger(__name__)
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods that get a label of their own; any other (clients may invent them) is counted as ``other``."""
 
 
 class GatewayMetrics:
@@ -29,6 +43,35 @@ class GatewayMetrics:
         self.turns_accepted = Counter(
             "aptix_turns_accepted", "Turns accepted, by kind (single or batch).", ["kind"], registry=self.registry
         )
+
+
+class QueueDepthCollector(Collector):
+    """``aptix_queue_depth{queue, state}``, read from a Redis broker at each scrape.
+
+    ``state="waiting"`` counts every priority list of the queue, ``state="in_progress"`` the
+    messages workers hold unacknowledged; their sum is the backlog a worker Deployment scales on.
+    Every gateway replica reports the same figures: aggregate them with ``max``, not ``sum``.
+    """
+
+    def __init__(self, broker: Any) -> None:
+        self._broker = broker
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One gauge family; nothing when the broker does not answer (the scrape still succeeds)."""
+        try:
+            in_progress = unacked_depth(self._broker)
+            waiting = {queue: queue_depth(self._broker, queue) for queue in Queue}
+        except Exception:  # a broker outage must not fail the whole scrape; /readyz reports it
+            logger.warning("metrics: the broker's queue depth could not be read", exc_info=True)
+            return
+        family = GaugeMetricFamily(
+            "aptix_queue_depth", "Messages per queue: waiting (every priority) or in progress (unacked).",
+            labels=["queue", "state"],
+        )  # fmt: skip
+        for queue in Queue:
+            family.add_metric([queue.value, "waiting"], waiting[queue])
+            family.add_metric([queue.value, "in_progress"], in_progress[queue])
+        yield family
 
 
 def install_metrics(app: FastAPI, metrics: GatewayMetrics) -> None:
@@ -64,8 +107,9 @@ class _MetricsMiddleware:
             await self.app(scope, receive, tracking_send)
         finally:
             route = _route_template(scope)
-            self.metrics.requests.labels(scope["method"], route, str(status)).inc()
-            self.metrics.latency.labels(scope["method"], route).observe(time.perf_counter() - started)
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(time.perf_counter() - started)
 
 
 def _route_template(scope: Scope) -> str:

@@ -34,6 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 _IN_PROCESS_STACK_COMMANDS = frozenset({"dev", "demo", "bench"})
 
 
+def _warn_unknown_variables(command: str) -> None:
+    # Settings ignore what they do not know; say so at start, so a misspelled setting is seen.
+    from shared.settings import unknown_variables
+
+    for message in unknown_variables(os.environ):
+        sys.stderr.write(f"aptix {command}: warning: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aptix", description="Aptix agent workers")
     commands = parser.add_subparsers(dest="command")
@@ -73,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     upgrade = db_commands.add_parser("upgrade", help="migrate the database to the newest schema")
     upgrade.add_argument("--revision", default="head")
     upgrade.set_defaults(run=_db_upgrade)
+    wait = db_commands.add_parser(
+        "wait", help="wait until the database is migrated to the schema this code needs (an init container)"
+    )
+    wait.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
+    wait.set_defaults(run=_db_wait)
 
     dev = commands.add_parser("dev", help="everything in one process with embedded defaults")
     dev.add_argument("--host", default="127.0.0.1")
@@ -144,8 +157,19 @@ def _gateway(args: argparse.Namespace) -> int:
 
     from api_gateway.app import create_app
     from shared.logging import configure_logging
+    from shared.redaction import secrets_in
+    from shared.settings import get_settings, placeholder_api_keys
 
-    configure_logging()
+    _warn_unknown_variables("gateway")
+    placeholders = placeholder_api_keys(get_settings())
+    if placeholders:
+        sys.stderr.write(
+            f"aptix gateway: APTIX_API_KEYS holds {len(placeholders)} published default or placeholder key(s) "
+            "(dev-key, CHANGE-ME...), which anyone who read the docs can use; set your own keys, "
+            "e.g. APTIX_API_KEYS=\"$(openssl rand -hex 24):my-org:me\" (`aptix dev` makes one for you)\n"
+        )
+        return 2
+    configure_logging(secrets=secrets_in(get_settings()))
     uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -169,10 +193,12 @@ def _worker(args: argparse.Namespace) -> int:
     import logging
 
     from shared.logging import configure_logging
+    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from workers.app import create_celery
 
-    configure_logging(args.loglevel)
+    _warn_unknown_variables("worker")
+    configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
     if args.loglevel.upper() != "DEBUG":
         # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
         # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
@@ -210,13 +236,15 @@ def _reconciler(args: argparse.Namespace) -> int:
     from shared.db.turns import TurnRepository
     from shared.logging import configure_logging
     from shared.models.envelope import TurnEnvelope
+    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from shared.state import RedisStateStore
     from workers.dispatcher import Dispatcher
     from workers.runtime import build_reconciler
 
-    configure_logging(args.loglevel)
+    _warn_unknown_variables("reconciler")
     settings = get_settings()
+    configure_logging(args.loglevel, secrets=secrets_in(settings))
     producer = create_producer(settings)
 
     def send(envelope: TurnEnvelope, countdown: float) -> None:
@@ -239,10 +267,38 @@ def _reconciler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _db_wait(args: argparse.Namespace) -> int:
+    import time
+
+    from shared.db import create_db_engine
+    from shared.db.migrate import head_revision, schema_revision
+    from shared.settings import get_settings
+
+    _warn_unknown_variables("db wait")
+    engine = create_db_engine(get_settings().database_url, pool_size=1)
+    required = head_revision()
+    deadline = time.monotonic() + args.timeout
+    revision: str | None = None
+    while True:
+        try:
+            revision = schema_revision(engine)
+            if revision == required:
+                sys.stdout.write(f"database schema at {required}\n")
+                return 0
+            reason = f"schema at {revision or 'nothing (never migrated)'}, {required} needed"
+        except Exception as exc:  # the database is not up yet: keep waiting
+            reason = f"database not answering ({type(exc).__name__})"
+        if time.monotonic() >= deadline:
+            sys.stderr.write(f"aptix db wait: gave up after {args.timeout:g}s: {reason}; run `aptix db upgrade`\n")
+            return 1
+        time.sleep(1.0)
+
+
 def _db_upgrade(args: argparse.Namespace) -> int:
     from shared.db.migrate import upgrade
     from shared.settings import get_settings
 
+    _warn_unknown_variables("db upgrade")
     upgrade(get_settings().database_url, args.revision)
     sys.stdout.write(f"database migrated to {args.revision}\n")
     return 0

@@ -6,6 +6,7 @@ full app in ``workers.app``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from celery import Celery
@@ -24,6 +25,7 @@ __all__ = [
     "create_producer",
     "queue_depth",
     "send_step",
+    "unacked_depth",
     "visibility_timeout",
 ]
 
@@ -32,6 +34,10 @@ __all__ = [
 _PRIORITY_STEPS = (0, 3, 6, 9)
 _PRIORITY_SEPARATOR = "\x06\x16"
 _REDIS_TRANSPORT = "shared.broker_transport:Transport"
+# Messages a worker has taken but not acknowledged (acks_late: every task in progress) leave the
+# lists for this hash, field delivery tag, value ``[message, exchange, routing_key]``
+# (kombu.transport.redis.QoS.append). Our routing key is the queue's name.
+_UNACKED_KEY = "unacked"
 
 
 
@@ -101,6 +107,31 @@ def queue_depth(client: Any, queue: Queue) -> int:
     for name in names:
         pipe.llen(name)
     return sum(int(length) for length in pipe.execute())
+
+
+def unacked_depth(client: Any) -> dict[Queue, int]:
+    """Messages of each queue that workers hold unacknowledged on a Redis broker (tasks in progress).
+
+    Together with :func:`queue_depth` this is the whole backlog of a queue: an autoscaler that
+    counted only the queue's own list would see the priority-0 messages alone, and none in progress.
+
+    Args:
+        client: a ``redis.Redis`` on the broker's database.
+
+    Returns:
+        The count per queue (0 for a queue with none).
+    """
+    counts = dict.fromkeys(Queue, 0)
+    queues = {queue.value: queue for queue in Queue}
+    for _tag, value in client.hscan_iter(_UNACKED_KEY, count=1000):
+        try:
+            routing_key = json.loads(value)[2]
+        except (ValueError, IndexError, TypeError):
+            continue  # not a kombu entry: not ours to count
+        queue = queues.get(routing_key)
+        if queue is not None:
+            counts[queue] += 1
+    return counts
 
 
 def create_producer(settings: Settings) -> Celery:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import logging.config
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 __all__ = ["configure_logging", "log_context"]
@@ -32,18 +32,26 @@ class _ContextFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Configure the root logger once, at an entrypoint."""
+def configure_logging(level: str = "INFO", *, secrets: Iterable[str] = ()) -> None:
+    """Configure the root logger once, at an entrypoint.
+
+    Args:
+        level: the root level.
+        secrets: values no log line may show (:func:`shared.redaction.secrets_in`); redacted from
+            every record's message and traceback.
+    """
+    from shared.redaction import RedactingFilter  # imports settings: only when logging is set up
+
     logging.config.dictConfig(
         {
             "version": 1,
             "disable_existing_loggers": False,
-            "filters": {"context": {"()": _ContextFilter}},
+            "filters": {"context": {"()": _ContextFilter}, "redact": {"()": RedactingFilter, "secrets": tuple(secrets)}},
             "formatters": {
                 "plain": {"format": "%(asctime)s %(levelname)s %(name)s [turn=%(turn_id)s step=%(step)s] %(message)s"}
             },
             "handlers": {
-                "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["context"]}
+                "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["context", "redact"]}
             },
             "root": {"level": level, "handlers": ["stderr"]},
         }

@@ -6,13 +6,24 @@ Only entrypoints (the CLI, ``create_app``, ``create_celery``, worker start-up) c
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Annotated
 
 from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ApiKey", "Settings", "get_settings", "parse_api_keys"]
+__all__ = [
+    "ApiKey",
+    "OTHER_VARIABLES",
+    "Settings",
+    "get_settings",
+    "known_variables",
+    "parse_api_keys",
+    "placeholder_api_keys",
+    "unknown_variables",
+]
 
 _EMBEDDED_DATABASE_URL = "sqlite:///./aptix-dev.sqlite"
 
@@ -131,6 +142,66 @@ class Settings(BaseSettings):
     def accepted_api_keys(self) -> dict[str, ApiKey]:
         """The parsed ``APTIX_API_KEYS``."""
         return parse_api_keys(self.api_keys)
+
+
+OTHER_VARIABLES = frozenset(
+    {
+        "APTIX_URL",  # the aptix CLI client: the gateway to call
+        "APTIX_KEY",  # the aptix CLI client: the API key to send
+        "APTIX_LLM_LOCAL_ONLY",  # tests: the model client refuses non-local hosts
+        "APTIX_TEST_REDIS_URL",  # tests: the Redis they claim databases on
+        "APTIX_TEST_DATABASE_URL",  # tests: the PostgreSQL they create their database on
+    }
+)
+"""``APTIX_*`` variables read by something other than :class:`Settings` (the CLI client, the tests)."""
+
+_PLACEHOLDER_KEYS = frozenset({"dev-key"})
+"""API keys that shipped as documented defaults: anyone who read the docs knows them."""
+
+
+def known_variables() -> frozenset[str]:
+    """Every ``APTIX_*`` variable some Aptix process reads."""
+    names = {f"APTIX_{name.upper()}" for name in Settings.model_fields}
+    return frozenset(names | OTHER_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One message per ``APTIX_*`` variable in ``environ`` that nothing reads (a misspelling, usually).
+
+    Settings ignore unknown variables, so ``APTIX_MAX_ITERATOINS=3`` would otherwise change nothing
+    without a word. Each message names the closest known variable when there is one.
+
+    Args:
+        environ: the process environment.
+
+    Returns:
+        The messages, sorted by variable name; empty when every variable is known.
+    """
+    known = known_variables()
+    messages = []
+    for name in sorted(n for n in environ if n.upper().startswith("APTIX_") and n.upper() not in known):
+        # Compare what follows the prefix: the shared "APTIX_" would make any two names look alike.
+        close = difflib.get_close_matches(name.upper()[6:], [k[6:] for k in known], n=1, cutoff=0.75)
+        hint = f" (did you mean APTIX_{close[0]}?)" if close else ""
+        messages.append(f"{name} is not an Aptix setting and is ignored{hint}")
+    return messages
+
+
+def placeholder_api_keys(settings: Settings) -> list[str]:
+    """The accepted API keys that are published defaults or template placeholders.
+
+    ``dev-key`` was the documented default of docker-compose.yml, and the Kubernetes Secret template
+    says ``CHANGE-ME-KEY``: a gateway that accepts either accepts anyone who read the docs.
+
+    Args:
+        settings: the gateway's settings.
+
+    Returns:
+        The offending keys, sorted; empty when every key is the operator's own.
+    """
+    return sorted(
+        key for key in settings.accepted_api_keys if key in _PLACEHOLDER_KEYS or "change-me" in key.lower()
+    )
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,4 @@
-"""``/healthz`` (liveness) and ``/readyz`` (database, Redis and broker answer)."""
+"""``/healthz`` (liveness) and ``/readyz`` (database at the schema this code needs, Redis and broker answer)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import logging
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import Gateway
 from api_gateway.errors import error_response
 from api_gateway.state import GatewayState
+from shared.db.migrate import head_revision, schema_revision
 
 __all__ = ["router"]
 
@@ -28,28 +28,40 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(gateway: Gateway) -> JSONResponse:
-    """Every dependency answers; 503 naming the ones that do not."""
-    checks = await run_in_threadpool(_check_all, gateway)
+    """Every dependency answers and the schema is migrated; 503 naming what is not."""
+    revision, checks = await run_in_threadpool(_check_all, gateway)
     ready = all(checks.values())
-    body = {"status": "ready" if ready else "unavailable", "checks": {k: "ok" if v else "down" for k, v in checks.items()}}
+    body = {
+        "status": "ready" if ready else "unavailable",
+        "checks": {k: "ok" if v else "down" for k, v in checks.items()},
+        "schema": {"revision": revision, "required": head_revision()},
+    }
     if ready:
         return JSONResponse(body)
     down = ", ".join(name for name, ok in checks.items() if not ok)
-    return error_response(503, "unavailable", f"dependencies down: {down}", details=body["checks"])
+    message = f"dependencies down: {down}"
+    if checks["database"] and not checks["schema"]:
+        message += f" (database at revision {revision}, this gateway needs {head_revision()}: run `aptix db upgrade`)"
+    return error_response(503, "unavailable", message, details=body["checks"])
 
 
-def _check_all(gateway: GatewayState) -> dict[str, bool]:
-    return {"database": _database(gateway), "redis": _redis(gateway), "broker": _broker(gateway)}
+def _check_all(gateway: GatewayState) -> tuple[str | None, dict[str, bool]]:
+    revision, database = _database(gateway)
+    checks = {
+        "database": database,
+        "schema": database and revision == head_revision(),
+        "redis": _redis(gateway),
+        "broker": _broker(gateway),
+    }
+    return revision, checks
 
 
-def _database(gateway: GatewayState) -> bool:
+def _database(gateway: GatewayState) -> tuple[str | None, bool]:
     try:
-        with gateway.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        return True
+        return schema_revision(gateway.engine), True
     except Exception:  # any driver error means "not ready"; the reason goes to the log
         logger.warning("readiness: database check failed", exc_info=True)
-        return False
+        return None, False
 
 
 def _redis(gateway: GatewayState) -> bool:

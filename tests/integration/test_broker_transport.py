@@ -9,7 +9,7 @@ import pytest
 import redis
 from celery.utils.saferepr import saferepr
 
-from shared.broker import create_producer, queue_depth, send_step
+from shared.broker import create_producer, queue_depth, send_step, unacked_depth
 from shared.broker_transport import Channel
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
@@ -53,5 +53,30 @@ def test_a_step_message_shows_its_envelope_as_celery_would(services: None) -> No
         args = [envelope.model_dump(mode="json")]
         assert headers["argsrepr"] == saferepr(args, 1024)  # what Flower shows, as Celery itself would write it
         assert headers["kwargsrepr"] == saferepr({}, 1024)
+    finally:
+        client.flushdb()
+
+
+def test_the_backlog_counts_every_priority_list_and_the_messages_workers_hold(services: None) -> None:
+    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
+    url = f"{redis_url().rstrip('/')}/{index}"
+    app = create_producer(Settings(broker_url=url, redis_url=url))
+    client = redis.Redis.from_url(url)
+    try:
+        # Given messages at every priority on pipeline, and two on llm
+        for hop, priority in enumerate((0, 3, 6, 9)):
+            send_step(app, TurnEnvelope(turn_id=f"p{hop}", step=StepName.REASONER, hop=hop, priority=priority))
+        for hop in range(2):
+            send_step(app, TurnEnvelope(turn_id=f"l{hop}", step=StepName.LLM_CALL, hop=hop))
+        assert len([k for k in client.keys("pipeline*") if client.type(k) == b"list"]) == 4
+        # When a consumer takes one pipeline message and does not acknowledge it (a task in progress)
+        with app.connection_for_read() as connection:
+            held = connection.SimpleQueue(Queue.PIPELINE.value).get(timeout=5)
+            # Then the waiting count covers every priority list, and the held message is unacked
+            assert queue_depth(client, Queue.PIPELINE) == 3
+            assert queue_depth(client, Queue.LLM) == 2
+            assert unacked_depth(client) == {Queue.PIPELINE: 1, Queue.LLM: 0, Queue.TOOLS: 0}
+            held.ack()
+        assert unacked_depth(client)[Queue.PIPELINE] == 0
     finally:
         client.flushdb()

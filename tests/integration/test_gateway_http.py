@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, func, select
 
 from shared.db.engine import normalise_database_url
+from shared.db.migrate import head_revision, upgrade
 from shared.db.tables import SessionRow, TurnRow
 from tests.conftest import KEY_A, KEY_B, ORG_A, ORG_B
 from tests.integration.conftest import System
@@ -507,7 +509,28 @@ def test_readyz_is_200_with_every_check_ok_when_the_dependencies_answer(system: 
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "ready"
-    assert body["checks"] == {"database": "ok", "redis": "ok", "broker": "ok"}
+    assert body["checks"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok"}
+    assert body["schema"] == {"revision": head_revision(), "required": head_revision()}
+
+
+def test_readyz_is_503_saying_to_migrate_when_the_schema_is_behind(
+    system: System, extra_gateway: Callable[[dict[str, str]], str], tmp_path: Path
+) -> None:
+    # Given a gateway on a database nobody migrated
+    database = f"sqlite:///{tmp_path}/never-migrated.sqlite"
+    url = extra_gateway({"APTIX_DATABASE_URL": database})
+    # When its readiness is asked
+    ready = system.http.get(f"{url}/readyz", timeout=60)
+    # Then it is not ready, and says what to run
+    assert ready.status_code == 503, ready.text
+    error = ready.json()["error"]
+    assert error["details"] == {"database": "ok", "schema": "down", "redis": "ok", "broker": "ok"}
+    assert "aptix db upgrade" in error["message"] and "revision None" in error["message"]
+    # And once the schema is migrated it is ready, with no restart
+    upgrade(database)
+    ready = system.http.get(f"{url}/readyz", timeout=60)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["schema"]["revision"] == head_revision()
 
 
 def test_openapi_document_is_served_with_the_turns_path(system: System) -> None:
@@ -645,6 +668,40 @@ def test_metrics_count_requests_by_route_template_and_accepted_turns(system: Sys
     assert 'route="/v1/turns/{turn_id}"' in body or "aptix_turns_accepted_total" in body
     assert 'aptix_turns_accepted_total{kind="single"}' in body
     assert not re.search(r"(turn|sess)_[0-9a-f]{32}", body), "raw ids leaked into metric labels"
+
+
+def test_responses_carry_security_headers_and_a_trailing_slash_is_never_redirected(system: System) -> None:
+    # Given an authenticated read, an unauthenticated one, a 404 and an oversized body
+    responses = [
+        system.http.get("/v1/modes", headers=system.headers()),
+        system.http.get("/v1/modes"),
+        system.http.get(f"/v1/turns/turn_{'0' * 32}", headers=system.headers()),
+        system.http.post("/v1/turns", content=b"x" * (5 * 1024 * 1024), headers=system.headers()),
+    ]
+    # Then each carries the protective headers, and none may be cached
+    assert [r.status_code for r in responses] == [200, 401, 404, 413]
+    for response in responses:
+        assert response.headers["x-content-type-options"] == "nosniff", response.headers
+        assert response.headers["cache-control"] == "no-store", response.headers
+        assert response.headers["x-frame-options"] == "DENY"
+    # And a trailing slash is a 404, not a redirect built from a Host header the client chose
+    slash = system.http.post("/v1/turns/", json={"input": "x"}, headers={**system.headers(), "Host": "evil.example"})
+    assert slash.status_code == 404, slash.headers
+    assert "location" not in slash.headers
+
+
+def test_metrics_show_each_queue_backlog_and_never_grow_a_label_per_unknown_method(system: System) -> None:
+    # Given requests with methods the HTTP parser accepts but no route has (WebDAV's, a CDN's)
+    for method in ("PROPFIND", "MKCOL", "PURGE", "LOCK", "SEARCH"):
+        system.http.request(method, "/v1/turns")
+    # When the metrics are scraped
+    body = system.http.get("/metrics").text
+    # Then every queue's backlog is there, waiting and in progress, and the unknown methods share one label
+    for queue in ("pipeline", "llm", "tools"):
+        for state in ("waiting", "in_progress"):
+            assert re.search(rf'aptix_queue_depth\{{queue="{queue}",state="{state}"\}} \d', body), (queue, state)
+    assert not re.search(r'method="(PROPFIND|MKCOL|PURGE|LOCK|SEARCH)"', body)
+    assert re.search(r'aptix_http_requests_total\{method="other",route="/v1/turns",status="405"\} 5', body)
 
 
 def test_turn_is_503_and_not_recorded_when_the_broker_is_down(

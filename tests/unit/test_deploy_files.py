@@ -21,24 +21,27 @@ import pytest
 import yaml
 
 from aptix_cli.worker_group import plan
+from shared.settings import known_variables
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 K8S_DIR = REPO / "deploy" / "k8s"
+SECRET_EXAMPLE = REPO / "deploy" / "secret.example.yaml"
 IMAGE = "aptix/agent-workers:0.1.0"
 KUBERNETES_VERSION = "1.33.0"
 
 K8S_FILES = {
     "namespace.yaml",
     "configmap.yaml",
-    "secret.yaml",
     "gateway.yaml",
     "worker-pipeline.yaml",
     "worker-llm.yaml",
     "worker-tools.yaml",
     "migrate-job.yaml",
     "flower.yaml",
+    "availability.yaml",
+    "network-policies.yaml",
 }
 
 # shared/API.md, "Configuration (environment variables)": the contract says these never change name.
@@ -60,8 +63,17 @@ QUEUES = {"pipeline", "llm", "tools"}
 POOLS = {"prefork", "threads", "gevent", "solo", "eventlet"}
 
 
+# Read by the deployment's other programs: PostgreSQL's image, Flower, Compose's port binding.
+OTHER_ENV = {"FLOWER_BASIC_AUTH", "FLOWER_MAX_TASKS", "GATEWAY_BIND_ADDRESS"}
+
+
 def _allowed_env_name(name: str) -> bool:
-    return name in DOCUMENTED_ENV or name.startswith("POSTGRES_") or name == "FLOWER_BASIC_AUTH"
+    # Aptix's own names come from Settings itself, so a new setting needs no second list here.
+    return name in known_variables() or name in OTHER_ENV or name.startswith("POSTGRES_")
+
+
+def test_documented_variables_are_settings() -> None:
+    assert DOCUMENTED_ENV <= known_variables()
 
 
 # --------------------------------------------------------------------------- validators
@@ -125,6 +137,30 @@ def test_k8s_manifests_validate_strictly() -> None:
     assert "WARN" not in output and "ERROR" not in output, output
     documents = sum(len([d for d in yaml.safe_load_all(p.read_text()) if d]) for p in paths)
     assert output.count(" passed for resource ") == documents, output
+
+
+def test_secret_example_validates_and_stays_out_of_the_apply_path() -> None:
+    result = _validate_k8s([SECRET_EXAMPLE])
+    assert result.returncode == 0 and "WARN" not in result.stdout + result.stderr, result.stdout + result.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(SECRET_EXAMPLE.read_text()) if doc]
+    assert kinds == ["Secret", "Secret"]
+    applied = [file for file, doc in _k8s_docs() if doc["kind"] == "Secret"]
+    assert not applied, f"`kubectl apply -f deploy/k8s/` would write placeholder Secrets: {applied}"
+    placeholders = [p.name for p in _k8s_manifests() if "change-me" in p.read_text().lower()]
+    assert not placeholders, placeholders
+
+
+def test_compose_publishes_nothing_beyond_localhost_and_has_no_default_keys() -> None:
+    services = _compose()["services"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith(("127.0.0.1:", "${GATEWAY_BIND_ADDRESS:-127.0.0.1}:")), (name, port)
+    text = COMPOSE_FILE.read_text()
+    assert "${APTIX_API_KEYS:?" in text and "${FLOWER_BASIC_AUTH:?" in text
+    assert "dev-key" not in text and "change-me" not in text.lower()
+    flower = services["flower"]
+    assert "basic-auth" not in " ".join(flower["command"]), "Flower reads FLOWER_BASIC_AUTH: keep it off argv"
+    assert flower["environment"]["FLOWER_MAX_TASKS"], "Flower's task history is unbounded by default"
 
 
 def test_k8s_validator_rejects_an_unknown_field(tmp_path: Path) -> None:
@@ -198,6 +234,10 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         return "worker", options
     if argv == ["aptix", "db", "upgrade"]:
         return "migrate", {}
+    if argv[:3] == ["aptix", "db", "wait"]:
+        options = _options(argv[3:], where)
+        assert set(options) <= {"--timeout"} and float(options.get("--timeout", 1)) > 0, f"{where}: {argv}"
+        return "wait-for-schema", options
     if argv[:3] == ["python", "-m", "scripted_llm"]:
         return "scripted-llm", _options(argv[3:], where)
     if argv[0] == "celery" and "flower" in argv:
@@ -205,7 +245,8 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         global_options = _options(argv[1:at], where)
         assert set(global_options) == {"--broker"}, f"{where}: Flower needs only the broker: {argv}"
         options = _options(argv[at + 1 :], where)
-        assert "--basic-auth" in options, f"{where}: Flower must run with --basic-auth: {argv}"
+        # Its password comes from FLOWER_BASIC_AUTH in its environment (checked per file), never argv.
+        assert "--basic-auth" not in options, f"{where}: the password would show in `ps`: {argv}"
         return "flower", options
     raise AssertionError(f"{where}: {argv} is not a process documented in shared/API.md")
 
@@ -318,9 +359,57 @@ def test_k8s_pods_run_documented_commands_as_non_root() -> None:
     assert kinds == {"gateway", "worker", "migrate", "flower"}
 
 
+def _serving_deployments() -> dict[str, dict]:
+    return {
+        doc["metadata"]["name"]: doc
+        for _, doc in _k8s_docs()
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"] != "aptix-flower"
+    }
+
+
+def test_k8s_every_gateway_and_worker_deployment_survives_a_drain_and_spreads_out() -> None:
+    deployments = _serving_deployments()
+    assert set(deployments) == {"aptix-gateway", "aptix-worker-pipeline", "aptix-worker-llm", "aptix-worker-tools"}
+    budgets = {
+        doc["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]: doc["spec"]
+        for _, doc in _k8s_docs()
+        if doc["kind"] == "PodDisruptionBudget"
+    }
+    for name, deployment in deployments.items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == name
+        budget = budgets[name]
+        assert budget.get("minAvailable", 0) >= 1 or budget.get("maxUnavailable") == 1, name
+        spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+        assert all(c["labelSelector"]["matchLabels"] == {"app.kubernetes.io/name": name} for c in spread), name
+
+
+def test_k8s_network_policies_deny_ingress_except_the_gateway_api_port() -> None:
+    policies = [doc["spec"] for _, doc in _k8s_docs() if doc["kind"] == "NetworkPolicy"]
+    deny = [p for p in policies if p["podSelector"] == {}]
+    assert deny and deny[0]["policyTypes"] == ["Ingress"] and not deny[0].get("ingress"), "default deny"
+    allowed = [p for p in policies if p["podSelector"] != {}]
+    assert [p["podSelector"]["matchLabels"] for p in allowed] == [{"app.kubernetes.io/name": "aptix-gateway"}]
+    assert allowed[0]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    gateway = _serving_deployments()["aptix-gateway"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in gateway["ports"]
+
+
+def test_k8s_gateway_and_workers_wait_for_the_schema_before_starting() -> None:
+    for where, pod in _pod_specs():
+        commands = [_process(c["command"], where)[0] for c in pod["containers"]]
+        if {"gateway", "worker"} & set(commands):
+            init = pod.get("initContainers", [])
+            assert [_process(c["command"], where)[0] for c in init] == ["wait-for-schema"], where
+            assert init[0]["securityContext"]["readOnlyRootFilesystem"] is True, where
+            assert init[0]["envFrom"] == pod["containers"][0]["envFrom"], f"{where}: same database"
+
+
 def test_k8s_environment_is_documented() -> None:
     names: set[str] = set()
-    for _, doc in _k8s_docs():
+    secrets = [("secret.example.yaml", doc) for doc in yaml.safe_load_all(SECRET_EXAMPLE.read_text()) if doc]
+    for _, doc in [*_k8s_docs(), *secrets]:
         if doc["kind"] == "ConfigMap":
             names |= set(doc["data"])
         if doc["kind"] == "Secret":
@@ -340,6 +429,8 @@ def test_k8s_gateway_probes_and_flower_is_cluster_internal() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert docs[("Service", "aptix-flower")]["spec"].get("type", "ClusterIP") == "ClusterIP"
+    flower = docs[("Deployment", "aptix-flower")]["spec"]["template"]["spec"]["containers"][0]
+    assert {"FLOWER_BASIC_AUTH", "FLOWER_MAX_TASKS"} <= {e["name"] for e in flower["env"]}
     assert not [key for key in docs if key[0] == "Ingress"], "never expose Flower directly"
 
 
@@ -348,8 +439,14 @@ def test_k8s_gateway_probes_and_flower_is_cluster_internal() -> None:
 
 def test_dockerfile_builds_every_package_and_runs_the_gateway_as_non_root() -> None:
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
-    assert "pip install --no-cache-dir ." in text
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim\b", text, re.M)
+    stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
+    assert stages == [("${PYTHON_IMAGE}", "build"), ("${PYTHON_IMAGE}", "")], "a build stage, then a clean one"
+    # Exactly the locked dependencies, by hash; the project itself adds none.
+    assert "pip install --require-hashes -r requirements/runtime.lock" in text
+    assert "pip install --no-deps ." in text
+    assert "[test]" not in text and "requirements/test.lock" not in text, "no test extras in the image"
+    assert "COPY --from=build /opt/aptix /opt/aptix" in text
     user = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert user and user[-1].split(":")[0].isdigit() and user[-1].split(":")[0] != "0", (
         "a numeric non-root USER (Kubernetes runAsNonRoot can only verify a numeric one)"
@@ -364,3 +461,28 @@ def test_dockerfile_builds_every_package_and_runs_the_gateway_as_non_root() -> N
     packages = {pattern.rstrip("*").rstrip(".") for pattern in includes}
     missing = sorted(p for p in packages if p not in copied)
     assert not missing, f"deploy/Dockerfile does not COPY {missing}"
+    # And the build context holds what it copies, but not the virtualenv, git or the tests.
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
+    assert {".git", ".venv", "tests"} <= ignored
+    assert not (copied - {"--from=build"}) & ignored
+
+
+def _lock_pins(path: Path) -> dict[str, str]:
+    pins = re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s;]+)", path.read_text(), re.M)
+    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
+
+
+def test_locks_pin_every_dependency_with_hashes() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = _lock_pins(REPO / "requirements" / "runtime.lock")
+    test = _lock_pins(REPO / "requirements" / "test.lock")
+    for requirement in pyproject["dependencies"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ;]", requirement)[0]).lower()
+        assert name in runtime and runtime[name] == test.get(name), f"{name}: regenerate the locks (README)"
+    for requirement in pyproject["optional-dependencies"]["test"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ;]", requirement)[0]).lower()
+        assert name in test and name not in runtime, name
+    for lock in ("runtime.lock", "test.lock"):
+        text = (REPO / "requirements" / lock).read_text()
+        assert not re.findall(r"^[A-Za-z0-9_.\-]+\s*(>=|<=|~=|>|<)", text, re.M), f"{lock}: only exact pins"
+        assert len(re.findall(r"^[A-Za-z0-9_.\-]+==", text, re.M)) <= text.count("--hash=sha256:"), lock

@@ -198,6 +198,23 @@ def test_create_raises_non_retryable_error_on_400(llm: FakeLlm, make_client: Cal
     assert caught.value.retryable is False
 
 
+def test_an_error_message_that_echoes_the_key_is_redacted(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    # Given a provider that echoes the key it received, and names another OpenAI-style key
+    echo = {"error": {"type": "invalid_request_error", "code": "invalid_api_key",
+                      "message": f"Incorrect API key provided: {KEY}. Old key sk-proj-abcdef123456 revoked."}}
+    llm.handler = lambda _seen: Reply(401, echo)  # fmt: skip
+
+    with pytest.raises(LlmError) as caught:
+        make_client().create(REQUEST)
+
+    # Then neither key is in the error the turn records
+    assert KEY not in caught.value.message and "sk-proj-abcdef123456" not in caught.value.message
+    assert caught.value.message.count("[REDACTED]") == 2, caught.value.message
+    assert "Incorrect API key provided" in caught.value.message
+
+
 def test_create_does_not_follow_redirects(llm: FakeLlm, make_client: Callable[..., ResponsesClient]) -> None:
     llm.handler = lambda _seen: Reply(307, b"", headers={"Location": f"{llm.base_url}/elsewhere"})
 

@@ -80,6 +80,7 @@ class ResponsesClient:
         self._headers = {"Content-Type": "application/json", "Accept-Encoding": "gzip, deflate"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self._secrets = (api_key,) if api_key else ()
         self._pool_timeout = timeout
         # block=True: a caller waits for a free connection instead of opening one more that the
         # pool would close again on return (block=False churns TCP and TLS handshakes under load).
@@ -127,7 +128,7 @@ class ResponsesClient:
                 f"LLM request failed before an answer ({type(exc).__name__})", status_code=0, retryable=True
             ) from exc
         if not 200 <= answer.status < 300:
-            error = parse_error(answer.status, answer.data, answer.headers)
+            error = parse_error(answer.status, answer.data, answer.headers, secrets=self._secrets)
             logger.warning("LLM answered %d (retryable=%s)", answer.status, error.retryable)
             raise error
         try:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.errors import LlmError
+from shared.redaction import redact
 from workers.llm.types import FunctionCall, LlmResponse
 
 __all__ = ["parse_error", "parse_response", "replay_items"]
@@ -79,13 +80,17 @@ def parse_response(body: object) -> LlmResponse:
     )
 
 
-def parse_error(status_code: int, body: bytes | str, headers: Mapping[str, str]) -> LlmError:
+def parse_error(
+    status_code: int, body: bytes | str, headers: Mapping[str, str], *, secrets: Sequence[str] = ()
+) -> LlmError:
     """Map a non-2xx answer to an LlmError.
 
     Args:
         status_code: the HTTP status.
         body: the raw body, usually the OpenAI error envelope ``{"error": {...}}``.
         headers: the response headers (any mapping; names are matched case-insensitively).
+        secrets: values redacted from the provider's message (it becomes the turn's error, a
+            trace record and a batch result; some providers echo the key they received).
 
     Returns:
         The error, retryable for 408/409/5xx and 429 other than ``insufficient_quota``.
@@ -114,7 +119,7 @@ def parse_error(status_code: int, body: bytes | str, headers: Mapping[str, str])
     label = "/".join(part for part in (error_type, code) if part)
     prefix = f"LLM server answered {status_code}" + (f" ({label})" if label else "")
     return LlmError(
-        f"{prefix}: {_truncate(message) or '<no message>'}",
+        f"{prefix}: {_truncate(redact(message, secrets)) or '<no message>'}",
         status_code=status_code,
         code=code or error_type,
         retryable=retryable,
