@@ -44,18 +44,20 @@ class WorkerRuntime:
         self._dispatcher: Dispatcher | None = None
         self._stop = threading.Event()
         self._reconciler_thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def start(self, hostname: str) -> None:
-        """Build the step context and the dispatcher of this process (worker node ``hostname``)."""
-        with self._lock:
-            if self._ctx is not None:
-                # A prefork child inherited its parent's context: leave the parent's database
-                # connections alone (closing them here would close them for the parent too).
-                self._ctx.engine.dispose(close=False)
-            self._hostname = hostname
-            self._ctx = build_context(self._settings, hostname=hostname)
-            self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
+        """Build the step context and the dispatcher of this process (worker node ``hostname``).
+
+        Celery calls it (through ``worker_init``) before the worker takes any message, on the
+        thread that builds the worker, so no task can see a half-built runtime.
+        """
+        if self._ctx is not None:
+            # A prefork child inherited its parent's context: leave the parent's database
+            # connections alone (closing them here would close them for the parent too).
+            self._ctx.engine.dispose(close=False)
+        self._hostname = hostname
+        self._ctx = build_context(self._settings, hostname=hostname)
+        self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
 
     def restart_in_child(self) -> None:
         """Rebuild the context in a prefork child (connections must not cross a fork)."""
@@ -64,19 +66,24 @@ class WorkerRuntime:
 
     @property
     def context(self) -> StepContext:
-        """The step context (built on first use when no worker signal came, e.g. a bare task call)."""
+        """The step context :meth:`start` built.
+
+        Raises:
+            RuntimeError: when the worker did not start (a task called outside a worker).
+        """
         if self._ctx is None:
-            logger.warning("the worker context was not built at start; building it now")
-            self.start(self._hostname or f"worker@{os.uname().nodename}")
-        assert self._ctx is not None
+            raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
         return self._ctx
 
     @property
     def dispatcher(self) -> Dispatcher:
-        """The dispatcher of this process."""
+        """The dispatcher :meth:`start` built.
+
+        Raises:
+            RuntimeError: when the worker did not start (a task called outside a worker).
+        """
         if self._dispatcher is None:
-            self.context  # noqa: B018  # builds both
-        assert self._dispatcher is not None
+            raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
         return self._dispatcher
 
     def start_reconciler(self) -> None:
