@@ -29,10 +29,9 @@ def create_celery(settings: Settings, *, reconciler: bool = True) -> Celery:
     """
     from workers.tasks import register_tasks
 
-    app = Celery("aptix", set_as_current=True)
-    # Tasks run by an in-process WorkController (aptix dev) resolve ``self.app`` through the
-    # default app; make that this one so sends use this app's broker.
-    app.set_default()
+    # Not the process's current or default app: every task and send names this app explicitly,
+    # so several apps (the gateway's, a test's) can live in one process.
+    app = Celery("aptix", set_as_current=False)
     app.conf.update(celery_config(settings))
 
     def send(envelope: TurnEnvelope, countdown: float) -> None:
