@@ -25,7 +25,16 @@ from workers.llm.types import LlmResponse
 from workers.tools.executor import ToolExecutor
 from workers.tools.registry import ToolRegistry
 
-__all__ = ["BreakerPort", "LlmPort", "StepContext", "breakers_on", "build_context", "lease_renewer", "utc_now"]
+__all__ = [
+    "BreakerPort",
+    "LlmPort",
+    "StepContext",
+    "breakers_on",
+    "build_context",
+    "lease_renewer",
+    "utc_now",
+    "worker_engine",
+]
 
 
 class LlmPort(Protocol):
@@ -58,7 +67,6 @@ class StepContext:
     """The ports of one worker process."""
 
     settings: Settings
-    engine: Engine
     store: StateStore
     sessions: SessionRepository
     turns: TurnRepository
@@ -104,19 +112,32 @@ def breakers_on(client: redis.Redis, settings: Settings) -> Callable[[str], Brea
     return breaker
 
 
-def build_context(settings: Settings, *, hostname: str, llm: LlmPort | None = None) -> StepContext:
-    """Build the context of a worker process from its settings (nothing connects until first use)."""
-    from workers.llm.client import ResponsesClient  # the client owns a connection pool; build it here only
-
+def worker_engine(settings: Settings) -> Engine:
+    """The database engine of a worker process; its repositories' sessions come from it."""
     # No pre-ping: a worker makes about eight transactions per turn, and a step whose connection
     # dropped is run again by the driver (an ``OperationalError`` is "later"), on a fresh pool.
-    engine = create_db_engine(settings.database_url, pre_ping=False)
+    return create_db_engine(settings.database_url, pre_ping=False)
+
+
+def build_context(settings: Settings, *, engine: Engine, hostname: str, llm: LlmPort | None = None) -> StepContext:
+    """Build the context of a worker process from its settings (nothing connects until first use).
+
+    Args:
+        settings: the worker's settings.
+        engine: the process's database engine (:func:`worker_engine`); its owner disposes of it.
+        hostname: the worker node's name, stamped on trace steps and lease owners.
+        llm: the model client; a Responses API client for ``settings`` when None.
+
+    Returns:
+        The context every step of this process receives.
+    """
+    from workers.llm.client import ResponsesClient  # the client owns a connection pool; build it here only
+
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
     store = RedisStateStore.from_url(settings.redis_url)
     return StepContext(
         settings=settings,
-        engine=engine,
         store=store,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),
