@@ -64,24 +64,36 @@ def utc_now() -> datetime:
 
 @dataclass(frozen=True)
 class StepContext:
-    """The ports of one worker process."""
+    """The ports of one worker process: built once when the worker starts, passed to every step."""
 
     settings: Settings
+    """The worker's settings; steps read their limits and timeouts here."""
     store: StateStore
+    """The hot turn state (Redis), with its leases and in-flight markers."""
     sessions: SessionRepository
+    """Durable sessions."""
     turns: TurnRepository
+    """Durable turns: records, checkpoints, commits."""
     tool_runs: ToolRunRepository
+    """Durable record of each server tool call's start and outcome."""
     catalog: ModeCatalog
+    """The modes and operator tools."""
     tools: ToolRegistry
+    """The server tools, by name."""
     executor: ToolExecutor
+    """Runs server tools with a timeout, on this process's tool threads."""
     llm: LlmPort
+    """The model client."""
     breaker: Callable[[str], BreakerPort]
     """The breaker of a model, by model name."""
     leases: LeaseRenewer
     """Renews the step leases this process holds."""
     hostname: str
+    """The worker node's name (Celery's ``-n``), stamped on trace steps and lease owners."""
     clock: Callable[[], datetime] = utc_now
+    """The wall clock; tests fix it."""
     random: Callable[[], float] = field(default=random.random)
+    """Jitter for retry delays; tests fix it."""
 
     @property
     def state_ttl_seconds(self) -> int:

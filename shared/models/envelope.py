@@ -108,7 +108,8 @@ class TurnEnvelope(BaseModel):
             iteration: the LLM call the next step serves; None keeps this envelope's.
 
         Returns:
-            The next step's envelope, at batch priority at most.
+            The next step's envelope. Its priority is at most ``BATCH_PRIORITY``: a batch turn
+            that has started outranks batch turns that have not.
         """
         return TurnEnvelope(
             turn_id=self.turn_id,
