@@ -7,6 +7,7 @@ workers.app:celery_app`` and is built on first access, not at import.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from celery import Celery, signals
@@ -28,10 +29,9 @@ def create_celery(settings: Settings, *, reconciler: bool = True) -> Celery:
     """
     from workers.tasks import register_tasks
 
-    app = Celery("aptix", set_as_current=True)
-    # Tasks run by an in-process WorkController (aptix dev) resolve ``self.app`` through the
-    # default app; make that this one so sends use this app's broker.
-    app.set_default()
+    # Not the process's current or default app: every task and send names this app explicitly,
+    # so several apps (the gateway's, a test's) can live in one process.
+    app = Celery("aptix", set_as_current=False)
     app.conf.update(celery_config(settings))
 
     def send(envelope: TurnEnvelope, countdown: float) -> None:
@@ -65,14 +65,17 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime) -> None:
     signals.worker_shutdown.connect(on_shutdown, weak=False)
 
 
-_APP: Celery | None = None
-
-
 def __getattr__(name: str) -> Any:
-    """Build ``celery_app`` lazily, so importing this module starts nothing."""
-    global _APP
+    """``celery_app``, the app ``celery -A workers.app:celery_app`` runs, built on first access.
+
+    Importing this module builds nothing: Celery's ``-A`` takes an attribute, not a factory, so the
+    attribute is computed here (PEP 562) from :func:`get_settings` the first time it is read.
+    """
     if name == "celery_app":
-        if _APP is None:
-            _APP = create_celery(get_settings())
-        return _APP
-    raise AttributeError(name)
+        return _celery_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _celery_app() -> Celery:
+    return create_celery(get_settings())

@@ -25,7 +25,16 @@ from workers.llm.types import LlmResponse
 from workers.tools.executor import ToolExecutor
 from workers.tools.registry import ToolRegistry
 
-__all__ = ["BreakerPort", "LlmPort", "StepContext", "breakers_on", "build_context", "lease_renewer", "utc_now"]
+__all__ = [
+    "BreakerPort",
+    "LlmPort",
+    "StepContext",
+    "breakers_on",
+    "build_context",
+    "lease_renewer",
+    "utc_now",
+    "worker_engine",
+]
 
 
 class LlmPort(Protocol):
@@ -55,25 +64,36 @@ def utc_now() -> datetime:
 
 @dataclass(frozen=True)
 class StepContext:
-    """The ports of one worker process."""
+    """The ports of one worker process: built once when the worker starts, passed to every step."""
 
     settings: Settings
-    engine: Engine
+    """The worker's settings; steps read their limits and timeouts here."""
     store: StateStore
+    """The hot turn state (Redis), with its leases and in-flight markers."""
     sessions: SessionRepository
+    """Durable sessions."""
     turns: TurnRepository
+    """Durable turns: records, checkpoints, commits."""
     tool_runs: ToolRunRepository
+    """Durable record of each server tool call's start and outcome."""
     catalog: ModeCatalog
+    """The modes and operator tools."""
     tools: ToolRegistry
+    """The server tools, by name."""
     executor: ToolExecutor
+    """Runs server tools with a timeout, on this process's tool threads."""
     llm: LlmPort
+    """The model client."""
     breaker: Callable[[str], BreakerPort]
     """The breaker of a model, by model name."""
     leases: LeaseRenewer
     """Renews the step leases this process holds."""
     hostname: str
+    """The worker node's name (Celery's ``-n``), stamped on trace steps and lease owners."""
     clock: Callable[[], datetime] = utc_now
+    """The wall clock; tests fix it."""
     random: Callable[[], float] = field(default=random.random)
+    """Jitter for retry delays; tests fix it."""
 
     @property
     def state_ttl_seconds(self) -> int:
@@ -104,19 +124,32 @@ def breakers_on(client: redis.Redis, settings: Settings) -> Callable[[str], Brea
     return breaker
 
 
-def build_context(settings: Settings, *, hostname: str, llm: LlmPort | None = None) -> StepContext:
-    """Build the context of a worker process from its settings (nothing connects until first use)."""
-    from workers.llm.client import ResponsesClient  # the client owns a connection pool; build it here only
-
+def worker_engine(settings: Settings) -> Engine:
+    """The database engine of a worker process; its repositories' sessions come from it."""
     # No pre-ping: a worker makes about eight transactions per turn, and a step whose connection
     # dropped is run again by the driver (an ``OperationalError`` is "later"), on a fresh pool.
-    engine = create_db_engine(settings.database_url, pre_ping=False)
+    return create_db_engine(settings.database_url, pre_ping=False)
+
+
+def build_context(settings: Settings, *, engine: Engine, hostname: str, llm: LlmPort | None = None) -> StepContext:
+    """Build the context of a worker process from its settings (nothing connects until first use).
+
+    Args:
+        settings: the worker's settings.
+        engine: the process's database engine (:func:`worker_engine`); its owner disposes of it.
+        hostname: the worker node's name, stamped on trace steps and lease owners.
+        llm: the model client; a Responses API client for ``settings`` when None.
+
+    Returns:
+        The context every step of this process receives.
+    """
+    from workers.llm.client import ResponsesClient  # the client owns a connection pool; build it here only
+
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
     store = RedisStateStore.from_url(settings.redis_url)
     return StepContext(
         settings=settings,
-        engine=engine,
         store=store,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),

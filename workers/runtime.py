@@ -1,5 +1,5 @@
-"""WorkerRuntime: what one worker process builds once, at start: its step context, its dispatcher,
-and (in the worker's main process) its copy of the reconciler.
+"""WorkerRuntime: what one worker process builds once, at start: its database engine, its step
+context, its dispatcher, and (in the worker's main process) its copy of the reconciler.
 
 ``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
 each prefork child (``worker_process_init``), and starts the reconciler on ``worker_ready``.
@@ -12,11 +12,12 @@ import os
 import threading
 
 import redis
+from sqlalchemy import Engine
 
 from shared.db.turns import TurnRepository
 from shared.settings import Settings
 from shared.state import StateStore
-from workers.context import StepContext, build_context
+from workers.context import StepContext, build_context, worker_engine
 from workers.dispatcher import Dispatcher, SendStep
 from workers.reconciler import Reconciler
 
@@ -40,22 +41,26 @@ class WorkerRuntime:
         self._send = send
         self._with_reconciler = reconciler
         self._hostname: str | None = None
+        self._engine: Engine | None = None
         self._ctx: StepContext | None = None
         self._dispatcher: Dispatcher | None = None
         self._stop = threading.Event()
         self._reconciler_thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def start(self, hostname: str) -> None:
-        """Build the step context and the dispatcher of this process (worker node ``hostname``)."""
-        with self._lock:
-            if self._ctx is not None:
-                # A prefork child inherited its parent's context: leave the parent's database
-                # connections alone (closing them here would close them for the parent too).
-                self._ctx.engine.dispose(close=False)
-            self._hostname = hostname
-            self._ctx = build_context(self._settings, hostname=hostname)
-            self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
+        """Build the step context and the dispatcher of this process (worker node ``hostname``).
+
+        Celery calls it (through ``worker_init``) before the worker takes any message, on the
+        thread that builds the worker, so no task can see a half-built runtime.
+        """
+        if self._engine is not None:
+            # A prefork child inherited its parent's engine: leave the parent's database
+            # connections alone (closing them here would close them for the parent too).
+            self._engine.dispose(close=False)
+        self._hostname = hostname
+        self._engine = worker_engine(self._settings)
+        self._ctx = build_context(self._settings, engine=self._engine, hostname=hostname)
+        self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
 
     def restart_in_child(self) -> None:
         """Rebuild the context in a prefork child (connections must not cross a fork)."""
@@ -64,19 +69,24 @@ class WorkerRuntime:
 
     @property
     def context(self) -> StepContext:
-        """The step context (built on first use when no worker signal came, e.g. a bare task call)."""
+        """The step context :meth:`start` built.
+
+        Raises:
+            RuntimeError: when the worker did not start (a task called outside a worker).
+        """
         if self._ctx is None:
-            logger.warning("the worker context was not built at start; building it now")
-            self.start(self._hostname or f"worker@{os.uname().nodename}")
-        assert self._ctx is not None
+            raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
         return self._ctx
 
     @property
     def dispatcher(self) -> Dispatcher:
-        """The dispatcher of this process."""
+        """The dispatcher :meth:`start` built.
+
+        Raises:
+            RuntimeError: when the worker did not start (a task called outside a worker).
+        """
         if self._dispatcher is None:
-            self.context  # noqa: B018  # builds both
-        assert self._dispatcher is not None
+            raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
         return self._dispatcher
 
     def start_reconciler(self) -> None:

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import IntEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-__all__ = ["TraceStep", "TurnTrace"]
+__all__ = ["ExitMode", "TraceStep", "TurnTrace"]
+
+
+class ExitMode(IntEnum):
+    """How the reasoner ended a turn's run (AGN-031 exit modes); the ``exit`` trace record carries the integer."""
+
+    COMPLETED = 1
+    """Exit 1: the model answered; the turn is committed ``completed``."""
+    AWAITING_CLIENT_TOOLS = 2
+    """Exit 2: the model called client tools; the turn is committed ``requires_client_tools`` and
+    resumes when their results are posted."""
 
 
 class TraceStep(BaseModel):

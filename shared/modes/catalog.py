@@ -92,12 +92,20 @@ class ModeCatalog(BaseModel):
         """The mode called ``name``, or None."""
         return next((mode for mode in self.modes if mode.name == name), None)
 
-    def require(self, name: str) -> Mode:
-        """The mode called ``name``; the default mode when the name is unknown."""
-        return self.get(name) or self.require_default()
+    def get_or_default(self, name: str | None) -> Mode:
+        """The mode called ``name``, falling back to the default mode.
 
-    def require_default(self) -> Mode:
-        """The default mode."""
+        Args:
+            name: a mode name; None or a name the catalog does not have means the default mode
+                (a session whose mode left the catalog carries on in the default mode).
+
+        Returns:
+            The named mode, else the default mode.
+        """
+        return self.get(name) or self.default()
+
+    def default(self) -> Mode:
+        """The default mode (``default_mode``)."""
         mode = self.get(self.default_mode)
         assert mode is not None  # guaranteed by the validator
         return mode

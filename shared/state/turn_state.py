@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from shared.models.trace import TraceStep
+from shared.models.trace import ExitMode, TraceStep
 from shared.models.turn import ClientTool, ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.result import ErrorInfo
 
@@ -91,7 +91,8 @@ class TurnState(BaseModel):
     output_text: str | None = None
     usage: Usage = Field(default_factory=Usage)
     error: ErrorInfo | None = None
-    exit_mode: int | None = None
+    exit_mode: ExitMode | None = None
+    """How the reasoner last ended a run of the turn; None until it first did."""
     continuation: bool = False
     """Set on re-entry once client results are in the ToolResults provider; the reasoner verifies them."""
     steps_done: dict[str, dict[str, Any] | None] = Field(default_factory=dict)

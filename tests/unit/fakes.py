@@ -67,7 +67,6 @@ def make_context(
     store = MemoryStateStore()
     return StepContext(
         settings=resolved,
-        engine=engine,
         store=store,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),

@@ -36,7 +36,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
 
 def compose_request(ctx: StepContext, state: TurnState) -> dict[str, Any]:
     """The request body: model, instructions, input items, tools, ``store: false``."""
-    mode = ctx.catalog.require(state.mode or ctx.catalog.default_mode)
+    mode = ctx.catalog.get_or_default(state.mode)
     instructions = "\n\n".join(part for part in (mode.instructions, *state.providers.session_context) if part)
     turn_context = [
         {"type": "message", "role": "developer", "content": text} for text in state.providers.turn_context

@@ -21,7 +21,7 @@ __all__ = ["run"]
 
 def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
     """Initialise the providers for this round of the turn."""
-    mode = ctx.catalog.require(state.mode or ctx.catalog.default_mode)
+    mode = ctx.catalog.get_or_default(state.mode)
     state.providers.session_context = [f"Session {state.session_id} is in mode {mode.name!r}."]
     if env.round > 0:
         return success(Continue(StepName.CLIENT_TOOL_CONTINUATION_RESOLVER))

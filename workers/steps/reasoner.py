@@ -4,8 +4,9 @@ Reads: the last LLM response, the tool ledger, the ToolResults provider on re-en
 count. Writes: clears the turn-scoped context after it was emitted (its only provider mutation);
 ledger entries for the calls the model made; replayed output items and client tool outputs into
 the transcript; the turn's outcome and exit mode; trace steps for context clearing, re-entry
-verification and the exit. Next: compose (another LLM call), execute_server_tools, persist (exit 1,
-exit 2 or a failure). Fails with: ``iteration_limit``, ``unknown_tool``, ``continuation_mismatch``.
+verification and the exit. Next: compose (another LLM call), execute_server_tools, persist
+(:class:`~shared.models.trace.ExitMode` 1 or 2, or a failure). Fails with: ``iteration_limit``,
+``unknown_tool``, ``continuation_mismatch``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from typing import Literal
 
 from shared.models.envelope import TurnEnvelope
+from shared.models.trace import ExitMode
 from shared.models.turn import PendingToolCall, TurnStatus
 from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.state import LedgerEntry, TurnState
@@ -65,8 +67,8 @@ def _complete(ctx: StepContext, env: TurnEnvelope, state: TurnState, response: L
     state.output_text = response.output_text or ""
     state.status = TurnStatus.COMPLETED
     state.pending_tool_calls = []
-    state.exit_mode = 1
-    trace(ctx, state, env, "exit", exit_mode=1, mode=state.mode)
+    state.exit_mode = ExitMode.COMPLETED
+    trace(ctx, state, env, "exit", exit_mode=ExitMode.COMPLETED.value, mode=state.mode)
     return success(Continue(StepName.PERSIST))
 
 
@@ -101,8 +103,16 @@ def _await_client_tools(ctx: StepContext, env: TurnEnvelope, state: TurnState) -
     state.pending_tool_calls = [
         PendingToolCall(call_id=entry.call_id, name=entry.name, arguments=entry.arguments) for entry in pending
     ]
-    state.exit_mode = 2
-    trace(ctx, state, env, "exit", exit_mode=2, mode=state.mode, pending=[entry.call_id for entry in pending])
+    state.exit_mode = ExitMode.AWAITING_CLIENT_TOOLS
+    trace(
+        ctx,
+        state,
+        env,
+        "exit",
+        exit_mode=ExitMode.AWAITING_CLIENT_TOOLS.value,
+        mode=state.mode,
+        pending=[entry.call_id for entry in pending],
+    )
     return success(Continue(StepName.PERSIST))
 
 

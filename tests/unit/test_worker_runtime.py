@@ -1,0 +1,65 @@
+"""WorkerRuntime and the workers' Celery app: nothing is built at import, the context only at worker start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
+from workers.runtime import WorkerRuntime
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _discard(envelope: TurnEnvelope, countdown: float) -> None:
+    """A send that goes nowhere: these tests never run a step."""
+
+
+def _settings(tmp_path: Path) -> Settings:
+    # Nothing connects until first use; the URLs only need to parse.
+    return Settings(database_url=f"sqlite:///{tmp_path / 'worker.sqlite'}", redis_url="redis://127.0.0.1:1/0")
+
+
+def test_importing_the_worker_modules_builds_no_app_and_sets_no_default_app() -> None:
+    code = (
+        "import celery, workers.app, workers.tasks, workers.runtime, workers.driver\n"
+        "assert 'celery_app' not in vars(workers.app), 'celery_app was built at import'\n"
+        "from shared.settings import Settings\n"
+        "app = workers.app.create_celery(Settings())\n"
+        "assert celery.current_app.main != app.main, 'the workers app made itself the default app'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True, text=True)
+
+
+def test_runtime_context_raises_when_the_worker_did_not_start(tmp_path: Path) -> None:
+    runtime = WorkerRuntime(_settings(tmp_path), _discard)
+    with pytest.raises(RuntimeError, match="not started"):
+        runtime.context  # noqa: B018  # the property is the call under test
+    with pytest.raises(RuntimeError, match="not started"):
+        runtime.dispatcher  # noqa: B018
+
+
+def test_runtime_builds_its_context_at_start_and_a_new_one_in_a_prefork_child(tmp_path: Path) -> None:
+    # Given a runtime started as worker node "steps@host"
+    runtime = WorkerRuntime(_settings(tmp_path), _discard)
+    runtime.start("steps@host")
+    parent = runtime.context
+    assert parent.hostname == "steps@host"
+
+    # When a prefork child starts
+    runtime.restart_in_child()
+
+    # Then the child has a context of its own, on the same node name
+    assert runtime.context is not parent and runtime.context.hostname == "steps@host"
+    assert runtime.context.store is not parent.store
+
+
+def test_runtime_in_a_child_of_a_worker_that_never_started_builds_nothing(tmp_path: Path) -> None:
+    runtime = WorkerRuntime(_settings(tmp_path), _discard)
+    runtime.restart_in_child()
+    with pytest.raises(RuntimeError):
+        runtime.context  # noqa: B018
