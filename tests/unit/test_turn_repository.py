@@ -8,6 +8,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import StaticPool
 
 from api_gateway.turn_view import to_turn
 from shared.db import session_factory
@@ -178,8 +180,9 @@ def test_session_repository_returns_records_not_orm_rows() -> None:
 
 def test_batch_repository_takes_and_returns_records() -> None:
     # Given a batch of two turns recorded together
-    ctx = make_context()
-    batches = BatchRepository(session_factory(ctx.engine))
+    engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
+    Base.metadata.create_all(engine)
+    batches = BatchRepository(session_factory(engine))
     batch = BatchRecord(batch_id="batch_1", org_id="o", user_id="u", total=2, created_at=FIXED_NOW)
     turns = [
         NewTurn(turn_id=f"turn_{index:032d}", session_id=f"sess_b{index}", org_id="o", user_id="u", new_session=True,
