@@ -23,10 +23,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
 
 __all__ = [
-    "ApiError",
     "RETRY_AFTER_SECONDS",
     "SERVICE_ERROR_STATUS",
     "UNAVAILABLE_ERRORS",
+    "ApiError",
     "error_response",
     "install_error_handlers",
     "service_error_status",
@@ -116,7 +116,9 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(part) for part in first["loc"])
-        return error_response(422, "invalid_request", f"{where}: {first['msg']}" if where else str(first["msg"]), details)
+        return error_response(
+            422, "invalid_request", f"{where}: {first['msg']}" if where else str(first["msg"]), details
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -65,8 +65,8 @@ def run_recovery_costs(*, turns: int = 500, writes: int = 300) -> int:
     now = datetime.now(UTC)
     for turn_id in ids:
         repo.create(
-            NewTurn(turn_id=turn_id, session_id=f"sess_{turn_id[5:]}", org_id="costs", user_id="costs", new_session=True,
-                    requested_mode=None, request={"input": "x"}, request_hash="h"),
+            NewTurn(turn_id=turn_id, session_id=f"sess_{turn_id[5:]}", org_id="costs", user_id="costs",
+                    new_session=True, requested_mode=None, request={"input": "x"}, request_hash="h"),
             now=now, deadline_at=now - timedelta(seconds=1),
         )  # fmt: skip
         repo.mark_running(turn_id, now=now, deadline_at=now - timedelta(seconds=1))
@@ -122,7 +122,11 @@ def _scan(reconciler: Reconciler, turns: int) -> str:
     wall = time.perf_counter() - wall
     cpu, redis_calls, db_calls = (
         after - then
-        for after, then in zip((reconciler.stats.cpu_seconds, reconciler.stats.redis_calls, reconciler.stats.db_calls), before)
+        for after, then in zip(
+            (reconciler.stats.cpu_seconds, reconciler.stats.redis_calls, reconciler.stats.db_calls),
+            before,
+            strict=True,
+        )
     )
     return (
         f"{cpu / turns * 1e6:.0f} µs CPU, {redis_calls / turns:.2f} Redis + {db_calls / turns:.2f} database "

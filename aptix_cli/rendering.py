@@ -63,7 +63,9 @@ def trace_table(trace: Mapping[str, Any]) -> list[str]:
     right = {0, 4, 5, 6}
     lines = []
     for row in rows:
-        cells = [cell.rjust(w) if col in right else cell.ljust(w) for col, (cell, w) in enumerate(zip(row, widths))]
+        # widths has no entry for the last column (the details), so zip stops before it.
+        sized = enumerate(zip(row, widths, strict=False))
+        cells = [cell.rjust(w) if col in right else cell.ljust(w) for col, (cell, w) in sized]
         line = "  ".join(cells)
         room = max(_TRACE_WIDTH - len(line) - 2, 10)
         lines.append(f"{line}  {_clip(row[-1], room)}".rstrip())
@@ -85,7 +87,9 @@ def session_lines(session: Mapping[str, Any]) -> list[str]:
     turns = session.get("turns") or []
     lines.append(f"turns ({len(turns)}):")
     width = max((len(str(turn.get("status"))) for turn in turns), default=0)
-    lines += [f"  {turn.get('turn_id')}  {str(turn.get('status')).ljust(width)}  {turn.get('created_at')}" for turn in turns]
+    lines += [
+        f"  {turn.get('turn_id')}  {str(turn.get('status')).ljust(width)}  {turn.get('created_at')}" for turn in turns
+    ]
     return lines
 
 

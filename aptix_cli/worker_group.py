@@ -127,11 +127,9 @@ def run_group(specs: Sequence[WorkerSpec], *, hostname: str | None, loglevel: st
         if index > 0 or not reconciler:
             argv.append("--no-reconciler")
         children.append(subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent))
-    sys.stderr.write(
-        "aptix worker: "
-        + "; ".join(f"{s.queues} on {s.pool} x{s.concurrency} (pid {c.pid})" for s, c in zip(specs, children))
-        + "\n"
-    )
+    started = zip(specs, children, strict=True)
+    summary = "; ".join(f"{s.queues} on {s.pool} x{s.concurrency} (pid {c.pid})" for s, c in started)
+    sys.stderr.write(f"aptix worker: {summary}\n")
     sys.stderr.flush()
     code = 0
     while not stopping:

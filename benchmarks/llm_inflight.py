@@ -210,7 +210,7 @@ def _child_main(argv: list[str]) -> int:
             began = starts[index] = now()
             try:
                 post(url, body)
-            except Exception as exc:  # noqa: BLE001 - a benchmark counts failures, it does not stop on them
+            except Exception as exc:
                 errors[index] += 1
                 cause = exc.__cause__ or exc.__context__
                 kind = type(exc).__name__ + (f"<-{type(cause).__name__}" if cause is not None else "")
@@ -358,11 +358,13 @@ def _run_variant(
 def _print_header(latency_ms: float, args: argparse.Namespace) -> None:
     print(
         f"\n== latency {latency_ms:g} ms, {args.inflight} callers, {args.servers} server process(es), "
-        f"window {args.duration:g} s after {args.warmup:g} s warm-up; ideal {args.inflight / latency_ms * 1000:.0f} calls/s"
+        f"window {args.duration:g} s after {args.warmup:g} s warm-up; "
+        f"ideal {args.inflight / latency_ms * 1000:.0f} calls/s"
     )
     print(
         f"{'variant':24} {'calls/s':>8} {'inflight':>8} {'p50 ms':>7} {'p99 ms':>7} {'cli ms/call':>11} "
-        f"{'(sys)':>6} {'cli cores':>9} {'sw/call':>7} {'srv ms/call':>11} {'srv cores':>9} {'busy':>5} {'rss MB':>7} {'errors':>6}"
+        f"{'(sys)':>6} {'cli cores':>9} {'sw/call':>7} {'srv ms/call':>11} {'srv cores':>9} "
+        f"{'busy':>5} {'rss MB':>7} {'errors':>6}"
     )
 
 

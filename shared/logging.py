@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextvars
 import logging
 import logging.config
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from types import MappingProxyType
 
 __all__ = ["configure_logging", "log_context"]
 
-_CONTEXT: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("aptix_log_context", default={})
+_CONTEXT: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
+    "aptix_log_context", default=MappingProxyType({})
+)
 _FIELDS = ("turn_id", "session_id", "step", "iteration")
 
 
@@ -46,7 +49,10 @@ def configure_logging(level: str = "INFO", *, secrets: Iterable[str] = ()) -> No
         {
             "version": 1,
             "disable_existing_loggers": False,
-            "filters": {"context": {"()": _ContextFilter}, "redact": {"()": RedactingFilter, "secrets": tuple(secrets)}},
+            "filters": {
+                "context": {"()": _ContextFilter},
+                "redact": {"()": RedactingFilter, "secrets": tuple(secrets)},
+            },
             "formatters": {
                 "plain": {"format": "%(asctime)s %(levelname)s %(name)s [turn=%(turn_id)s step=%(step)s] %(message)s"}
             },

@@ -15,8 +15,8 @@ from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validato
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
-    "ApiKey",
     "OTHER_VARIABLES",
+    "ApiKey",
     "Settings",
     "get_settings",
     "known_variables",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["LAYER_OF", "Layer", "Queue", "StepName", "TASK_QUEUES", "task_name"]
+__all__ = ["LAYER_OF", "TASK_QUEUES", "Layer", "Queue", "StepName", "task_name"]
 
 
 class Queue(StrEnum):

@@ -78,7 +78,7 @@ def _validate(bodies: list[dict[str, Any]], options: list[str]) -> None:
             check=False,
         )
         if result.returncode != 0:
-            dumped = "\n".join(f"{path}: {json.dumps(body)[:2000]}" for path, body in zip(files, bodies))
+            dumped = "\n".join(f"{path}: {json.dumps(body)[:2000]}" for path, body in zip(files, bodies, strict=True))
             raise AssertionError(
                 f"validate.py {' '.join(options)} exited {result.returncode}:\n"
                 f"{result.stdout}{result.stderr}\nbodies:\n{dumped}"

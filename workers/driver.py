@@ -42,7 +42,7 @@ from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
 from workers.steps import request_handler, session_context_resolver
 from workers.trace import trace
 
-__all__ = ["Dispatch", "TRANSIENT_ERRORS", "fail_turn", "run_step"]
+__all__ = ["TRANSIENT_ERRORS", "Dispatch", "fail_turn", "run_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +278,12 @@ def _retry_model(ctx: StepContext, env: TurnEnvelope, state: TurnState, later: R
 def _later(ctx: StepContext, env: TurnEnvelope, reason: retry.Reason) -> Dispatch | None:
     wait = retry.delay(reason, attempt=env.attempt, settings=ctx.settings, rand=ctx.random())
     if wait is None:
-        logger.warning("dropping %s of turn %s: %s for too long (the turn was never recorded)", env.step_key, env.turn_id, reason.value)
+        logger.warning(
+            "dropping %s of turn %s: %s for too long (the turn was never recorded)",
+            env.step_key,
+            env.turn_id,
+            reason.value,
+        )
         return None
     return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=wait)
 
@@ -301,4 +306,6 @@ def _fail_outside_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
 
 
 def _name(exc: Exception) -> str:
-    return type(exc).__name__ if not isinstance(exc, DBAPIError) else f"{type(exc).__name__} ({type(exc.orig).__name__})"
+    return (
+        type(exc).__name__ if not isinstance(exc, DBAPIError) else f"{type(exc).__name__} ({type(exc.orig).__name__})"
+    )

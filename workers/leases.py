@@ -71,7 +71,9 @@ class LeaseRenewer:
         leases = self.held()
         lost: list[Lease] = []
         for start in range(0, len(leases), _BATCH):
-            lost += self._store.renew(leases[start : start + _BATCH], ttl_seconds=self._ttl, alive_until=self._alive_until())
+            lost += self._store.renew(
+                leases[start : start + _BATCH], ttl_seconds=self._ttl, alive_until=self._alive_until()
+            )
         return lost
 
     def _forget_parent(self) -> None:

@@ -156,7 +156,13 @@ class Reconciler:
     def scan(self) -> None:
         """Look at every turn past its deadline: move the deadline of those still moving, re-drive the rest."""
         cpu = time.thread_time()
-        before = (self.stats.checked, self.stats.redriven, self.stats.failed, self.stats.redis_calls, self.stats.db_calls)
+        before = (
+            self.stats.checked,
+            self.stats.redriven,
+            self.stats.failed,
+            self.stats.redis_calls,
+            self.stats.db_calls,
+        )
         self._check_broker()
         backlog = self._first_step_backlog()
         for _ in range(_MAX_BATCHES_PER_SCAN):
@@ -170,8 +176,15 @@ class Reconciler:
         checked, redriven, failed, redis_calls, db_calls = (
             now - then
             for now, then in zip(
-                (self.stats.checked, self.stats.redriven, self.stats.failed, self.stats.redis_calls, self.stats.db_calls),
+                (
+                    self.stats.checked,
+                    self.stats.redriven,
+                    self.stats.failed,
+                    self.stats.redis_calls,
+                    self.stats.db_calls,
+                ),
                 before,
+                strict=True,
             )
         )
         if checked:
@@ -283,4 +296,6 @@ def frontier(turn: InFlightTurn, state: TurnState | None, checkpoint: TurnState 
         priority = INTERACTIVE_PRIORITY
     else:
         priority = BATCH_START_PRIORITY if turn.round == 0 else BATCH_PRIORITY
-    return TurnEnvelope(turn_id=turn.turn_id, step=StepName.REQUEST_HANDLER, round=turn.round, priority=priority), "start"
+    return TurnEnvelope(
+        turn_id=turn.turn_id, step=StepName.REQUEST_HANDLER, round=turn.round, priority=priority
+    ), "start"

@@ -1,11 +1,17 @@
 """The one retry policy: when a step that cannot go on now runs again, and when waiting stops.
 
-| reason | delay before the next try | budget | when it is spent |
-|---|---|---|---|
-| ``MODEL`` (429, 5xx, timeout, connection error, breaker open) | the server's Retry-After or the breaker's wait; else 1 s x 2^(calls-1), at most 30 s; with jitter | ``APTIX_LLM_RETRY_BUDGET_SECONDS`` since the first failure, and ``APTIX_LLM_MAX_ATTEMPTS`` calls (breaker waits make no call) | the turn fails ``llm_rate_limited`` / ``llm_error`` |
-| ``STEP_BUSY`` (another worker holds the step's lease) | half the lease, at least 1 s | none: the holder finishes, or its lease lapses when it stops heartbeating | - |
-| ``TURN_NOT_RECORDED`` (the gateway's commit is not visible yet) | 10 ms x 2^attempt, at most 0.5 s | 20 s in all | the message is dropped: its turn was never recorded |
-| ``INFRASTRUCTURE`` (Redis, database or broker unreachable; a lost state race) | 0.5 s x 2^attempt, at most 30 s; with jitter | none: outages are waited out | - |
+Each reason, with the delay before the next try, its budget, and what happens when it is spent:
+
+- ``MODEL`` (429, 5xx, timeout, connection error, breaker open). Delay: the server's Retry-After
+  or the breaker's wait; else 1 s x 2^(calls-1), at most 30 s; with jitter. Budget:
+  ``APTIX_LLM_RETRY_BUDGET_SECONDS`` since the first failure, and ``APTIX_LLM_MAX_ATTEMPTS`` calls
+  (breaker waits make no call). Spent: the turn fails ``llm_rate_limited`` / ``llm_error``.
+- ``STEP_BUSY`` (another worker holds the step's lease). Delay: half the lease, at least 1 s.
+  Budget: none; the holder finishes, or its lease lapses when it stops heartbeating.
+- ``TURN_NOT_RECORDED`` (the gateway's commit is not visible yet). Delay: 10 ms x 2^attempt, at
+  most 0.5 s. Budget: 20 s in all. Spent: the message is dropped; its turn was never recorded.
+- ``INFRASTRUCTURE`` (Redis, database or broker unreachable; a lost state race). Delay: 0.5 s x
+  2^attempt, at most 30 s; with jitter. Budget: none; outages are waited out.
 
 Every "later" becomes the same message sent again with this delay (``workers.driver``); a wait
 long enough to outlast the broker's visibility timeout is parked in Redis instead

@@ -121,7 +121,11 @@ def build_reconciler(
 ) -> Reconciler:
     """A reconciler on a process's ports (``store`` must be the Redis state store)."""
     broker_url = settings.effective_broker_url
-    broker = redis.Redis.from_url(broker_url, socket_timeout=10) if broker_url.startswith(("redis://", "rediss://")) else None
+    broker = (
+        redis.Redis.from_url(broker_url, socket_timeout=10)
+        if broker_url.startswith(("redis://", "rediss://"))
+        else None
+    )
     client = getattr(store, "client", None)
     if not isinstance(client, redis.Redis):
         raise TypeError("the reconciler needs the Redis state store")

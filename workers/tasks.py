@@ -49,7 +49,9 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         try:
             runtime.dispatcher.dispatch(dispatch.envelope, dispatch.countdown, now=time.time())
         except _SEND_ERRORS as exc:
-            logger.warning("could not send %s of turn %s (%s); requeueing", dispatch.envelope.step_key, envelope.turn_id, exc)
+            logger.warning(
+                "could not send %s of turn %s (%s); requeueing", dispatch.envelope.step_key, envelope.turn_id, exc
+            )
             raise Reject(exc, requeue=True) from exc
 
 

@@ -109,7 +109,7 @@ def _check_distinct_sessions(body: BatchRequest) -> None:
             raise InvalidRequest(
                 f"requests[{index}]: idempotency_key is not supported inside a batch",
                 [{"loc": ["body", "requests", index, "idempotency_key"], "msg": "not supported",
-                  "type": "value_error"}],  # fmt: skip
+                  "type": "value_error"}],
             )
         if request.session_id is None:
             continue

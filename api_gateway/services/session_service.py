@@ -39,7 +39,7 @@ class SessionService:
                 ModeHistoryEntry(
                     from_mode=h.from_mode, to_mode=h.to_mode, at=h.at, reason=h.reason, user_id=h.user_id,
                     turn_id=h.turn_id,
-                )  # fmt: skip
+                )
                 for h in history
             ],
             turns=[

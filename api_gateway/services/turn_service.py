@@ -26,8 +26,8 @@ from api_gateway.services.admission import admit
 from api_gateway.services.errors import Conflict, NotFound, Unavailable
 from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
 from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
-from shared.db.sessions import SessionRepository
 from shared.db.records import TurnRecord
+from shared.db.sessions import SessionRepository
 from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnRepository
 from shared.models.envelope import TurnEnvelope
 from shared.models.trace import TraceStep

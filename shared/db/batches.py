@@ -80,7 +80,7 @@ class BatchRepository:
             rows = orm.execute(
                 select(TurnRow.status, func.count()).where(TurnRow.batch_id == batch_id).group_by(TurnRow.status)
             ).all()
-        counts = {status: 0 for status in TurnStatus}
+        counts = dict.fromkeys(TurnStatus, 0)
         for status, count in rows:
             counts[TurnStatus(status)] = int(count)
         return counts

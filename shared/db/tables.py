@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, DateTime, Dialect, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -17,8 +17,8 @@ from sqlalchemy.types import TypeDecorator
 from shared.models.turn import TurnStatus
 
 __all__ = [
-    "BatchRow",
     "Base",
+    "BatchRow",
     "ModeHistoryRow",
     "ProviderSnapshotRow",
     "SessionRow",
@@ -73,7 +73,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 class Base(DeclarativeBase):
     """Declarative base of every Aptix table."""
 
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UTCDateTime()}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UTCDateTime()}
 
 
 class SessionRow(Base):

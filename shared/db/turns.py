@@ -228,8 +228,9 @@ class TurnRepository:
             row.deadline_at = None
             row.trace = [
                 *row.trace,
-                {"seq": len(row.trace) + 1, "kind": "turn_" + status.value, "at": now.isoformat(), "step": "gateway",
-                 "worker": "gateway", "duration_ms": None, "data": {"code": error.code.value, "message": error.message}},
+                {"seq": len(row.trace) + 1, "kind": "turn_" + status.value, "at": now.isoformat(),
+                 "step": "gateway", "worker": "gateway", "duration_ms": None,
+                 "data": {"code": error.code.value, "message": error.message}},
             ]  # fmt: skip
         return sql.to_record(row)
 

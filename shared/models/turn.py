@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 from shared.result import ErrorInfo
 
 __all__ = [
+    "UNFINISHED_STATUSES",
     "ClientTool",
     "ErrorBody",
     "JsonObject",
@@ -22,7 +23,6 @@ __all__ = [
     "TurnHandle",
     "TurnRequest",
     "TurnStatus",
-    "UNFINISHED_STATUSES",
     "Usage",
 ]
 

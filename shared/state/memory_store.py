@@ -40,7 +40,9 @@ class MemoryStateStore:
             raw = self._states.get(lease.turn_id)
             if raw is None and alive_until is not None:
                 self.markers[lease.turn_id] = alive_until
-        return StepStart(cancelled=False, claimed=True, state=None if raw is None else TurnState.model_validate_json(raw))
+        return StepStart(
+            cancelled=False, claimed=True, state=None if raw is None else TurnState.model_validate_json(raw)
+        )
 
     def save(
         self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None

@@ -90,7 +90,9 @@ class RedisStateStore:
             state_key(lease.turn_id), cancel_key(lease.turn_id), claim_key(lease.turn_id, lease.step_key), INFLIGHT_KEY
         ]  # fmt: skip
         marker = "" if alive_until is None else repr(alive_until)
-        found = self._begin(keys=keys, args=[lease.owner, ttl_seconds, "1" if check_cancel else "0", marker, lease.turn_id])
+        found = self._begin(
+            keys=keys, args=[lease.owner, ttl_seconds, "1" if check_cancel else "0", marker, lease.turn_id]
+        )
         if found[0] != 1:
             return StepStart(cancelled=found[0] == 0, claimed=False)
         state = TurnState.model_validate_json(found[1]) if len(found) > 1 else None
@@ -138,7 +140,7 @@ class RedisStateStore:
         return bool(self.client.exists(cancel_key(turn_id)))
 
     def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
-        members = {turn_id: until for turn_id in turn_ids}
+        members = dict.fromkeys(turn_ids, until)
         if members:
             self.client.zadd(INFLIGHT_KEY, members)
 
@@ -146,7 +148,7 @@ class RedisStateStore:
         if not turn_ids:
             return {}
         scores = self.client.zmscore(INFLIGHT_KEY, turn_ids)
-        return {turn_id: float(score) for turn_id, score in zip(turn_ids, scores) if score is not None}
+        return {turn_id: float(score) for turn_id, score in zip(turn_ids, scores, strict=True) if score is not None}
 
     def forget(self, turn_id: str) -> None:
         self.client.zrem(INFLIGHT_KEY, turn_id)

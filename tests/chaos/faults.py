@@ -218,5 +218,5 @@ class _Background:
     def _run(self) -> None:
         try:
             self._target()
-        except Exception as exc:  # noqa: BLE001 - handed to join(), which re-raises it in the fault's thread
+        except Exception as exc:
             self._error = exc

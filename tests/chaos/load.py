@@ -161,7 +161,7 @@ def _post_until_answered(client: httpx.Client, key: str, ledger: Ledger, deadlin
             status: int | None = client.post("/v1/turns", json=body).status_code
         except httpx.TransportError:
             status = None
-        final = status is not None and status < 500 or time.monotonic() >= deadline
+        final = (status is not None and status < 500) or time.monotonic() >= deadline
         ledger.answer(status, [key], final=final)
         if final:
             return

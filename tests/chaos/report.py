@@ -137,16 +137,19 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
         *(f"   {note}" for note in report.run.notes),
     ]
     rows = [
-        ("turns accepted", f"{report.accepted}" + (f"  (not accepted: {report.not_accepted})" if report.not_accepted else "")),
+        ("turns accepted", f"{report.accepted}"
+         + (f"  (not accepted: {report.not_accepted})" if report.not_accepted else "")),
         ("turn rows", f"{report.rows}  (never acknowledged: {report.unacknowledged})"),
-        ("completed", f"{report.completed}" + (f"  (wrong answer: {report.wrong_output})" if report.wrong_output else "")
+        ("completed", f"{report.completed}"
+         + (f"  (wrong answer: {report.wrong_output})" if report.wrong_output else "")
          + (f"  (tool outcome unknown: {report.outcome_unknown})" if report.outcome_unknown else "")),
         ("failed", _with_breakdown(report.failed)),
         ("unfinished", _with_breakdown(report.unfinished)),
         ("lost", str(report.lost)),
         ("tool runs per turn", "  ".join(f"{b}: {report.tool_runs[b]}" for b in ("0", "1", "2+"))
          + (f"  (stray runs: {report.stray_tool_runs})" if report.stray_tool_runs else "")),
-        ("repeated model calls", f"{report.repeated_model_calls} total, max {report.max_repeated_model_calls} per turn"),
+        ("repeated model calls",
+         f"{report.repeated_model_calls} total, max {report.max_repeated_model_calls} per turn"),
         ("workers killed", str(report.run.workers_killed)),
         ("gateway 5xx other than 503", str(report.gateway_5xx_not_503())),
         ("gateway non-2xx answers", _with_breakdown(report.http_errors)),
@@ -173,7 +176,8 @@ def render_summary(reports: list[FaultReport], *, retry_budget_seconds: float) -
             verdict if r.error is None else "FAIL (did not run)",
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table)
+    lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in table)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _last_line(text: str) -> str:

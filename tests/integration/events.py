@@ -6,7 +6,6 @@ broadcast) when it starts and again every second, for workers that start later.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import Any
@@ -82,7 +81,7 @@ class TaskEventRecorder:
                 while not self._receiver.should_stop:
                     try:
                         conn.drain_events(timeout=0.5)
-                    except socket.timeout:
+                    except TimeoutError:
                         continue
 
     def _on_event(self, event: dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
             redis_url(),
             "--database-url",
             database_admin_url(),
-        ],  # fmt: skip
+        ],
         env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
         capture_output=True,
         text=True,

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from shared.errors import LlmError
-from workers.llm import ResponsesClient, replay_items
-
 from tests.responses_fixtures import validate_request_bodies
+from workers.llm import ResponsesClient, replay_items
 
 pytestmark = pytest.mark.integration
 

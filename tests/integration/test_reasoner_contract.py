@@ -174,8 +174,10 @@ def test_reentry_with_mismatched_results_fails_continuation_mismatch(system: Sys
     first, second = (call["call_id"] for call in turn["pending_tool_calls"])
     results = {
         "missing": [{"call_id": first, "output": "one"}],
-        "extra": [{"call_id": first, "output": "one"}, {"call_id": second, "output": "2"}, {"call_id": second, "output": "2"}],
-        "unknown": [{"call_id": first, "output": "one"}, {"call_id": second, "output": "2"}, {"call_id": "call_nope", "output": "x"}],
+        "extra": [{"call_id": first, "output": "one"}, {"call_id": second, "output": "2"},
+                  {"call_id": second, "output": "2"}],
+        "unknown": [{"call_id": first, "output": "one"}, {"call_id": second, "output": "2"},
+                    {"call_id": "call_nope", "output": "x"}],
     }[case]  # fmt: skip
     failed = system.resume(turn["turn_id"], results)
     assert failed["status"] == "failed"

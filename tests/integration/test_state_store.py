@@ -114,7 +114,9 @@ def test_begin_sets_the_marker_only_of_a_turn_it_has_no_state_for(store: RedisSt
 def test_begin_refuses_a_cancelled_turn_unless_told_not_to_check(store: RedisStateStore) -> None:
     turn_id = f"turn_{uuid.uuid4().hex}"
     store.mark_cancelled(turn_id, ttl_seconds=60)
-    assert store.begin(Lease(turn_id, "0:2:llm_call:1", "a"), ttl_seconds=30) == StepStart(cancelled=True, claimed=False)
+    assert store.begin(Lease(turn_id, "0:2:llm_call:1", "a"), ttl_seconds=30) == StepStart(
+        cancelled=True, claimed=False
+    )
     assert store.client.get(claim_key(turn_id, "0:2:llm_call:1")) is None
     assert store.begin(Lease(turn_id, "0:6:persist:1", "a"), ttl_seconds=30, check_cancel=False).claimed
 

@@ -8,9 +8,9 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, func, select
 
+from shared.broker import create_producer, send_step
 from shared.db.engine import normalise_database_url
 from shared.db.tables import SessionRow, TranscriptItemRow, TurnRow
-from shared.broker import create_producer, send_step
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.task_names import StepName

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import fakeredis
-from sqlalchemy.pool import StaticPool
 from sqlalchemy import create_engine
+from sqlalchemy.pool import StaticPool
 
 from shared.db import session_factory
 from shared.db.sessions import SessionRepository

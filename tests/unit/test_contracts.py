@@ -13,7 +13,7 @@ from shared.models.turn import TurnRequest, TurnStatus
 from shared.modes import load_catalog
 from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.settings import Settings, parse_api_keys
-from shared.task_names import LAYER_OF, Layer, TASK_QUEUES, Queue, StepName, task_name
+from shared.task_names import LAYER_OF, TASK_QUEUES, Layer, Queue, StepName, task_name
 from workers.tools import ToolRegistry
 
 

@@ -19,7 +19,13 @@ from shared.models.envelope import TurnEnvelope
 from shared.state import Lease, LedgerEntry, MemoryStateStore
 from shared.task_names import StepName
 from tests.unit.fakes import (
-    FIXED_NOW, TOOL_RUNS, Clock, FakeLlm, catalog_with_counted_tool, make_context, make_state,
+    FIXED_NOW,
+    TOOL_RUNS,
+    Clock,
+    FakeLlm,
+    catalog_with_counted_tool,
+    make_context,
+    make_state,
 )  # fmt: skip
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step

@@ -54,7 +54,10 @@ def test_counters_advance_as_the_envelope_docstring_shows_for_a_server_tool_turn
     # When it runs, its client tool's result is posted, and it runs again
     first = _drive(ctx, clock, TurnEnvelope(turn_id=TURN_ID, step=StepName.REQUEST_HANDLER))
     round_ = ctx.turns.accept_tool_results(
-        TURN_ID, results=[{"call_id": "call_client", "output": "x"}], now=clock(), deadline_at=clock() + timedelta(seconds=60)
+        TURN_ID,
+        results=[{"call_id": "call_client", "output": "x"}],
+        now=clock(),
+        deadline_at=clock() + timedelta(seconds=60),
     )
     assert round_ == 1
     second = _drive(ctx, clock, TurnEnvelope(turn_id=TURN_ID, step=StepName.REQUEST_HANDLER, round=round_))

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from shared.errors import LlmError
-from workers.llm.parsing import parse_error, parse_response, replay_items
-
 from tests.responses_fixtures import fixtures_dir, load_fixture, validate_request_bodies
+from workers.llm.parsing import parse_error, parse_response, replay_items
 
 # file -> (text start or None, [(name, arguments)], item types, input_tokens, output_tokens)
 EXPECTED: dict[str, tuple[str | None, list[tuple[str, str]], list[str], int, int]] = {

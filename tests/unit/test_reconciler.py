@@ -51,14 +51,24 @@ def _accept(ctx: StepContext, *, batch: bool = False, turn_id: str = TURN_ID) ->
 
 
 def _in_flight(**fields: object) -> InFlightTurn:
-    values: dict[str, object] = {"turn_id": TURN_ID, "status": TurnStatus.RUNNING, "round": 0, "batch_id": None, "redrives": 0}
+    values: dict[str, object] = {
+        "turn_id": TURN_ID,
+        "status": TurnStatus.RUNNING,
+        "round": 0,
+        "batch_id": None,
+        "redrives": 0,
+    }
     values.update(fields)
     return InFlightTurn(**values)  # type: ignore[arg-type]
 
 
 def test_frontier_prefers_the_newer_of_redis_and_the_checkpoint() -> None:
-    older = make_state(next_envelope=TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1).model_dump())
-    newer = make_state(next_envelope=TurnEnvelope(turn_id=TURN_ID, step=StepName.REASONER, hop=5, iteration=1).model_dump())
+    older = make_state(
+        next_envelope=TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1).model_dump()
+    )
+    newer = make_state(
+        next_envelope=TurnEnvelope(turn_id=TURN_ID, step=StepName.REASONER, hop=5, iteration=1).model_dump()
+    )
     assert frontier(_in_flight(), older, newer) == (TurnEnvelope.model_validate(newer.next_envelope), "checkpoint")
     assert frontier(_in_flight(), newer, older)[1] == "redis"
 
@@ -192,8 +202,6 @@ def test_parked_message_is_sent_when_due() -> None:
     assert sent == [] and reconciler.release_due() == 0
     clock.now = FIXED_NOW + timedelta(seconds=46)
     assert reconciler.release_due() == 1 and sent == [(envelope, 0.0)]
-
-
 
 
 def test_a_parked_item_that_is_not_an_envelope_is_dropped_and_the_rest_are_sent() -> None:

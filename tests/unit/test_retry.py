@@ -26,7 +26,9 @@ def test_step_busy_waits_half_the_lease() -> None:
 def test_turn_not_recorded_is_tried_again_soon_then_every_half_second_for_twenty_seconds() -> None:
     settings = Settings()
     waits: list[float] = []
-    while (wait := retry.delay(retry.Reason.TURN_NOT_RECORDED, attempt=len(waits), settings=settings, rand=0.0)) is not None:
+    while (
+        wait := retry.delay(retry.Reason.TURN_NOT_RECORDED, attempt=len(waits), settings=settings, rand=0.0)
+    ) is not None:
         waits.append(wait)
     assert waits[:7] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.5]
     assert set(waits[6:]) == {0.5}

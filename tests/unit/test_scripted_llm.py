@@ -17,9 +17,8 @@ from fastapi.testclient import TestClient
 
 from scripted_llm import ScriptedServer, create_app
 from shared.errors import LlmError
-from workers.llm import ResponsesClient, parse_response, replay_items
-
 from tests.responses_fixtures import validate_request_bodies, validate_response_bodies
+from workers.llm import ResponsesClient, parse_response, replay_items
 
 TOOLS = [
     {

@@ -21,7 +21,7 @@ def test_unknown_variables_names_a_misspelling_and_its_closest_setting() -> None
 
 
 def test_unknown_variables_knows_every_setting_and_the_cli_and_test_variables() -> None:
-    environ = {name: "x" for name in known_variables()}
+    environ = dict.fromkeys(known_variables(), "x")
     assert unknown_variables(environ) == []
     assert {"APTIX_DATABASE_URL", "APTIX_TOOL_THREADS", "APTIX_URL", "APTIX_KEY"} <= known_variables()
     assert len(known_variables()) >= len(Settings.model_fields)
@@ -47,7 +47,9 @@ def _aptix(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.C
 
 
 def test_gateway_refuses_to_start_with_a_placeholder_key(tmp_path: Path) -> None:
-    done = _aptix(["gateway", "--port", "1"], {"APTIX_API_KEYS": "CHANGE-ME-KEY:CHANGE-ME-ORG:CHANGE-ME-USER"}, tmp_path)
+    done = _aptix(
+        ["gateway", "--port", "1"], {"APTIX_API_KEYS": "CHANGE-ME-KEY:CHANGE-ME-ORG:CHANGE-ME-USER"}, tmp_path
+    )
     assert done.returncode == 2, done.stderr
     assert "placeholder" in done.stderr and "APTIX_API_KEYS" in done.stderr
 

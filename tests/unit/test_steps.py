@@ -7,10 +7,10 @@ from shared.models.envelope import TurnEnvelope
 from shared.models.turn import ClientTool, TurnStatus
 from shared.result import ErrorCode
 from shared.task_names import StepName
+from tests.unit.fakes import FakeLlm, make_context, make_state
 from workers.llm.types import FunctionCall, LlmResponse, response_to_dict
 from workers.next_step import Continue, RetryAfter
 from workers.steps import compose, llm_call, reasoner
-from tests.unit.fakes import FakeLlm, make_context, make_state
 
 
 def _env(step: StepName, iteration: int = 1, attempt: int = 0) -> TurnEnvelope:

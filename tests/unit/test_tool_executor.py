@@ -20,7 +20,9 @@ def test_handler_that_overruns_its_timeout_fails_the_call_and_is_counted_until_i
     release = threading.Event()
     executor = ToolExecutor(2)
     result = executor.run(_tool(lambda: release.wait(5) and "late"), {}, _CONTEXT)
-    assert result.error is not None and result.error.code is ErrorCode.TOOL_FAILED and "timed out" in result.error.message
+    assert (
+        result.error is not None and result.error.code is ErrorCode.TOOL_FAILED and "timed out" in result.error.message
+    )
     assert executor.overrunning == 1
     release.set()
     for _ in range(100):

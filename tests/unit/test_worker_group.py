@@ -16,10 +16,12 @@ def test_no_flags_give_a_pipeline_process_and_an_llm_process_each_on_its_pool() 
 
 def test_processes_sets_how_many_pipeline_processes_and_concurrency_their_threads() -> None:
     assert plan("pipeline", concurrency=6, processes=2) == [
-        WorkerSpec("pipeline1", "pipeline", "threads", 6), WorkerSpec("pipeline2", "pipeline", "threads", 6)
+        WorkerSpec("pipeline1", "pipeline", "threads", 6),
+        WorkerSpec("pipeline2", "pipeline", "threads", 6),
     ]
     assert plan("tools,llm", processes=1) == [
-        WorkerSpec("pipeline", "tools", "threads", 2), WorkerSpec("llm", "llm", "gevent", 2000)
+        WorkerSpec("pipeline", "tools", "threads", 2),
+        WorkerSpec("llm", "llm", "gevent", 2000),
     ]
 
 
@@ -35,7 +37,11 @@ def test_an_explicit_pool_serves_every_queue_in_one_process() -> None:
 
 @pytest.mark.parametrize(
     ("queues", "concurrency", "message"),
-    [("pipeline,bogus", None, "unknown queue(s) bogus"), (" , ", None, "(none)"), ("pipeline,llm", 10, "--concurrency")],
+    [
+        ("pipeline,bogus", None, "unknown queue(s) bogus"),
+        (" , ", None, "(none)"),
+        ("pipeline,llm", 10, "--concurrency"),
+    ],
 )
 def test_bad_flags_are_refused_with_a_reason(queues: str, concurrency: int | None, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

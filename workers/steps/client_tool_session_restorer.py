@@ -9,11 +9,11 @@ Raises ``TurnNotRecorded`` while the gateway's commit of the results is not yet 
 
 from __future__ import annotations
 
+from shared.errors import TurnNotRecorded
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.state import TurnState
-from shared.errors import TurnNotRecorded
 from shared.task_names import StepName
 from workers.context import StepContext
 from workers.next_step import Continue, Next
@@ -32,7 +32,9 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         # The gateway enqueues the re-entry before it commits the results: not visible yet.
         raise TurnNotRecorded(state.turn_id)
     if turn is None or turn.round != env.round or turn.client_tool_results is None:
-        return failure(ErrorCode.CONTINUATION_MISMATCH, f"turn {state.turn_id!r} holds no tool results for this re-entry")
+        return failure(
+            ErrorCode.CONTINUATION_MISMATCH, f"turn {state.turn_id!r} holds no tool results for this re-entry"
+        )
     state.round = env.round
     state.status = TurnStatus.RUNNING
     state.mode = session.mode

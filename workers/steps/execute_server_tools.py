@@ -44,7 +44,9 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     """Run every pending server call of this iteration, sequentially."""
     pending = [e for e in state.ledger if e.kind == "server" and e.status == "pending" and e.iteration == env.iteration]
     if sum(e.name == CHANGE_MODE_TOOL for e in pending) > 1:
-        logger.warning("turn %s: %d mode changes in one response; the last successful one wins", state.turn_id, len(pending))
+        logger.warning(
+            "turn %s: %d mode changes in one response; the last successful one wins", state.turn_id, len(pending)
+        )
     for entry in pending:
         started = time.perf_counter()
         result, record = _execute_once(ctx, env, state, entry)
@@ -52,13 +54,24 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         if not result.ok:
             assert result.error is not None
             entry.status = "failed"
-            trace(ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=False)
+            trace(
+                ctx,
+                state,
+                env,
+                "tool_execution",
+                duration_ms=duration_ms,
+                tool=entry.name,
+                call_id=entry.call_id,
+                ok=False,
+            )
             record()
             return failure(result.error.code, result.error.message)
         entry.status = "done"
         entry.output = result.value
         state.transcript.append({"type": "function_call_output", "call_id": entry.call_id, "output": result.value})
-        trace(ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=True)
+        trace(
+            ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=True
+        )
         # Both records of the outcome are attempted, whichever fails: the ledger in Redis and the
         # durable one. A step that runs again finds the call done in either, never "started" only.
         try:
@@ -81,7 +94,9 @@ def _execute_once(
         return _execute(ctx, env, state, entry, tool), _nothing
     owner = f"{ctx.hostname}/{uuid.uuid4().hex[:12]}"
     earlier = retry_dropped_connection(
-        lambda: ctx.tool_runs.start(turn_id=state.turn_id, call_id=entry.call_id, name=entry.name, worker=owner, now=ctx.clock())
+        lambda: ctx.tool_runs.start(
+            turn_id=state.turn_id, call_id=entry.call_id, name=entry.name, worker=owner, now=ctx.clock()
+        )
     )
     if earlier is not None and earlier.worker == owner:
         earlier = None  # our own start, whose commit landed although its answer was lost
@@ -96,7 +111,12 @@ def _execute_once(
             "stopped before recording a result, and it is not run twice. Check whether it took effect before "
             "trying again."
         )
-        logger.warning("turn %s: %s call %s started before and has no outcome; not run again", state.turn_id, entry.name, entry.call_id)
+        logger.warning(
+            "turn %s: %s call %s started before and has no outcome; not run again",
+            state.turn_id,
+            entry.name,
+            entry.call_id,
+        )
         trace(ctx, state, env, "tool_outcome_unknown", tool=entry.name, call_id=entry.call_id, started_on=started_on)
         return success(message), _recorder(ctx, state, entry, "unknown", message)
     result = _execute(ctx, env, state, entry, tool)
@@ -107,7 +127,9 @@ def _execute_once(
     return result, _recorder(ctx, state, entry, "failed", result.error.message)
 
 
-def _recorder(ctx: StepContext, state: TurnState, entry: LedgerEntry, status: ToolRunStatus, output: str) -> Callable[[], None]:
+def _recorder(
+    ctx: StepContext, state: TurnState, entry: LedgerEntry, status: ToolRunStatus, output: str
+) -> Callable[[], None]:
     def record() -> None:
         retry_dropped_connection(
             lambda: ctx.tool_runs.finish(

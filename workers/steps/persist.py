@@ -3,7 +3,8 @@
 Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (its
 ``TurnOutcome``: status, mode, output, pending tool calls, error, usage, trace), its transcript
 items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
-a paused turn when Redis lost it) and the session's last use. Next: Stop. Fails with: nothing (a database blip raises and the task is retried).
+a paused turn when Redis lost it) and the session's last use. Next: Stop. Fails with: nothing
+(a database blip raises and the task is retried).
 """
 
 from __future__ import annotations

@@ -86,7 +86,9 @@ def _on_function_calls(
     for call in response.function_calls:
         kind: Literal["server", "client"] = "server" if ctx.tools.get(call.name) is not None else "client"
         state.ledger.append(
-            LedgerEntry(call_id=call.call_id, name=call.name, arguments=call.arguments, kind=kind, iteration=env.iteration)
+            LedgerEntry(
+                call_id=call.call_id, name=call.name, arguments=call.arguments, kind=kind, iteration=env.iteration
+            )
         )
     if any(entry.kind == "server" and entry.status == "pending" for entry in state.ledger):
         return success(Continue(StepName.EXECUTE_SERVER_TOOLS, env.iteration))

@@ -1,9 +1,10 @@
 """AgentRequestHandler (AGN-032 §5.1): entry; builds the turn state and routes it.
 
 Reads: the turn record the gateway wrote. Writes: a new TurnState (first round), turn status
-``running`` with a fresh reconciler deadline (the turn's durable start), the ``turn_start`` trace step. Next: session_creator (new session), session_restorer
-(follow-up turn) or client_tool_session_restorer (tool-results re-entry); Stop when the turn was
-cancelled before it started. Fails with: nothing of its own.
+``running`` with a fresh reconciler deadline (the turn's durable start), the ``turn_start`` trace
+step. Next: session_creator (new session), session_restorer (follow-up turn) or
+client_tool_session_restorer (tool-results re-entry); Stop when the turn was cancelled before it
+started. Fails with: nothing of its own.
 
 The commit that AGN-032 gives this handler "once downstream returns" is the ``persist`` step: in a
 chain of tasks, downstream returns by sending the turn there.

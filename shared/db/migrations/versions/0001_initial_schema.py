@@ -4,9 +4,8 @@ Revision ID: 0001
 Revises: 
 Create Date: 2026-11-22 18:20:53.423360
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0001'
 down_revision = None
