@@ -4,13 +4,15 @@ and builders of envelopes, recorded turns and model answers."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
 import fakeredis
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import StaticPool
-from sqlalchemy import create_engine
 
 from shared.db import session_factory
 from shared.db.sessions import SessionRepository
@@ -67,10 +69,9 @@ def make_context(
     **settings: Any,
 ) -> StepContext:
     """A StepContext with every port in process (the breakers on fakeredis)."""
-    engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
-    Base.metadata.create_all(engine)
+    engine = _sqlite_engine()
     db = session_factory(engine)
-    catalog = catalog or load_catalog()
+    catalog = catalog or _default_catalog()
     resolved = Settings(**settings)
     store = MemoryStateStore()
     return StepContext(
@@ -81,7 +82,7 @@ def make_context(
         turns=TurnRepository(db),
         tool_runs=ToolRunRepository(db),
         catalog=catalog,
-        tools=ToolRegistry.from_catalog(catalog),
+        tools=_registry(catalog),
         executor=ToolExecutor(resolved.tool_threads),
         llm=llm or FakeLlm(),
         breaker=breakers_on(fakeredis.FakeRedis(), resolved),
@@ -90,6 +91,37 @@ def make_context(
         random=lambda: 0.5,
         hostname="unit-host",
     )
+
+
+def _sqlite_engine() -> Engine:
+    """A fresh SQLite database in memory with every table: a copy of one schema built once."""
+    connection = sqlite3.connect(":memory:", check_same_thread=False)
+    _schema().backup(connection)
+    return create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool)
+
+
+@cache
+def _schema() -> sqlite3.Connection:
+    """An empty database with every table (creating them costs more than copying them)."""
+    connection = sqlite3.connect(":memory:", check_same_thread=False)
+    Base.metadata.create_all(create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool))
+    return connection
+
+
+_REGISTRIES: dict[int, tuple[ModeCatalog, ToolRegistry]] = {}
+"""Registries built so far, by catalog (kept alive with it): building one checks every tool's schema."""
+
+
+def _registry(catalog: ModeCatalog) -> ToolRegistry:
+    """The tool registry of ``catalog``, built once per catalog (registries are never changed)."""
+    if id(catalog) not in _REGISTRIES:
+        _REGISTRIES[id(catalog)] = (catalog, ToolRegistry.from_catalog(catalog))
+    return _REGISTRIES[id(catalog)][1]
+
+
+@cache
+def _default_catalog() -> ModeCatalog:
+    return load_catalog()
 
 
 def make_state(**fields: Any) -> TurnState:
@@ -118,8 +150,9 @@ def counted_tool(key: str) -> str:
     return f"counted {key}"
 
 
+@cache
 def catalog_with_counted_tool() -> ModeCatalog:
-    """The packaged catalog plus ``counted_tool`` (not idempotent), offered in mode general."""
+    """The packaged catalog plus ``counted_tool`` (not idempotent), offered in mode general (built once)."""
     from importlib import resources
 
     import yaml
@@ -217,8 +250,9 @@ def context_tool(context: dict[str, str]) -> dict[str, str]:
     return context
 
 
+@cache
 def catalog_with_unit_tools() -> ModeCatalog:
-    """The packaged catalog plus ``counted_tool``, ``failing_tool`` and ``context_tool``, offered in mode general."""
+    """The packaged catalog plus ``counted_tool``, ``failing_tool`` and ``context_tool``, in mode general (built once)."""
     catalog = catalog_with_counted_tool()
     raw = catalog.model_dump(mode="json", by_alias=True, exclude_none=True)
     raw["tools"] += [
