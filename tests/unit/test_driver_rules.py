@@ -1,4 +1,4 @@
-"""The driver's own rules on in-process fakes: idempotent redelivery, step leases, cancellation,
+"""The driver's own rules on in-process fakes: idempotent redelivery, step leases, cancellation, what a step raises,
 the step-map guard and carrying a turn on from its database checkpoint when Redis lost its state."""
 
 from __future__ import annotations
@@ -159,6 +159,38 @@ def test_move_the_step_map_does_not_allow_fails_the_turn_internal_error(monkeypa
     assert row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value and "forbids" in row.error["message"]
     assert llm.requests == []
+
+
+def test_step_missing_from_the_step_map_fails_the_turn_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(STEP_MAP, StepName.COMPOSE)
+    ctx = make_context(FakeLlm(answer("never")))
+    compose_step = drive(ctx, record_turn(ctx), until=StepName.COMPOSE)[-1].envelope
+    dispatch = run_step(ctx, compose_step)
+    assert dispatch is not None and dispatch.envelope.step is StepName.PERSIST
+    state = ctx.store.load(TURN_ID)
+    assert state is not None and state.error is not None and state.error.code is ErrorCode.INTERNAL_ERROR
+    assert "no step 'compose'" in state.error.message
+
+
+# What a step raises
+
+
+def test_step_that_raises_unexpectedly_fails_the_turn_internal_error() -> None:
+    ctx = make_context(FakeLlm(ValueError("a bug")))
+    drive(ctx, record_turn(ctx))
+    row = _row(ctx)
+    assert row.status == TurnStatus.FAILED.value and row.error is not None
+    assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value and "llm_call" in row.error["message"]
+
+
+def test_step_that_meets_an_infrastructure_error_runs_again_later() -> None:
+    llm = FakeLlm(redis.ConnectionError("Connection refused"), answer("second try"))
+    ctx = make_context(llm)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    dispatch = run_step(ctx, llm_step)
+    assert dispatch is not None and dispatch.envelope.step_key == llm_step.step_key and dispatch.countdown > 0
+    drive(ctx, dispatch.envelope)
+    assert _row(ctx).output_text == "second try"
 
 
 # Carrying a turn on from the database when Redis lost its state
