@@ -4,6 +4,8 @@ match the pending client calls exactly."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from shared.errors import TurnNotRecorded
@@ -14,10 +16,12 @@ from shared.task_names import StepName
 from tests.unit.fakes import (
     FIXED_NOW,
     SESSION_ID,
+    TOOL_RUNS,
     TURN_ID,
     FakeLlm,
     answer,
     calls,
+    catalog_with_counted_tool,
     drive,
     envelope,
     make_context,
@@ -205,3 +209,24 @@ def test_paused_turn_fails_continuation_mismatch_when_its_results_do_not_match()
     assert row is not None and row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.CONTINUATION_MISMATCH.value
     assert len(llm.requests) == 1
+
+
+def test_server_tool_runs_once_across_a_pause_and_resume_when_a_response_mixes_both() -> None:
+    # Given a response that calls a server tool and a client tool
+    key = uuid.uuid4().hex
+    llm = FakeLlm(calls(("call_s", "counted_tool", {"key": key}), ("call_c", "open_file", {})), answer("both done"))
+    ctx = make_context(llm, catalog=catalog_with_counted_tool())
+    drive(ctx, record_turn(ctx, tools=[OPEN_FILE]))
+    # Then the turn waits for the client call only, with the server call already run
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and [call["call_id"] for call in row.pending_tool_calls] == ["call_c"]
+    assert TOOL_RUNS[key] == 1
+    # When the client's result comes back
+    ctx.turns.accept_tool_results(TURN_ID, results=[{"call_id": "call_c", "output": "C"}], now=FIXED_NOW,
+                                  deadline_at=FIXED_NOW)  # fmt: skip
+    drive(ctx, envelope(StepName.REQUEST_HANDLER, round=1))
+    # Then the turn completes, the server call did not run again, and the model saw both outputs
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.output_text == "both done" and TOOL_RUNS[key] == 1
+    outputs = [item for item in llm.requests[-1]["input"] if item.get("type") == "function_call_output"]
+    assert [(item["call_id"], item["output"]) for item in outputs] == [("call_s", f"counted {key}"), ("call_c", "C")]
