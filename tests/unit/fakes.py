@@ -93,37 +93,6 @@ def make_context(
     )
 
 
-def _sqlite_engine() -> Engine:
-    """A fresh SQLite database in memory with every table: a copy of one schema built once."""
-    connection = sqlite3.connect(":memory:", check_same_thread=False)
-    _schema().backup(connection)
-    return create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool)
-
-
-@cache
-def _schema() -> sqlite3.Connection:
-    """An empty database with every table (creating them costs more than copying them)."""
-    connection = sqlite3.connect(":memory:", check_same_thread=False)
-    Base.metadata.create_all(create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool))
-    return connection
-
-
-_REGISTRIES: dict[int, tuple[ModeCatalog, ToolRegistry]] = {}
-"""Registries built so far, by catalog (kept alive with it): building one checks every tool's schema."""
-
-
-def _registry(catalog: ModeCatalog) -> ToolRegistry:
-    """The tool registry of ``catalog``, built once per catalog (registries are never changed)."""
-    if id(catalog) not in _REGISTRIES:
-        _REGISTRIES[id(catalog)] = (catalog, ToolRegistry.from_catalog(catalog))
-    return _REGISTRIES[id(catalog)][1]
-
-
-@cache
-def _default_catalog() -> ModeCatalog:
-    return load_catalog()
-
-
 def make_state(**fields: Any) -> TurnState:
     """A turn state in mode general, ready for the reasoner."""
     values: dict[str, Any] = {
@@ -265,3 +234,34 @@ def catalog_with_unit_tools() -> ModeCatalog:
         if mode["name"] == "general":
             mode["tools"] = [*mode["tools"], "failing_tool", "context_tool"]
     return ModeCatalog.model_validate(raw)
+
+
+def _sqlite_engine() -> Engine:
+    """A fresh SQLite database in memory with every table: a copy of one schema built once."""
+    connection = sqlite3.connect(":memory:", check_same_thread=False)
+    _schema().backup(connection)
+    return create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool)
+
+
+@cache
+def _schema() -> sqlite3.Connection:
+    """An empty database with every table (creating them costs more than copying them)."""
+    connection = sqlite3.connect(":memory:", check_same_thread=False)
+    Base.metadata.create_all(create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool))
+    return connection
+
+
+_REGISTRIES: dict[int, tuple[ModeCatalog, ToolRegistry]] = {}
+"""Registries built so far, by catalog (kept alive with it): building one checks every tool's schema."""
+
+
+def _registry(catalog: ModeCatalog) -> ToolRegistry:
+    """The tool registry of ``catalog``, built once per catalog (registries are never changed)."""
+    if id(catalog) not in _REGISTRIES:
+        _REGISTRIES[id(catalog)] = (catalog, ToolRegistry.from_catalog(catalog))
+    return _REGISTRIES[id(catalog)][1]
+
+
+@cache
+def _default_catalog() -> ModeCatalog:
+    return load_catalog()
