@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from shared.db.tables import TurnRow
+from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode
@@ -191,6 +192,59 @@ def test_step_that_meets_an_infrastructure_error_runs_again_later() -> None:
     assert dispatch is not None and dispatch.envelope.step_key == llm_step.step_key and dispatch.countdown > 0
     drive(ctx, dispatch.envelope)
     assert _row(ctx).output_text == "second try"
+
+
+def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stranding_it() -> None:
+    ctx = replace(make_context(), store=_BeginFails())
+    assert run_step(ctx, record_turn(ctx)) is None
+    row = _row(ctx)
+    assert row.status == TurnStatus.FAILED.value and row.error is not None
+    assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value
+
+
+class _BeginFails(MemoryStateStore):
+    """A state store that breaks (a bug, not an outage) when a step starts."""
+
+    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None) -> Any:
+        raise RuntimeError("a bug in the store")
+
+
+# Checkpoints, the frontier and the in-flight marker
+
+
+def test_step_records_the_message_it_sends_as_the_turns_frontier_until_the_chain_ends() -> None:
+    ctx = make_context(FakeLlm(answer("x")))
+    dispatch = run_step(ctx, record_turn(ctx))
+    state = ctx.store.load(TURN_ID)
+    assert dispatch is not None and state is not None
+    assert state.next_envelope == dispatch.envelope.model_dump(mode="json")
+    drive(ctx, dispatch.envelope)
+    state = ctx.store.load(TURN_ID)
+    assert state is not None and state.next_envelope is None
+
+
+def test_model_call_that_must_be_retried_writes_no_checkpoint_and_keeps_the_turn_marked_in_flight() -> None:
+    ctx = make_context(FakeLlm(LlmError("slow down", status_code=429, retryable=True, retry_after=7)))
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    dispatch = run_step(ctx, llm_step)
+    assert dispatch is not None and dispatch.envelope.step is StepName.LLM_CALL and dispatch.countdown >= 7
+    assert ctx.turns.load_snapshot(TURN_ID) is None
+    expected = FIXED_NOW.timestamp() + dispatch.countdown + ctx.settings.reconciler_deadline_seconds
+    assert _memory(ctx).markers[TURN_ID] == pytest.approx(expected, abs=0.001)
+
+
+def test_model_retry_count_is_forgotten_once_the_model_answers() -> None:
+    llm = FakeLlm(LlmError("slow down", status_code=429, retryable=True, retry_after=1), answer("at last"))
+    ctx = make_context(llm)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    retry = run_step(ctx, llm_step)
+    assert retry is not None
+    state = ctx.store.load(TURN_ID)
+    assert state is not None and state.model_retry is not None and state.model_retry.calls == 1
+    run_step(ctx, retry.envelope)
+    state = ctx.store.load(TURN_ID)
+    assert state is not None and state.model_retry is None
+    assert ctx.turns.load_snapshot(TURN_ID) is not None  # the answer is checkpointed once the step moved on
 
 
 # Carrying a turn on from the database when Redis lost its state
