@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from shared.models.turn import ClientTool
-from shared.result import ErrorCode
+from shared.result import ErrorCode, InvokeResult
 from shared.state import LedgerEntry, TurnState
 from shared.task_names import StepName
 from tests.unit.fakes import (
@@ -21,7 +21,7 @@ from tests.unit.fakes import (
     make_state,
 )
 from workers.context import StepContext
-from workers.next_step import Continue
+from workers.next_step import Continue, Next
 from workers.steps import execute_server_tools
 from workers.tools.executor import ToolContext, ToolExecutor, parse_arguments
 from workers.tools.registry import ServerTool
@@ -47,7 +47,7 @@ def _key() -> str:
     return uuid.uuid4().hex
 
 
-def _run(ctx: StepContext, state: TurnState, iteration: int = 1) -> Any:
+def _run(ctx: StepContext, state: TurnState, iteration: int = 1) -> InvokeResult[Next]:
     return execute_server_tools.run(ctx, envelope(StepName.EXECUTE_SERVER_TOOLS, hop=6, iteration=iteration), state)
 
 
