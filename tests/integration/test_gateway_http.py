@@ -7,7 +7,6 @@ and, where it could have recorded something, for having changed nothing in the d
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from shared.db.engine import normalise_database_url
 from shared.db.tables import SessionRow, TurnRow
 from tests.conftest import KEY_A, KEY_B, ORG_A, ORG_B
 from tests.integration.conftest import System
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -45,18 +45,18 @@ def _counts(engine: Engine, org_id: str) -> tuple[int, int]:
 
     Sessions are created by a worker step, so an in-flight turn of an earlier test could still add one.
     """
-    deadline = time.monotonic() + 30
     with engine.connect() as conn:
-        while time.monotonic() < deadline:
+
+        def settled() -> bool:
             in_flight = conn.scalar(
                 select(func.count())
                 .select_from(TurnRow)
                 .where(TurnRow.org_id == org_id, TurnRow.status.in_(("queued", "running")))
             )
-            if not in_flight:
-                break
             conn.rollback()
-            time.sleep(0.1)
+            return not in_flight
+
+        wait_until(settled, what=f"the turns of {org_id} to settle", interval=0.1)
         sessions = conn.scalar(select(func.count()).select_from(SessionRow).where(SessionRow.org_id == org_id))
         turns = conn.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.org_id == org_id))
     return int(sessions or 0), int(turns or 0)
