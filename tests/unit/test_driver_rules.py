@@ -3,8 +3,11 @@ the step-map guard and carrying a turn on from its database checkpoint when Redi
 
 from __future__ import annotations
 
+import ast
+import inspect
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +34,7 @@ from tests.unit.fakes import (
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step
 from workers.llm.types import LlmResponse
-from workers.step_map import STEP_MAP
+from workers.step_map import ALWAYS_ALLOWED, STEP_MAP, StepFunction
 
 OPEN_FILE = {"type": "function", "name": "open_file", "parameters": {"type": "object", "properties": {}}}
 
@@ -160,6 +163,29 @@ def test_move_the_step_map_does_not_allow_fails_the_turn_internal_error(monkeypa
     assert row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value and "forbids" in row.error["message"]
     assert llm.requests == []
+
+
+def test_every_move_a_step_module_makes_is_one_the_step_map_allows() -> None:
+    for step, spec in STEP_MAP.items():
+        assert _moves(spec.run) <= spec.next | ALWAYS_ALLOWED, step
+
+
+def test_every_move_the_step_map_allows_is_one_its_step_module_makes() -> None:
+    for step, spec in STEP_MAP.items():
+        assert spec.next <= _moves(spec.run), step
+
+
+def _moves(run: StepFunction) -> set[StepName]:
+    """The steps ``run``'s module names in ``Continue(StepName.X, ...)`` (each target must be such a literal)."""
+    source = Path(inspect.getsourcefile(run) or "").read_text()
+    moves: set[StepName] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Continue":
+            target = node.args[0] if node.args else None
+            assert isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name), ast.unparse(node)
+            assert target.value.id == "StepName", ast.unparse(node)
+            moves.add(StepName[target.attr])
+    return moves
 
 
 def test_step_missing_from_the_step_map_fails_the_turn_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
