@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import KEY_B
 from tests.integration.conftest import OPEN_FILE, System
 from tests.integration.events import TaskEventRecorder
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def _wait_batch(system: System, batch_id: str, *, seconds: float = 180) -> dict[
         batch = _batch(system, batch_id)
         return batch if batch["counts"]["queued"] + batch["counts"]["running"] == 0 else None
 
-    return wait_until(finished, what=f"batch {batch_id} to finish", seconds=seconds, interval=0.5)
+    return wait_for(finished, what=f"batch {batch_id} to finish", seconds=seconds, interval=0.5)
 
 
 def test_batch_of_200_turns_completes_with_right_counts_and_results(system: System) -> None:
@@ -79,7 +79,7 @@ def test_interactive_turn_does_not_wait_for_a_large_batch(system: System, task_e
     # Given a large batch whose turns each take a while at the model, already being worked on
     requests = [{"input": f"[[sleep:40]] bulk {i}"} for i in range(400)]
     batch = _submit(system, requests).json()
-    wait_until(
+    wait_for(
         lambda: _counts(system, batch["batch_id"])["queued"] < len(requests), what="the batch's first turns to start"
     )
     # When an interactive turn arrives

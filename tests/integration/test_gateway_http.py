@@ -19,7 +19,7 @@ from shared.db.engine import normalise_database_url
 from shared.db.tables import SessionRow, TurnRow
 from tests.conftest import KEY_A, KEY_B, ORG_A, ORG_B
 from tests.integration.conftest import System
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def _counts(engine: Engine, org_id: str) -> tuple[int, int]:
             conn.rollback()
             return not in_flight
 
-        wait_until(settled, what=f"the turns of {org_id} to settle", interval=0.1)
+        wait_for(settled, what=f"the turns of {org_id} to settle", interval=0.1)
         sessions = conn.scalar(select(func.count()).select_from(SessionRow).where(SessionRow.org_id == org_id))
         turns = conn.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.org_id == org_id))
     return int(sessions or 0), int(turns or 0)

@@ -16,7 +16,7 @@ import pytest
 from tests.integration.conftest import OPEN_FILE, System
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -274,13 +274,13 @@ def test_cancel_stops_a_running_turn(system: System, task_events: TaskEventRecor
     marker = _marker()
     started = system.post_turn({"input": f"[[sleep:1500]] {_call('get_current_time')} {marker}"})
     turn_id = started.json()["turn_id"]
-    wait_until(lambda: system.llm_requests(marker), what="the turn's first model call")
+    wait_for(lambda: system.llm_requests(marker), what="the turn's first model call")
     # When it is cancelled
     response = system.http.post(f"/v1/turns/{turn_id}/cancel", headers=system.headers())
     assert response.status_code == 200 and response.json()["status"] == "cancelled"
     # Then the call in flight ends, the message after it (the reasoner) stops the chain, and no
     # second call is made (without the cancel the tool result would make one)
-    wait_until(
+    wait_for(
         lambda: _after(task_events.succeeded_tasks(turn_id), "aptix.step.llm_call", "aptix.step.reasoner"),
         what="the reasoner message after the model call in flight",
     )
@@ -307,7 +307,7 @@ def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(
         current: dict[str, Any] = response.json()
         return None if current["status"] == "requires_client_tools" else current
 
-    failed = wait_until(expired, what="the paused turn's client-tool timeout", seconds=15, interval=0.2)
+    failed = wait_for(expired, what="the paused turn's client-tool timeout", seconds=15, interval=0.2)
     assert failed["status"] == "failed"
     assert failed["error"]["code"] == "client_tool_timeout"
     assert "1s" in failed["error"]["message"]

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import OPEN_FILE, System
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +66,7 @@ def test_step_of_a_killed_worker_runs_again_on_the_other_worker(two_worker_syste
         leases = [client.get(key) for key in client.keys(f"aptix:turn:{turn_id}:claim:*llm_call*")]
         return leases[0].decode() if leases and leases[0] else None
 
-    holder = wait_until(lease_owner, what="the LLM step to start", seconds=5).split("@")[0]
+    holder = wait_for(lease_owner, what="the LLM step to start", seconds=5).split("@")[0]
     victim = next(p for p in workers if p.name == holder)
     # When that worker dies in the middle of the step
     victim.kill(signal.SIGKILL)

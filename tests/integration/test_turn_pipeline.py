@@ -16,7 +16,7 @@ from shared.task_names import StepName
 from tests.integration.conftest import System
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def test_each_layer_runs_as_its_own_task_when_a_turn_runs(system: System, task_e
         names = task_events.succeeded_tasks(turn["turn_id"])
         return names if "aptix.step.persist" in names else None
 
-    names = wait_until(through_persist, what="the turn's persist task", seconds=15, interval=0.2)
+    names = wait_for(through_persist, what="the turn's persist task", seconds=15, interval=0.2)
     # A plain turn is 6 hops: the AGN-032 entry steps are one layer, one task ...
     assert names == [
         "aptix.step.entry",
@@ -175,7 +175,7 @@ def _row_counts(engine: object, session_id: str) -> tuple[int, int, int]:
 
 
 def _wait_for_tasks(task_events: TaskEventRecorder, turn_id: str, *, at_least: int) -> None:
-    wait_until(
+    wait_for(
         lambda: len(task_events.succeeded_tasks(turn_id)) >= at_least,
         what=f"{at_least} tasks of {turn_id} to succeed",
         interval=0.2,

@@ -1,4 +1,4 @@
-"""wait_until: poll a condition instead of sleeping a fixed time and hoping it came true."""
+"""wait_for: poll a condition instead of sleeping a fixed time and hoping it came true."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["wait_until"]
+__all__ = ["wait_for"]
 
 T = TypeVar("T")
 
 
-def wait_until(condition: Callable[[], T | None], *, what: str, seconds: float = 30.0, interval: float = 0.05) -> T:
+def wait_for(condition: Callable[[], T | None], *, what: str, seconds: float = 30.0, interval: float = 0.05) -> T:
     """Call ``condition`` until it returns a truthy value, and return that value.
 
     Args:

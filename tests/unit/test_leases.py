@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 from shared.state import Lease, MemoryStateStore
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 from workers.leases import LeaseRenewer
 
 
@@ -40,7 +40,7 @@ def test_held_leases_outlive_their_ttl_and_lapse_once_let_go() -> None:
     assert store.renew_calls and set(store.renew_calls) <= {3}
     assert store.markers == {lease.turn_id: 1e12 for lease in leases}
     for lease in leases:
-        wait_until(
+        wait_for(
             lambda: store.claim(Lease(lease.turn_id, lease.step_key, "next"), ttl_seconds=1),
             what=f"the lease of {lease.turn_id} to lapse",
             seconds=2,
