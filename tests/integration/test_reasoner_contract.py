@@ -278,21 +278,16 @@ def test_cancel_stops_a_running_turn(system: System, task_events: TaskEventRecor
     # When it is cancelled
     response = system.http.post(f"/v1/turns/{turn_id}/cancel", headers=system.headers())
     assert response.status_code == 200 and response.json()["status"] == "cancelled"
-    # Then the call in flight ends, the message after it (the reasoner) stops the chain, and no
-    # second call is made (without the cancel the tool result would make one)
+    # Then the call in flight ends, the message after it (the turn's second reasoner) stops the
+    # chain, and no second call is made (without the cancel the tool result would make one)
     wait_for(
-        lambda: _after(task_events.succeeded_tasks(turn_id), "aptix.step.llm_call", "aptix.step.reasoner"),
+        lambda: task_events.succeeded_tasks(turn_id).count("aptix.step.reasoner") >= 2,
         what="the reasoner message after the model call in flight",
     )
     final = system.wait_turn(turn_id)
     assert final["status"] == "cancelled"
     assert "aptix.step.execute_server_tools" not in task_events.succeeded_tasks(turn_id)
     assert len(system.llm_requests(marker)) == 1, "the turn went on after it was cancelled"
-
-
-def _after(names: list[str], first: str, then: str) -> bool:
-    """Whether task ``then`` succeeded after task ``first``."""
-    return first in names and then in names[names.index(first) + 1 :]
 
 
 def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(
