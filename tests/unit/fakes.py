@@ -121,7 +121,10 @@ def counted_tool(key: str) -> str:
 
 @cache
 def catalog_with_counted_tool() -> ModeCatalog:
-    """The packaged catalog plus ``counted_tool`` (not idempotent), offered in mode general (built once)."""
+    """The packaged catalog plus ``counted_tool`` (not idempotent), offered in mode general.
+
+    Built once: tests must not change it.
+    """
     from importlib import resources
 
     import yaml
@@ -221,7 +224,10 @@ def context_tool(context: dict[str, str]) -> dict[str, str]:
 
 @cache
 def catalog_with_unit_tools() -> ModeCatalog:
-    """The packaged catalog plus ``counted_tool``, ``failing_tool`` and ``context_tool``, in mode general (built once)."""
+    """The packaged catalog plus ``counted_tool``, ``failing_tool`` and ``context_tool``, offered in mode general.
+
+    Built once: tests must not change it.
+    """
     catalog = catalog_with_counted_tool()
     raw = catalog.model_dump(mode="json", by_alias=True, exclude_none=True)
     raw["tools"] += [

@@ -119,7 +119,8 @@ def test_step_lease_is_held_for_renewal_while_the_step_runs_and_let_go_after() -
     llm.ctx = ctx
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
     run_step(ctx, llm_step)
-    assert [[(lease.turn_id, lease.step_key) for lease in held] for held in llm.held] == [[(TURN_ID, llm_step.step_key)]]
+    held_during_calls = [[(lease.turn_id, lease.step_key) for lease in held] for held in llm.held]
+    assert held_during_calls == [[(TURN_ID, llm_step.step_key)]]
     assert ctx.leases.held() == []
 
 
@@ -231,7 +232,9 @@ def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stran
 class _BeginFails(MemoryStateStore):
     """A state store that breaks (a bug, not an outage) when a step starts."""
 
-    def begin(self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None) -> Any:
+    def begin(
+        self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None
+    ) -> Any:
         raise RuntimeError("a bug in the store")
 
 

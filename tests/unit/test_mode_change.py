@@ -56,7 +56,8 @@ def test_change_to_a_known_mode_is_persisted_and_becomes_the_turns_mode() -> Non
     (result,) = _change(ctx, state, {"targetMode": "ddr-authoring", "reason": "a design record"})
     assert result["success"] is True and result["mode"] == "ddr-authoring"
     assert state.mode == "ddr-authoring"
-    assert [(c.from_mode, c.to_mode, c.reason) for c in state.mode_changes] == [("general", "ddr-authoring", "a design record")]
+    changes = [(change.from_mode, change.to_mode, change.reason) for change in state.mode_changes]
+    assert changes == [("general", "ddr-authoring", "a design record")]
     session = ctx.sessions.get(state.session_id)
     assert session is not None and session.mode == "ddr-authoring"
     assert _history(ctx, state) == [("general", "ddr-authoring", "a design record")]

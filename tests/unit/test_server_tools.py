@@ -143,7 +143,7 @@ def test_invalid_arguments_are_refused_without_running_the_tool_and_the_model_is
     output = state.ledger[0].output
     assert output is not None and output.startswith("error: invalid arguments for counted_tool")
     assert any(step.kind == "tool_arguments_rejected" for step in state.trace)
-    assert TOOL_RUNS == runs_before
+    assert runs_before == TOOL_RUNS
 
 
 def test_tool_not_registered_fails_unknown_tool() -> None:
