@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import redis
 
-from shared.db.tables import TurnRow
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
@@ -42,12 +41,6 @@ OPEN_FILE = {"type": "function", "name": "open_file", "parameters": {"type": "ob
 def _memory(ctx: StepContext) -> MemoryStateStore:
     assert isinstance(ctx.store, MemoryStateStore)
     return ctx.store
-
-
-def _row(ctx: StepContext, turn_id: str = TURN_ID) -> TurnRow:
-    row = ctx.turns.get(turn_id)
-    assert row is not None
-    return row
 
 
 # Idempotent redelivery
@@ -143,7 +136,8 @@ def test_commit_step_runs_even_when_the_turn_was_cancelled() -> None:
     persist_step = drive(ctx, record_turn(ctx), until=StepName.PERSIST)[-1].envelope
     ctx.store.mark_cancelled(TURN_ID, ttl_seconds=60)
     assert run_step(ctx, persist_step) is None
-    assert _row(ctx).status == TurnStatus.COMPLETED.value
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == TurnStatus.COMPLETED.value
 
 
 # The step-map guard
@@ -160,7 +154,8 @@ def test_move_the_step_map_does_not_allow_fails_the_turn_internal_error(monkeypa
     # Then the driver refuses the move: the turn goes to its commit, failed, and the model is never called
     assert dispatch is not None and dispatch.envelope.step is StepName.PERSIST
     drive(ctx, dispatch.envelope)
-    row = _row(ctx)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None
     assert row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value and "forbids" in row.error["message"]
     assert llm.requests == []
@@ -206,7 +201,8 @@ def test_step_missing_from_the_step_map_fails_the_turn_internal_error(monkeypatc
 def test_step_that_raises_unexpectedly_fails_the_turn_internal_error() -> None:
     ctx = make_context(FakeLlm(ValueError("a bug")))
     drive(ctx, record_turn(ctx))
-    row = _row(ctx)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None
     assert row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value and "llm_call" in row.error["message"]
 
@@ -218,13 +214,15 @@ def test_step_that_meets_an_infrastructure_error_runs_again_later() -> None:
     dispatch = run_step(ctx, llm_step)
     assert dispatch is not None and dispatch.envelope.step_key == llm_step.step_key and dispatch.countdown > 0
     drive(ctx, dispatch.envelope)
-    assert _row(ctx).output_text == "second try"
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.output_text == "second try"
 
 
 def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stranding_it() -> None:
     ctx = replace(make_context(), store=_BeginFails())
     assert run_step(ctx, record_turn(ctx)) is None
-    row = _row(ctx)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None
     assert row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value
 
@@ -289,7 +287,8 @@ def test_paused_turn_resumes_from_its_checkpoint_when_redis_lost_its_state() -> 
     llm = FakeLlm(calls(("call_1", "open_file", {})), answer("resumed"))
     ctx = make_context(llm)
     drive(ctx, record_turn(ctx, tools=[OPEN_FILE]))
-    assert _row(ctx).status == TurnStatus.REQUIRES_CLIENT_TOOLS.value
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == TurnStatus.REQUIRES_CLIENT_TOOLS.value
     # Given Redis lost the paused turn's state, and the client posted its result
     _memory(ctx).flush()
     results = [{"call_id": "call_1", "output": "file body"}]
@@ -298,7 +297,8 @@ def test_paused_turn_resumes_from_its_checkpoint_when_redis_lost_its_state() -> 
     # When the re-entry message runs
     drive(ctx, envelope(StepName.REQUEST_HANDLER, round=1))
     # Then the turn carries on from its checkpoint and the model sees the client's result
-    row = _row(ctx)
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None
     assert row.status == TurnStatus.COMPLETED.value and row.output_text == "resumed"
     assert {"type": "function_call_output", "call_id": "call_1", "output": "file body"} in llm.requests[-1]["input"]
 
@@ -320,4 +320,5 @@ def test_turn_carried_on_from_its_checkpoint_gets_its_conversation_history_back(
     history = [{"type": "message", "role": "user", "content": "first question"},
                {"type": "message", "role": "assistant", "content": "first answer"}]  # fmt: skip
     assert llm.requests[-1]["input"][:2] == history
-    assert _row(ctx).output_text == "second answer"
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.output_text == "second answer"
