@@ -52,9 +52,8 @@ class TaskEventRecorder:
         with self._lock:
             return list(self._events)
 
-    def succeeded_tasks(self, turn_id: str, *, settle_seconds: float = 0.0) -> list[str]:
-        """Names of the tasks that succeeded for ``turn_id``, in order (after waiting ``settle_seconds``)."""
-        time.sleep(settle_seconds)
+    def succeeded_tasks(self, turn_id: str) -> list[str]:
+        """Names of the tasks that succeeded for ``turn_id`` so far, in order."""
         events = self.events()  # one snapshot: the listener keeps appending meanwhile
         received = {e["uuid"]: e for e in events if e["type"] == "task-received"}
         return [

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import KEY_B
 from tests.integration.conftest import OPEN_FILE, System
 from tests.integration.events import TaskEventRecorder
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -22,13 +23,22 @@ def _submit(system: System, requests: list[dict[str, Any]], *, key: str | None =
     return system.http.post("/v1/batches", json={"requests": requests}, headers=headers)
 
 
+def _batch(system: System, batch_id: str) -> dict[str, Any]:
+    batch: dict[str, Any] = system.http.get(f"/v1/batches/{batch_id}", headers=system.headers()).json()
+    return batch
+
+
+def _counts(system: System, batch_id: str) -> dict[str, int]:
+    counts: dict[str, int] = _batch(system, batch_id)["counts"]
+    return counts
+
+
 def _wait_batch(system: System, batch_id: str, *, seconds: float = 180) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
-        batch: dict[str, Any] = system.http.get(f"/v1/batches/{batch_id}", headers=system.headers()).json()
-        if batch["counts"]["queued"] + batch["counts"]["running"] == 0 or time.monotonic() > deadline:
-            return batch
-        time.sleep(0.5)
+    def finished() -> dict[str, Any] | None:
+        batch = _batch(system, batch_id)
+        return batch if batch["counts"]["queued"] + batch["counts"]["running"] == 0 else None
+
+    return wait_for(finished, what=f"batch {batch_id} to finish", seconds=seconds, interval=0.5)
 
 
 def test_batch_of_200_turns_completes_with_right_counts_and_results(system: System) -> None:
@@ -69,7 +79,9 @@ def test_interactive_turn_does_not_wait_for_a_large_batch(system: System, task_e
     # Given a large batch whose turns each take a while at the model, already being worked on
     requests = [{"input": f"[[sleep:40]] bulk {i}"} for i in range(400)]
     batch = _submit(system, requests).json()
-    time.sleep(0.5)
+    wait_for(
+        lambda: _counts(system, batch["batch_id"])["queued"] < len(requests), what="the batch's first turns to start"
+    )
     # When an interactive turn arrives
     submitted = time.time()
     turn = system.run_turn({"input": f"interactive {uuid.uuid4().hex[:8]}"})

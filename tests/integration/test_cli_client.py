@@ -60,7 +60,7 @@ def test_turn_prints_the_answer_and_the_mode_when_the_turn_completes(system: Sys
     assert f"Echo: hello {marker}" in done.stdout
     assert "status: completed  mode: general" in done.stdout
     turn_id, session_id = _ids(done.stdout)
-    assert turn_id.startswith("turn") or (turn_id and session_id)
+    assert turn_id.startswith("turn_") and session_id.startswith("sess_"), (turn_id, session_id)
 
 
 def test_turn_json_prints_the_raw_turn(system: System) -> None:

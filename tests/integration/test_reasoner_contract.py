@@ -7,7 +7,6 @@ turn-context clearing, failures, busy sessions, cancel and the client-tool timeo
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +14,9 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import OPEN_FILE, System
+from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -270,18 +271,25 @@ def test_cancel_ends_a_paused_turn_and_frees_its_session(system: System) -> None
     assert follow_up["status"] == "completed"
 
 
-def test_cancel_stops_a_running_turn(system: System) -> None:
+def test_cancel_stops_a_running_turn(system: System, task_events: TaskEventRecorder) -> None:
+    # Given a turn whose first model call is in flight (it answers after 1.5 s with a tool call)
     marker = _marker()
     started = system.post_turn({"input": f"[[sleep:1500]] {_call('get_current_time')} {marker}"})
     turn_id = started.json()["turn_id"]
-    time.sleep(0.5)
+    wait_for(lambda: system.llm_requests(marker), what="the turn's first model call")
+    # When it is cancelled
     response = system.http.post(f"/v1/turns/{turn_id}/cancel", headers=system.headers())
     assert response.status_code == 200 and response.json()["status"] == "cancelled"
-    time.sleep(3)
+    # Then the call in flight ends, the message after it (the turn's second reasoner) stops the
+    # chain, and no second call is made (without the cancel the tool result would make one)
+    wait_for(
+        lambda: task_events.succeeded_tasks(turn_id).count("aptix.step.reasoner") >= 2,
+        what="the reasoner message after the model call in flight",
+    )
     final = system.wait_turn(turn_id)
     assert final["status"] == "cancelled"
-    # At most the call in flight when it was cancelled; without the cancel the tool result makes a second.
-    assert len(system.llm_requests(marker)) <= 1, "the turn went on after it was cancelled"
+    assert "aptix.step.execute_server_tools" not in task_events.succeeded_tasks(turn_id)
+    assert len(system.llm_requests(marker)) == 1, "the turn went on after it was cancelled"
 
 
 def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(
@@ -289,10 +297,14 @@ def test_paused_turn_fails_client_tool_timeout_when_results_do_not_come(
 ) -> None:
     url = extra_gateway({"APTIX_CLIENT_TOOL_TIMEOUT_SECONDS": "1"})
     turn = _pause(system)
-    time.sleep(1.5)
-    response = system.http.get(f"{url}/v1/turns/{turn['turn_id']}", headers=system.headers())
-    assert response.status_code == 200
-    failed = response.json()
+
+    def expired() -> dict[str, Any] | None:
+        response = system.http.get(f"{url}/v1/turns/{turn['turn_id']}", headers=system.headers())
+        assert response.status_code == 200
+        current: dict[str, Any] = response.json()
+        return None if current["status"] == "requires_client_tools" else current
+
+    failed = wait_for(expired, what="the paused turn's client-tool timeout", seconds=15, interval=0.2)
     assert failed["status"] == "failed"
     assert failed["error"]["code"] == "client_tool_timeout"
     assert "1s" in failed["error"]["message"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import uuid
 
 import pytest
 import redis
 
 from tests.integration.conftest import OPEN_FILE, System
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,14 +61,12 @@ def test_step_of_a_killed_worker_runs_again_on_the_other_worker(two_worker_syste
     # Given a turn whose LLM call is slow, and the worker that holds that step's lease
     marker = f"m{uuid.uuid4().hex[:8]}"
     turn_id = system.post_turn({"input": f"[[sleep:4000]] slow {marker}"}).json()["turn_id"]
-    holder = None
-    for _ in range(100):
+
+    def lease_owner() -> str | None:
         leases = [client.get(key) for key in client.keys(f"aptix:turn:{turn_id}:claim:*llm_call*")]
-        if leases and leases[0]:
-            holder = leases[0].decode().split("@")[0]
-            break
-        time.sleep(0.05)
-    assert holder is not None, "the LLM step never started"
+        return leases[0].decode() if leases and leases[0] else None
+
+    holder = wait_for(lease_owner, what="the LLM step to start", seconds=5).split("@")[0]
     victim = next(p for p in workers if p.name == holder)
     # When that worker dies in the middle of the step
     victim.kill(signal.SIGKILL)

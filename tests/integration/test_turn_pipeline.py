@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -17,6 +16,7 @@ from shared.task_names import StepName
 from tests.integration.conftest import System
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -103,12 +103,8 @@ def test_follow_up_turn_sends_earlier_turns_and_keeps_the_persisted_mode(system:
 
 def test_each_layer_runs_as_its_own_task_when_a_turn_runs(system: System, task_events: TaskEventRecorder) -> None:
     turn = system.run_turn({"input": f"tasks {_marker()}"})
-    names: list[str] = []
-    deadline = time.monotonic() + 15
-    while "aptix.step.persist" not in names and time.monotonic() < deadline:
-        names = task_events.succeeded_tasks(turn["turn_id"], settle_seconds=0.2)
     # A plain turn is 6 hops: the AGN-032 entry steps are one layer, one task ...
-    assert names == [
+    hops = [
         "aptix.step.entry",
         "aptix.step.reasoner",
         "aptix.step.compose",
@@ -116,6 +112,13 @@ def test_each_layer_runs_as_its_own_task_when_a_turn_runs(system: System, task_e
         "aptix.step.reasoner",
         "aptix.step.persist",
     ]
+
+    def every_hop() -> list[str] | None:
+        # Task events come through the broker from several threads: one may arrive after a later one's.
+        names = task_events.succeeded_tasks(turn["turn_id"])
+        return names if len(names) >= len(hops) else None
+
+    assert wait_for(every_hop, what="the events of the turn's tasks", seconds=15, interval=0.2) == hops
     # ... and each of its steps is still in the trace, with its duration and worker
     fused = [step for step in system.trace(turn["turn_id"]) if step["kind"] == "layer_step"]
     assert [step["step"] for step in fused] == [
@@ -173,9 +176,8 @@ def _row_counts(engine: object, session_id: str) -> tuple[int, int, int]:
 
 
 def _wait_for_tasks(task_events: TaskEventRecorder, turn_id: str, *, at_least: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if len(task_events.succeeded_tasks(turn_id)) >= at_least:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"only {len(task_events.succeeded_tasks(turn_id))} tasks ran for {turn_id}")
+    wait_for(
+        lambda: len(task_events.succeeded_tasks(turn_id)) >= at_least,
+        what=f"{at_least} tasks of {turn_id} to succeed",
+        interval=0.2,
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from aptix_cli.bench.scenarios import CLIENT_TOOL, SCENARIOS
 from aptix_cli.bench.services import redis_db_url
 from aptix_cli.bench.stats import RunFigures, percentile, run_figures, turn_latency
 from aptix_cli.launcher import free_port
+from tests.support.waiting import wait_for
 
 PLAIN_STEPS = [
     "0:0:request_handler:0",
@@ -192,7 +192,7 @@ def test_rss_along_a_run_is_the_first_sample_at_or_past_each_quarter() -> None:
 def test_rss_sampler_samples_this_process_before_during_and_after() -> None:
     finished = iter(range(1000))
     with RssSampler([os.getpid()], lambda: next(finished), every_s=0.01) as sampler:
-        time.sleep(0.1)
+        wait_for(lambda: len(sampler.samples) >= 2, what="a sample taken during the block", seconds=5, interval=0.01)
     assert len(sampler.samples) >= 3
     assert [done for done, _ in sampler.samples] == list(range(len(sampler.samples)))
     assert all(rss > 1_000_000 for _, rss in sampler.samples)  # a Python process has more than a megabyte resident

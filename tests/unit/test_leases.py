@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 
 from shared.state import Lease, MemoryStateStore
+from tests.support.waiting import wait_for
 from workers.leases import LeaseRenewer
 
 
@@ -38,8 +40,9 @@ def test_held_leases_outlive_their_ttl_and_lapse_once_let_go() -> None:
     # every round renewed all three leases in one call
     assert store.renew_calls and set(store.renew_calls) <= {3}
     assert store.markers == {lease.turn_id: 1e12 for lease in leases}
-    time.sleep(1.2)
-    assert all(store.claim(Lease(lease.turn_id, lease.step_key, "next"), ttl_seconds=1) for lease in leases)
+    for lease in leases:
+        taken = Lease(lease.turn_id, lease.step_key, "next")
+        wait_for(partial(store.claim, taken, ttl_seconds=1), what=f"the lease of {lease.turn_id} to lapse", seconds=2)
 
 
 def test_one_renewer_thread_serves_every_step_of_the_process() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from shared.result import ErrorCode
+from tests.support.waiting import wait_for
 from workers.tools.executor import ToolContext, ToolExecutor
 from workers.tools.registry import ServerTool
 
@@ -25,11 +26,7 @@ def test_handler_that_overruns_its_timeout_fails_the_call_and_is_counted_until_i
     )
     assert executor.overrunning == 1
     release.set()
-    for _ in range(100):
-        if executor.overrunning == 0:
-            break
-        threading.Event().wait(0.01)
-    assert executor.overrunning == 0
+    wait_for(lambda: executor.overrunning == 0, what="the overrunning handler to return", seconds=1, interval=0.01)
 
 
 def test_calls_fail_instead_of_starting_threads_when_every_slot_is_held_by_an_overrun() -> None:
