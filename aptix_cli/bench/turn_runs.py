@@ -27,6 +27,7 @@ from aptix_cli.bench.scenarios import Scenario
 from aptix_cli.bench.stats import RunFigures, run_figures
 from aptix_cli.client import ApiClient, GatewayError
 from aptix_cli.progress import ProgressBar
+from shared.models.turn import TurnStatus
 
 __all__ = ["Submitted", "ToolResultPoster", "TurnRun", "collect", "submit", "wait"]
 
@@ -58,7 +59,7 @@ class TurnRun:
     @property
     def all_completed(self) -> bool:
         """Whether every turn of the batch completed."""
-        return self.statuses.get("completed", 0) == self.submitted.turns
+        return self.statuses.get(TurnStatus.COMPLETED, 0) == self.submitted.turns
 
 
 def submit(api: ApiClient, scenario: Scenario, turns: int, *, first_index: int = 0) -> Submitted:
