@@ -1,0 +1,1 @@
+"""The HTTP gateway: auth, validation, id assignment, enqueue, reads, health and metrics."""
