@@ -199,7 +199,10 @@ def model_outcome(error: LlmError | None) -> str:
     if error is None:
         return "ok"
     cause = error.__cause__
-    if isinstance(cause, urllib3.exceptions.TimeoutError):
+    # urllib3 makes a refused connection (NewConnectionError) a kind of ConnectTimeoutError.
+    if isinstance(cause, urllib3.exceptions.TimeoutError) and not isinstance(
+        cause, urllib3.exceptions.NewConnectionError
+    ):
         return "timeout"
     if isinstance(cause, urllib3.exceptions.HTTPError):
         return "connection_error"
