@@ -14,6 +14,8 @@ import json
 import os
 import re
 import signal
+import socket
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -196,8 +198,12 @@ def test_a_killed_prefork_child_keeps_its_counts_in_the_sum_and_its_file_is_fold
     # Given a prefork child that ran steps (it has metric files of its own) and the worker's page
     parent = metered.workers["prefork"]
     directory = _metrics_directory(parent.pid)
-    metered.system.run_turn({"input": "make the children count"})
-    child = wait_for(lambda: _counting_child(directory, parent.pid), what="a prefork child with metric files")
+
+    def counting_child() -> int | None:
+        metered.system.run_turn({"input": "make the children count"})  # until the prefork worker took some
+        return _counting_child(directory, parent.pid)
+
+    child = wait_for(counting_child, what="a prefork child with metric files", seconds=60)
     url = metered.worker_urls[1]
     before = scrape(url)
     # When the child is killed (Celery starts another in its place)
@@ -210,6 +216,40 @@ def test_a_killed_prefork_child_keeps_its_counts_in_the_sum_and_its_file_is_fold
     for name in ("aptix_turns_finished_total", "aptix_step_seconds_count", "aptix_model_call_seconds_count"):
         assert total(after, name) >= total(before, name) > 0, name
     assert total(after, "aptix_step_seconds_sum") >= total(before, "aptix_step_seconds_sum")
+
+
+def test_the_reconciler_apart_serves_its_own_metrics(metered: Metered) -> None:
+    # Given `aptix reconciler` on the stack, with a metrics port of its own
+    port = free_port()
+    argv = [sys.executable, "-m", "aptix_cli", "reconciler"]
+    reconciler = metered.system.stack.start("metrics-reconciler", argv, {"APTIX_WORKER_METRICS_PORT": str(port)})
+    try:
+        # Then its page answers, with the reconciler's counters
+        url = f"http://127.0.0.1:{port}/metrics"
+        page = wait_for(lambda: "ready." in reconciler.log() and scrape(url), what="the reconciler's metrics")
+        assert ("aptix_reconciler_scans_total", frozenset()) in page
+        assert total(page, "aptix_reconciler_redrives_total") == 0
+    finally:
+        metered.system.stack.stop([reconciler])
+
+
+def test_a_worker_whose_metrics_port_is_taken_stops_and_says_which_setting_to_change(metered: Metered) -> None:
+    # Given a port something else holds
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        # When `aptix worker` (a group: its parent serves the metrics) is told to serve there
+        worker = metered.system.stack.start(
+            "metrics-clash", [sys.executable, "-m", "aptix_cli", "worker"], {"APTIX_WORKER_METRICS_PORT": str(port)}
+        )
+        worker.popen.wait(timeout=60)
+    # Then it stops at once, naming the setting, and started no Celery process
+    assert worker.popen.returncode != 0
+    log = worker.log()
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in log and "APTIX_WORKER_METRICS_PORT" in log, log
+    assert "ready." not in log
+    metered.system.stack.stop([worker])
 
 
 def test_the_sample_dashboard_loads_and_uses_only_metrics_aptix_exports(metered: Metered) -> None:
