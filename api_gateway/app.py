@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.errors import install_error_handlers
-from api_gateway.metrics import QueueDepthCollector, install_metrics
+from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
 from api_gateway.routes import batches, health, sessions, turn_actions, turns
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
@@ -28,9 +28,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The gateway app for ``settings`` (read from the environment when None)."""
     settings = settings or get_settings()
     gateway = connect_gateway(settings)
+    listener = None
+    if settings.metrics_port is not None:
+        listener = MetricsListener(gateway.metrics.registry, host=settings.metrics_host, port=settings.metrics_port)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if listener is not None:
+            listener.start()
         sweeper = asyncio.create_task(
             sweep_forever(gateway.turn_service, timeout_seconds=settings.client_tool_timeout_seconds)
         )
@@ -40,6 +45,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            if listener is not None:
+                listener.stop()
 
     # redirect_slashes=False: Starlette builds the redirect for "/v1/turns/" from the Host header,
     # before authentication (an open redirect); a wrong path is a 404 like any other.
@@ -51,7 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(turn_actions.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
-    install_metrics(app, gateway.metrics)
+    install_metrics(app, gateway.metrics, on_api_port=listener is None)
     if settings.effective_broker_url.startswith("redis://"):
         broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)
         gateway.metrics.registry.register(QueueDepthCollector(broker))

@@ -1,26 +1,41 @@
 """Prometheus metrics of the gateway: requests by route and status, their latency, accepted turns,
-and each queue's backlog on the broker (what an autoscaler scales workers on).
+the turns it ends (cancels, client-tool timeouts), and each queue's backlog on the broker (what an
+autoscaler scales workers on).
 
-Each app gets its own registry (several apps may live in one process: tests, ``aptix dev``).
+Each app gets its own registry (several apps may live in one process: tests, ``aptix dev``). They
+are served as ``GET /metrics`` on the API port, or, with ``APTIX_METRICS_PORT`` set, on that port
+only (:class:`MetricsListener`), so an Ingress publishing the API cannot publish them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from fastapi import FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.broker import queue_depth, unacked_depth
+from shared.metrics import finished_labels, turns_finished_counter
+from shared.models.turn import TurnStatus
+from shared.result import ErrorCode, ErrorInfo
 from shared.task_names import Queue
 
-__all__ = ["GatewayMetrics", "QueueDepthCollector", "install_metrics"]
+__all__ = ["GatewayMetrics", "MetricsListener", "QueueDepthCollector", "install_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +58,14 @@ class GatewayMetrics:
         self.turns_accepted = Counter(
             "aptix_turns_accepted", "Turns accepted, by kind (single or batch).", ["kind"], registry=self.registry
         )
+        self.turns_finished = turns_finished_counter(self.registry)
+        """The turns the gateway ends: cancelled by their client, or failed ``client_tool_timeout``."""
+        self.turns_finished.labels(TurnStatus.CANCELLED.value, ErrorCode.CANCELLED.value)
+        self.turns_finished.labels(TurnStatus.FAILED.value, ErrorCode.CLIENT_TOOL_TIMEOUT.value)
+
+    def count_ended(self, status: TurnStatus, error: ErrorInfo) -> None:
+        """Count a turn the gateway ended (after its end was written)."""
+        self.turns_finished.labels(*finished_labels(status, error)).inc()
 
 
 class QueueDepthCollector(Collector):
@@ -74,13 +97,51 @@ class QueueDepthCollector(Collector):
         yield family
 
 
-def install_metrics(app: FastAPI, metrics: GatewayMetrics) -> None:
-    """Count every request in ``metrics`` and serve ``GET /metrics``."""
+def install_metrics(app: FastAPI, metrics: GatewayMetrics, *, on_api_port: bool = True) -> None:
+    """Count every request in ``metrics``, and serve ``GET /metrics`` on the API when ``on_api_port``.
+
+    Without it the API has no ``/metrics`` (a 404): a :class:`MetricsListener` serves them instead.
+    """
     app.add_middleware(_MetricsMiddleware, metrics=metrics)
+    if not on_api_port:
+        return
 
     @app.get("/metrics", include_in_schema=False)
     async def serve_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class MetricsListener:
+    """The gateway's metrics on a port of their own (``APTIX_METRICS_HOST``:``APTIX_METRICS_PORT``).
+
+    A small HTTP server on a thread of its own, so a scrape (which reads the broker's queue depths)
+    never waits on or holds the API's event loop.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, host: str, port: int) -> None:
+        self._registry = registry
+        self._host = host
+        self._port = port
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Listen and serve the registry.
+
+        Raises:
+            OSError: the address cannot be bound (the port is in use, say).
+        """
+        self._server, self._thread = start_http_server(self._port, addr=self._host, registry=self._registry)
+        logger.info("gateway metrics on http://%s:%d/metrics", self._host, self._port)
+
+    def stop(self) -> None:
+        """Stop listening (and wait for the serving thread)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 class _MetricsMiddleware:

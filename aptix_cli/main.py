@@ -10,6 +10,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aptix_cli.metrics_export import MultiProcessListener
 
 __all__ = ["main"]
 
@@ -68,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--no-reconciler", action="store_true", help="do not run a copy of the reconciler in this worker"
     )
+    # Given by the parent of a group of worker processes: count metrics in its directory, serve none.
+    worker.add_argument("--metrics-dir", default=None, help=argparse.SUPPRESS)
     worker.set_defaults(run=_worker)
 
     reconciler = commands.add_parser(
@@ -183,13 +189,31 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stderr.write(f"aptix worker: {exc}\n")
         return 2
     if len(specs) > 1:
-        return run_group(specs, hostname=args.hostname, loglevel=args.loglevel, reconciler=not args.no_reconciler)
+        listener = _worker_metrics_listener("worker")
+        try:
+            return run_group(
+                specs,
+                hostname=args.hostname,
+                loglevel=args.loglevel,
+                reconciler=not args.no_reconciler,
+                metrics_dir=None if listener is None else listener.directory,
+            )
+        finally:
+            if listener is not None:
+                listener.stop()
     spec = specs[0]
     _allow_open_files(spec.concurrency + 512)
     if spec.pool == "gevent":
         from gevent import monkey
 
         monkey.patch_all()  # before psycopg and httpx are imported (FIELD-NOTES: the import-order trap)
+    if args.metrics_dir:  # one process of a group: the group's parent serves the metrics
+        from aptix_cli.metrics_dir import MULTIPROC_ENV
+
+        os.environ[MULTIPROC_ENV] = args.metrics_dir
+        listener = None
+    else:
+        listener = _worker_metrics_listener("worker")
     import logging
 
     from shared.logging import configure_logging
@@ -209,8 +233,41 @@ def _worker(args: argparse.Namespace) -> int:
     argv += ["--loglevel", args.loglevel, "--without-gossip"]
     if args.hostname:
         argv += ["-n", args.hostname]
-    app.worker_main(argv)
+    try:
+        app.worker_main(argv)
+    finally:
+        if listener is not None:
+            listener.stop()
     return 0
+
+
+def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
+    """Count metrics in a fresh directory and serve them on ``APTIX_WORKER_METRICS_PORT`` (None when 0).
+
+    Runs before anything imports prometheus_client (``aptix_cli.metrics_dir``); a port that cannot be
+    bound stops the command with a message.
+    """
+    from aptix_cli.metrics_dir import prepare_directory
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    host, port = settings.worker_metrics_host, settings.worker_metrics_port
+    if port == 0:
+        return None
+    directory = prepare_directory()
+    from aptix_cli.metrics_export import MultiProcessListener
+
+    listener = MultiProcessListener(directory, host=host, port=port)
+    try:
+        listener.start()
+    except OSError as exc:
+        listener.stop()
+        raise SystemExit(
+            f"aptix {command}: cannot serve metrics on {host}:{port} ({exc.strerror or exc}); give each "
+            "worker on this host its own APTIX_WORKER_METRICS_PORT, or 0 to serve none"
+        ) from exc
+    sys.stderr.write(f"aptix {command}: metrics on http://{host}:{port}/metrics\n")
+    return listener
 
 
 def _allow_open_files(needed: int) -> None:
@@ -231,6 +288,7 @@ def _reconciler(args: argparse.Namespace) -> int:
     import socket
     import threading
 
+    listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
     from shared.broker import create_producer, send_step
     from shared.db import create_db_engine, session_factory
     from shared.db.turns import TurnRepository
@@ -240,6 +298,7 @@ def _reconciler(args: argparse.Namespace) -> int:
     from shared.settings import get_settings
     from shared.state import RedisStateStore
     from workers.dispatcher import Dispatcher
+    from workers.metrics import WorkerMetrics
     from workers.runtime import build_reconciler
 
     _warn_unknown_variables("reconciler")
@@ -257,13 +316,18 @@ def _reconciler(args: argparse.Namespace) -> int:
         store=store,
         dispatcher=Dispatcher.for_settings(send, store, settings),
         owner=f"reconciler@{socket.gethostname()}:{os.getpid()}",
+        metrics=WorkerMetrics(),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     sys.stderr.write(f"aptix reconciler running (scan every {settings.reconciler_interval_seconds:g}s); ready.\n")
     sys.stderr.flush()
-    reconciler.run(stop)
+    try:
+        reconciler.run(stop)
+    finally:
+        if listener is not None:
+            listener.stop()
     return 0
 
 

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["GROUPS", "Group", "WorkerSpec", "plan", "run_group"]
 
@@ -95,13 +96,22 @@ def plan(
     return specs
 
 
-def run_group(specs: Sequence[WorkerSpec], *, hostname: str | None, loglevel: str, reconciler: bool) -> int:
+def run_group(
+    specs: Sequence[WorkerSpec],
+    *,
+    hostname: str | None,
+    loglevel: str,
+    reconciler: bool,
+    metrics_dir: Path | None = None,
+) -> int:
     """Run one ``aptix worker`` process per spec until one of them ends or this process is told to stop.
 
     Each child gets node name ``<group>.<name>`` (so two groups never share a Celery node name) and
-    only the first runs a copy of the reconciler. SIGTERM and SIGINT are passed on (Celery's warm
-    shutdown); a child that exits stops the others, so the orchestrator restarts the whole worker;
-    and the children are sent SIGTERM if this process dies (Linux).
+    only the first runs a copy of the reconciler. With ``metrics_dir``, each counts its metrics in
+    that directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
+    SIGTERM and SIGINT are passed on (Celery's warm shutdown); a child that exits stops the others,
+    so the orchestrator restarts the whole worker; and the children are sent SIGTERM if this process
+    dies (Linux).
 
     Returns:
         The exit code of the child that ended first (0 when stopped by a signal).
@@ -126,6 +136,8 @@ def run_group(specs: Sequence[WorkerSpec], *, hostname: str | None, loglevel: st
         ]  # fmt: skip
         if index > 0 or not reconciler:
             argv.append("--no-reconciler")
+        if metrics_dir is not None:
+            argv += ["--metrics-dir", str(metrics_dir)]
         children.append(subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent))
     started = zip(specs, children, strict=True)
     summary = "; ".join(f"{s.queues} on {s.pool} x{s.concurrency} (pid {c.pid})" for s, c in started)

@@ -119,6 +119,16 @@ class Settings(BaseSettings):
     """Re-drives after which a turn that still does not move fails (``internal_error``)."""
     tool_threads: PositiveInt = 16
     """Threads a worker process runs server tools on; a handler that overruns its timeout keeps its thread."""
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """Port on which the gateway serves ``/metrics`` apart from the API (whose ``/metrics`` is then a 404);
+    unset: ``/metrics`` is served on the API port."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the gateway's metrics port (``0.0.0.0`` for a scraper on another host or pod)."""
+    worker_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9191
+    """Port on which ``aptix worker`` (and ``aptix reconciler``) serve ``/metrics``; 0 serves none. Two
+    workers on one host each need their own."""
+    worker_metrics_host: str = "127.0.0.1"
+    """Address of the workers' metrics port (``0.0.0.0`` for a scraper on another host or pod)."""
 
     @field_validator("api_keys")
     @classmethod

@@ -22,6 +22,7 @@ from shared.state import RedisStateStore, StateStore
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.types import LlmResponse
+from workers.metrics import WorkerMetrics
 from workers.tools.executor import ToolExecutor
 from workers.tools.registry import ToolRegistry
 
@@ -94,6 +95,8 @@ class StepContext:
     """The wall clock; tests fix it."""
     random: Callable[[], float] = field(default=random.random)
     """Jitter for retry delays; tests fix it."""
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+    """The process's Prometheus collectors (:mod:`workers.metrics`); a private set when not given (tests)."""
 
     @property
     def state_ttl_seconds(self) -> int:
@@ -131,7 +134,14 @@ def worker_engine(settings: Settings) -> Engine:
     return create_db_engine(settings.database_url, pre_ping=False)
 
 
-def build_context(settings: Settings, *, engine: Engine, hostname: str, llm: LlmPort | None = None) -> StepContext:
+def build_context(
+    settings: Settings,
+    *,
+    engine: Engine,
+    hostname: str,
+    llm: LlmPort | None = None,
+    metrics: WorkerMetrics | None = None,
+) -> StepContext:
     """Build the context of a worker process from its settings (nothing connects until first use).
 
     Args:
@@ -139,6 +149,7 @@ def build_context(settings: Settings, *, engine: Engine, hostname: str, llm: Llm
         engine: the process's database engine (:func:`worker_engine`); its owner disposes of it.
         hostname: the worker node's name, stamped on trace steps and lease owners.
         llm: the model client; a Responses API client for ``settings`` when None.
+        metrics: the process's collectors; a private set when None.
 
     Returns:
         The context every step of this process receives.
@@ -166,6 +177,7 @@ def build_context(settings: Settings, *, engine: Engine, hostname: str, llm: Llm
         breaker=breakers_on(store.client, settings),
         leases=lease_renewer(store, settings),
         hostname=hostname,
+        metrics=metrics or WorkerMetrics(),
     )
 
 

@@ -8,7 +8,9 @@ runs the step and, in the same task, the steps after it that belong to the same 
 layer: ``shared.task_names.LAYER_OF``), writes a durable checkpoint after the steps the step map
 marks, records each outcome and the turn's frontier (the next message), saves the state once
 (moving the turn's in-flight marker and giving the lease back, in one more round trip) and says
-which message to send next.
+which message to send next. What the steps did is counted (:mod:`workers.metrics`) once that save
+succeeded: a step runs again when its save failed, and a redelivered step that already ran is
+counted as a redelivery only.
 
 Every kind of "not now" ends here as the same message sent again later, with a delay and a budget
 from :mod:`workers.retry`: a model that cannot answer (RetryAfter from the step), a step leased by
@@ -37,6 +39,7 @@ from shared.state import Lease, ModelRetry, TurnState
 from shared.task_names import LAYER_OF, Layer, StepName, task_name
 from workers import retry
 from workers.context import StepContext
+from workers.metrics import MessageTally
 from workers.next_step import Continue, Next, RetryAfter, Stop
 from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
 from workers.steps import request_handler, session_context_resolver
@@ -95,12 +98,9 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
 
 def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
     """Commit an unfinished turn as failed (``internal_error``) when the pipeline cannot carry it on."""
-    ctx.turns.finish_early(
-        turn_id,
-        status=TurnStatus.FAILED,
-        error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message),
-        now=ctx.clock(),
-    )
+    error = ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message)
+    if ctx.turns.finish_early(turn_id, status=TurnStatus.FAILED, error=error, now=ctx.clock()) is not None:
+        ctx.metrics.count_ended(TurnStatus.FAILED, error)
     ctx.store.forget(turn_id)
 
 
@@ -125,11 +125,14 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
                 return None
             if env.step_key in state.steps_done:
                 logger.info("step %s already ran; passing the turn on", env.step_key)
+                ctx.metrics.count_redelivered(env.step)
                 return _recorded(state, env)
-            dispatch = _run_layer(ctx, env, state)
+            tally = MessageTally()
+            dispatch = _run_layer(ctx, env, state, tally)
             alive_until = None if dispatch is None else ctx.alive_until(dispatch.countdown)
             ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until, release=lease)
             saved = True
+            ctx.metrics.count_message(tally)
             return dispatch
     finally:
         if not saved:
@@ -139,16 +142,20 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
                 logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
 
 
-def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> Dispatch | None:
+def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally) -> Dispatch | None:
     """Run ``env``'s step, then inline each next step of the same layer; the message that leaves the layer."""
     current = env
     fused = LAYER_OF[env.step] is Layer.ENTRY
     while True:
         started = time.perf_counter()
         result = _invoke(ctx, current, state)
+        seconds = time.perf_counter() - started
+        tally.steps.append((current.step, seconds))
         if fused:  # a step that is not a hop of its own still shows in the trace, with its time and worker
-            trace(ctx, state, current, "layer_step", duration_ms=(time.perf_counter() - started) * 1000)
-        dispatch = _conclude(ctx, current, state, result)
+            trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
+        if result.ok and isinstance(result.value, Stop) and result.value.committed is not None:
+            tally.committed, tally.error = result.value.committed, state.error
+        dispatch = _conclude(ctx, current, state, result, tally)
         if dispatch is None or dispatch.countdown or task_name(dispatch.envelope.step) != task_name(current.step):
             return dispatch
         current = dispatch.envelope
@@ -226,13 +233,17 @@ def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResu
     return result
 
 
-def _conclude(ctx: StepContext, env: TurnEnvelope, state: TurnState, result: InvokeResult[Next]) -> Dispatch | None:
+def _conclude(
+    ctx: StepContext, env: TurnEnvelope, state: TurnState, result: InvokeResult[Next], tally: MessageTally
+) -> Dispatch | None:
     dispatch: Dispatch | None
     if not result.ok:
         assert result.error is not None
         dispatch = _fail(ctx, env, state, result.error)
     elif isinstance(result.value, RetryAfter):
         dispatch = _retry_model(ctx, env, state, result.value)
+        if dispatch.envelope.step_key == env.step_key:
+            tally.model_retry = env.step
     else:
         dispatch = _dispatch_for(env, result.value)
     moved_on = dispatch is None or dispatch.envelope.step_key != env.step_key
@@ -285,6 +296,7 @@ def _later(ctx: StepContext, env: TurnEnvelope, reason: retry.Reason) -> Dispatc
             reason.value,
         )
         return None
+    ctx.metrics.count_retry(reason, env.step)
     return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=wait)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.models.turn import TurnStatus
 from shared.result import ErrorInfo
 from shared.task_names import StepName
 
@@ -21,6 +22,9 @@ class Continue:
 @dataclass(frozen=True, slots=True)
 class Stop:
     """The chain ends here: the turn is committed (finished, or waiting for client tools)."""
+
+    committed: TurnStatus | None = None
+    """The status this step's commit wrote; None when it wrote none (the turn had ended otherwise)."""
 
 
 @dataclass(frozen=True, slots=True)

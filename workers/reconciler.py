@@ -50,6 +50,7 @@ from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONC
 from shared.task_names import TASK_QUEUES, StepName, task_name
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
+from workers.metrics import WorkerMetrics
 
 __all__ = ["Reconciler", "ReconcilerStats", "frontier"]
 
@@ -100,6 +101,7 @@ class Reconciler:
         owner: str,
         broker_client: redis.Redis | None = None,
         clock: Callable[[], datetime] = utc_now,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         """Build one copy.
 
@@ -112,6 +114,7 @@ class Reconciler:
             owner: this copy's name in the leader lease.
             broker_client: the broker's Redis, when the broker is Redis (for the sentinel).
             clock: the wall clock.
+            metrics: counts scans, re-drives and turns given up on (a private set when None).
         """
         self._settings = settings
         self._turns = turns
@@ -121,6 +124,7 @@ class Reconciler:
         self._owner = owner
         self._broker = broker_client
         self._clock = clock
+        self._metrics = metrics or WorkerMetrics()
         self._lead_script = client.register_script(_LEAD)
         self.stats = ReconcilerStats()
 
@@ -171,6 +175,7 @@ class Reconciler:
         self._store.prune_markers(before=self._clock().timestamp() - _PRUNE_AFTER_SECONDS)
         self.stats.redis_calls += 1
         self.stats.scans += 1
+        self._metrics.count_scan()
         used = time.thread_time() - cpu
         self.stats.cpu_seconds += used
         checked, redriven, failed, redis_calls, db_calls = (
@@ -234,6 +239,7 @@ class Reconciler:
         self.stats.redis_calls += 2  # load the state, set the marker (plus the message itself)
         self.stats.db_calls += 2  # load the checkpoint, count the re-drive
         self.stats.redriven += 1
+        self._metrics.count_redrive(source)
         logger.warning(
             "re-driving turn %s (%s, re-drive %d) from %s at %s",
             turn.turn_id, turn.status.value, turn.redrives + 1, source, envelope.step_key,
@@ -242,13 +248,12 @@ class Reconciler:
     def _give_up(self, turn: InFlightTurn, now: datetime) -> None:
         message = f"the turn did not move after {turn.redrives} re-drives by the reconciler"
         logger.error("turn %s: %s; failing it", turn.turn_id, message)
-        self._turns.finish_early(
-            turn.turn_id,
-            status=TurnStatus.FAILED,
-            error=ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message),
-            now=now,
-            only_if=TurnStatus.in_flight(),
+        error = ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message)
+        ended = self._turns.finish_early(
+            turn.turn_id, status=TurnStatus.FAILED, error=error, now=now, only_if=TurnStatus.in_flight()
         )
+        if ended is not None:
+            self._metrics.count_ended(TurnStatus.FAILED, error)
         self._store.forget(turn.turn_id)
         self.stats.db_calls += 1
         self.stats.redis_calls += 1

@@ -1,5 +1,5 @@
 """WorkerRuntime: what one worker process builds once, at start: its database engine, its step
-context, its dispatcher, and (in the worker's main process) its copy of the reconciler.
+context, its dispatcher, its metrics, and (in the worker's main process) its copy of the reconciler.
 
 ``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
 each prefork child (``worker_process_init``), and starts the reconciler on ``worker_ready``.
@@ -19,6 +19,7 @@ from shared.settings import Settings
 from shared.state import StateStore
 from workers.context import StepContext, build_context, worker_engine
 from workers.dispatcher import Dispatcher, SendStep
+from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
 
 __all__ = ["WorkerRuntime", "build_reconciler"]
@@ -29,17 +30,22 @@ logger = logging.getLogger(__name__)
 class WorkerRuntime:
     """The per-process state of a worker."""
 
-    def __init__(self, settings: Settings, send: SendStep, *, reconciler: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, send: SendStep, *, reconciler: bool = True, metrics: WorkerMetrics | None = None
+    ) -> None:
         """Prepare the runtime; nothing is built or connected until :meth:`start`.
 
         Args:
             settings: the worker's settings.
             send: publishes one step message with a countdown.
             reconciler: whether this worker runs a copy of the reconciler.
+            metrics: the collectors the steps, the driver and the reconciler count on; built at
+                :meth:`start` when None.
         """
         self._settings = settings
         self._send = send
         self._with_reconciler = reconciler
+        self._metrics = metrics
         self._hostname: str | None = None
         self._engine: Engine | None = None
         self._ctx: StepContext | None = None
@@ -58,8 +64,11 @@ class WorkerRuntime:
             # connections alone (closing them here would close them for the parent too).
             self._engine.dispose(close=False)
         self._hostname = hostname
+        # Built once: a prefork child keeps its parent's collectors (prometheus_client moves their
+        # values to the child's own files when it sees the new pid).
+        self._metrics = self._metrics or WorkerMetrics()
         self._engine = worker_engine(self._settings)
-        self._ctx = build_context(self._settings, engine=self._engine, hostname=hostname)
+        self._ctx = build_context(self._settings, engine=self._engine, hostname=hostname, metrics=self._metrics)
         self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
 
     def restart_in_child(self) -> None:
@@ -100,6 +109,7 @@ class WorkerRuntime:
             store=ctx.store,
             dispatcher=self.dispatcher,
             owner=f"{ctx.hostname}:{os.getpid()}",
+            metrics=ctx.metrics,
         )
         self._stop.clear()
         self._reconciler_thread = threading.Thread(
@@ -117,9 +127,15 @@ class WorkerRuntime:
 
 
 def build_reconciler(
-    settings: Settings, *, turns: TurnRepository, store: StateStore, dispatcher: Dispatcher, owner: str
+    settings: Settings,
+    *,
+    turns: TurnRepository,
+    store: StateStore,
+    dispatcher: Dispatcher,
+    owner: str,
+    metrics: WorkerMetrics | None = None,
 ) -> Reconciler:
-    """A reconciler on a process's ports (``store`` must be the Redis state store)."""
+    """A reconciler on a process's ports (``store`` must be the Redis state store); it counts on ``metrics``."""
     broker_url = settings.effective_broker_url
     broker = (
         redis.Redis.from_url(broker_url, socket_timeout=10)
@@ -137,4 +153,5 @@ def build_reconciler(
         dispatcher=dispatcher,
         owner=owner,
         broker_client=broker,
+        metrics=metrics,
     )

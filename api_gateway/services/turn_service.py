@@ -250,15 +250,12 @@ class TurnService:
         """
         self.require(turn_id, org_id=org_id)
         self.expire_overdue(turn_id=turn_id)
-        cancelled = self._turns.finish_early(
-            turn_id,
-            status=TurnStatus.CANCELLED,
-            error=ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client"),
-            now=self._clock(),
-        )
+        error = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client")
+        cancelled = self._turns.finish_early(turn_id, status=TurnStatus.CANCELLED, error=error, now=self._clock())
         if cancelled is None:
             current = self.require(turn_id, org_id=org_id)
             raise Conflict("turn_finished", f"turn {turn_id!r} already finished ({current.status})")
+        self._metrics.count_ended(TurnStatus.CANCELLED, error)
         try:
             self._store.mark_cancelled(turn_id, ttl_seconds=_CANCEL_FLAG_SECONDS)
             self._store.forget(turn_id)
@@ -306,6 +303,7 @@ class TurnService:
             )
             if row is not None:
                 expired += 1
+                self._metrics.count_ended(TurnStatus.FAILED, error)
                 logger.info("turn %s timed out waiting for client tool results", found)
         return expired
 

@@ -97,7 +97,9 @@ class BenchProcesses:
             argv = [sys.executable, "-m", "aptix_cli", "worker", *worker.args]
             if len(worker.specs) == 1 and "--hostname" not in worker.args:
                 argv += ["--hostname", f"bench{index}@%h"]  # one Celery worker: its default node name is shared
-            processes.append(self.group.start(f"worker-{index}", argv))
+            # Each serves its metrics, as in production, on a port of its own.
+            metrics = {"APTIX_WORKER_METRICS_PORT": str(free_port())}
+            processes.append(self.group.start(f"worker-{index}", argv, metrics))
         _wait_for_nodes(control, processes, count * len(worker.specs))
         return processes
 

@@ -93,6 +93,8 @@ class ChaosSystem:
             "APTIX_RECONCILER_DEADLINE_SECONDS": "10",
             "APTIX_RECONCILER_INTERVAL_SECONDS": "1",
             "APTIX_LLM_RETRY_BUDGET_SECONDS": "120",
+            # Several workers and reconcilers share this host: none serves metrics (each would need a port).
+            "APTIX_WORKER_METRICS_PORT": "0",
         }
 
     def start(self) -> None:

@@ -141,8 +141,24 @@ def start_system(
     *, database_url: str, redis_urls: tuple[str, str], llm: ScriptedServer, modes_file: Path, workers: list[str]
 ) -> tuple[LocalStack, System]:
     """Start worker processes and a gateway process on the given services."""
+    env = system_env(database_url=database_url, redis_urls=redis_urls, llm=llm, modes_file=modes_file)
+    stack = LocalStack(env)
+    try:
+        for name in workers:
+            stack.start_worker(name)
+        _, url = stack.start_gateway()
+    except BaseException:
+        stack.stop_all()
+        raise
+    return stack, System(stack=stack, gateway_url=url, llm=llm, env=env)
+
+
+def system_env(
+    *, database_url: str, redis_urls: tuple[str, str], llm: ScriptedServer, modes_file: Path
+) -> dict[str, str]:
+    """The settings every process of a test system gets."""
     state_url, broker_url = redis_urls
-    env = {
+    return {
         "APTIX_DATABASE_URL": database_url,
         "APTIX_REDIS_URL": state_url,
         "APTIX_BROKER_URL": broker_url,
@@ -155,15 +171,6 @@ def start_system(
         "APTIX_MODES_FILE": str(modes_file),
         "APTIX_STEP_LEASE_SECONDS": "5",
     }
-    stack = LocalStack(env)
-    try:
-        for name in workers:
-            stack.start_worker(name)
-        _, url = stack.start_gateway()
-    except BaseException:
-        stack.stop_all()
-        raise
-    return stack, System(stack=stack, gateway_url=url, llm=llm, env=env)
 
 
 @pytest.fixture(scope="session")

@@ -7,14 +7,20 @@ its own PID (see :class:`aptix_cli.launcher.ProcessGroup`).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from aptix_cli.launcher import ManagedProcess, ProcessGroup, wait_until
+from aptix_cli.launcher import ManagedProcess, ProcessGroup, free_port, wait_until
 
 __all__ = ["LocalStack"]
 
 
 class LocalStack(ProcessGroup):
     """Starts and stops Aptix processes sharing one environment: ``aptix gateway`` and ``aptix worker``."""
+
+    def __init__(self, env: dict[str, str], *, log_dir: Path | None = None) -> None:
+        super().__init__(env, log_dir=log_dir)
+        self.metrics_urls: dict[str, str] = {}
+        """Each worker's metrics URL (``APTIX_WORKER_METRICS_PORT``), by name."""
 
     def start_worker(
         self,
@@ -29,7 +35,8 @@ class LocalStack(ProcessGroup):
 
         With ``pool=None`` it gets no ``--pool`` (nor ``--concurrency``): one Celery worker per queue
         group, each on its own pool (``aptix_cli.worker_group``), named ``<group>.name@<host>``; it
-        is ready when all of them are.
+        is ready when all of them are. It serves its metrics on a free port of its own
+        (:attr:`metrics_urls`).
 
         Raises:
             RuntimeError: it exited or was not ready in time (with its log).
@@ -40,6 +47,8 @@ class LocalStack(ProcessGroup):
         if pool is not None:
             argv += ["--pool", pool, "--concurrency", str(concurrency or 1)]
         processes = 1 if pool is not None else len(plan(queues))
-        process = self.start(name, argv)
+        port = free_port()
+        self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
+        process = self.start(name, argv, {"APTIX_WORKER_METRICS_PORT": str(port)})
         wait_until([process], lambda: process.log().count("ready.") >= processes, timeout)
         return process

@@ -389,11 +389,76 @@ def test_k8s_network_policies_deny_ingress_except_the_gateway_api_port() -> None
     policies = [doc["spec"] for _, doc in _k8s_docs() if doc["kind"] == "NetworkPolicy"]
     deny = [p for p in policies if p["podSelector"] == {}]
     assert deny and deny[0]["policyTypes"] == ["Ingress"] and not deny[0].get("ingress"), "default deny"
-    allowed = [p for p in policies if p["podSelector"] != {}]
-    assert [p["podSelector"]["matchLabels"] for p in allowed] == [{"app.kubernetes.io/name": "aptix-gateway"}]
-    assert allowed[0]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    # Open to all: only the gateway's API port. (The metrics ports: see the metrics test below.)
+    open_to_all = [p for p in policies if p["podSelector"] != {} and not _metrics_policy(p)]
+    assert [p["podSelector"]["matchLabels"] for p in open_to_all] == [{"app.kubernetes.io/name": "aptix-gateway"}]
+    assert open_to_all[0]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
     gateway = _serving_deployments()["aptix-gateway"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in gateway["ports"]
+
+
+def _metrics_policy(policy: dict) -> bool:
+    return all(port.get("port") == "metrics" for rule in policy.get("ingress", []) for port in rule.get("ports", []))
+
+
+_METRICS_SETTINGS = {
+    "gateway": ("APTIX_METRICS_HOST", "APTIX_METRICS_PORT"),
+    "worker": ("APTIX_WORKER_METRICS_HOST", "APTIX_WORKER_METRICS_PORT"),
+}
+"""The settings that put a process's metrics on their own port (README, "Metrics")."""
+
+
+def test_k8s_every_deployment_exposes_its_metrics_port_and_only_the_monitoring_side_reaches_it() -> None:
+    docs = _k8s_docs()
+    for name, deployment in _serving_deployments().items():
+        template = deployment["spec"]["template"]
+        container = template["spec"]["containers"][0]
+        kind, _ = _process(container["command"], name)
+        host_name, port_name = _METRICS_SETTINGS[kind]
+        # The process is told to serve its metrics on every interface of the pod, on its metrics port
+        env = {e["name"]: e["value"] for e in container.get("env", [])}
+        assert env.get(host_name) == "0.0.0.0", f"{name}: {host_name}"
+        port = int(env[port_name])
+        ports = {p["name"]: p for p in container["ports"]}
+        assert ports["metrics"] == {"name": "metrics", "containerPort": port, "protocol": "TCP"}, name
+        # And Prometheus's annotations name that port, not the API's
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(port), name
+        assert annotations["prometheus.io/path"] == "/metrics", name
+        # And no Service publishes it
+        labels = template["metadata"]["labels"].items()
+        services = [d for _, d in docs if d["kind"] == "Service" and d["spec"]["selector"].items() <= labels]
+        assert kind == "worker" or services, f"{name}: no Service selects the gateway?"
+        for service in services:
+            published = {str(p.get("targetPort")) for p in service["spec"]["ports"]}
+            published |= {str(p["port"]) for p in service["spec"]["ports"]}
+            assert not published & {"metrics", str(port)}, f"{service['metadata']['name']} publishes metrics"
+    assert not [doc for _, doc in docs if doc["kind"] == "Ingress"], "an Ingress would publish the gateway"
+    # The policy that opens the metrics ports opens nothing else, and only to the monitoring namespace
+    policies = [doc["spec"] for _, doc in docs if doc["kind"] == "NetworkPolicy" and _metrics_policy(doc["spec"])]
+    policies = [p for p in policies if p.get("ingress")]
+    assert len(policies) == 1, policies
+    selector = policies[0]["podSelector"]["matchExpressions"]
+    assert selector == [{"key": "app.kubernetes.io/component", "operator": "In", "values": ["gateway", "worker"]}]
+    for rule in policies[0]["ingress"]:
+        assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+        assert [list(peer) for peer in rule["from"]] == [["namespaceSelector"]], "from the monitoring namespace only"
+    flower = next(d for _, d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "aptix-flower")
+    assert flower["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] not in {"gateway", "worker"}
+
+
+def test_compose_serves_metrics_on_their_own_ports_and_publishes_none() -> None:
+    services = _compose()["services"]
+    for name, svc in _our_services().items():
+        kind, _ = _process(svc["command"], name)
+        if kind not in _METRICS_SETTINGS:
+            continue
+        host_name, port_name = _METRICS_SETTINGS[kind]
+        env = svc["environment"]
+        assert env[host_name] == "0.0.0.0", f"{name}: {host_name}"
+        assert [str(p) for p in svc["expose"]] == [env[port_name]], name
+        published = [str(p).rsplit(":", 1)[-1] for p in services[name].get("ports", [])]
+        assert env[port_name] not in published, f"{name} publishes its metrics port"
 
 
 def test_k8s_gateway_and_workers_wait_for_the_schema_before_starting() -> None:

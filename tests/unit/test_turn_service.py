@@ -110,6 +110,10 @@ class Gateway:
         value = self.metrics.registry.get_sample_value("aptix_turns_accepted_total", {"kind": kind})
         return 0.0 if value is None else value
 
+    def finished(self, status: str, code: str) -> float:
+        value = self.metrics.registry.get_sample_value("aptix_turns_finished_total", {"status": status, "code": code})
+        return 0.0 if value is None else value
+
 
 @pytest.fixture
 def gateway() -> Gateway:
@@ -262,6 +266,27 @@ def test_cancel_refuses_when_the_turn_already_finished(gateway: Gateway) -> None
         gateway.service.cancel(row.turn_id, org_id=ORG)
 
     assert refused.value.code == "turn_finished"
+
+
+def test_cancel_counts_the_turn_cancelled_once(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+    assert gateway.finished("cancelled", "cancelled") == 0
+
+    gateway.service.cancel(row.turn_id, org_id=ORG)
+    with pytest.raises(Conflict):
+        gateway.service.cancel(row.turn_id, org_id=ORG)
+
+    assert gateway.finished("cancelled", "cancelled") == 1
+
+
+def test_expiry_counts_each_timed_out_turn_failed_once(gateway: Gateway) -> None:
+    gateway.paused_turn(gateway.session())
+    gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS + 1)
+
+    gateway.service.expire_overdue()
+    gateway.service.expire_overdue()
+
+    assert gateway.finished("failed", "client_tool_timeout") == 1
 
 
 def test_cancel_refuses_when_the_turn_belongs_to_another_org(gateway: Gateway) -> None:

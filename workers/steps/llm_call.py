@@ -1,7 +1,8 @@
 """LLM Call (AGN-027 layer C): exactly one call to the model, normalised.
 
 Reads: ``state.pending_request``; the model's shared circuit breaker. Writes: ``state.last_response``,
-usage, the ``llm_call`` trace step (``llm_error`` for a failed call); the breaker's count. Next:
+usage, the ``llm_call`` trace step (``llm_error`` for a failed call); the breaker's count; the
+call's latency, outcome and tokens in the worker's metrics, as it returns. Next:
 reasoner. When the model cannot answer now (429, 5xx, timeout, connection error, or its breaker is
 open so no call is made) it returns RetryAfter, and the driver's retry policy sends the step again
 later, holding no worker slot meanwhile, until the budget (``APTIX_LLM_RETRY_BUDGET_SECONDS``,
@@ -36,19 +37,26 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     request = state.pending_request
     if request is None:
         return failure(ErrorCode.INTERNAL_ERROR, f"llm_call {env.iteration} found no composed request")
-    breaker = ctx.breaker(str(request.get("model") or ctx.settings.llm_model))
+    model = str(request.get("model") or ctx.settings.llm_model)
+    breaker = ctx.breaker(model)
     wait = breaker.before_call(ctx.clock().timestamp())
     if wait > 0:
         logger.info("turn %s: the model's circuit breaker is open; trying again in %.1fs", state.turn_id, wait)
+        ctx.metrics.count_breaker_open(model)
         reason = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
         return success(RetryAfter(ErrorInfo(code=ErrorCode.LLM_ERROR, message=reason), hint=wait, called=False))
     started = time.perf_counter()
     try:
         response = ctx.llm.create(request)
     except LlmError as exc:
+        ctx.metrics.count_model_call(model, seconds=time.perf_counter() - started, error=exc)
         return _on_error(ctx, env, state, exc, breaker)
+    seconds = time.perf_counter() - started
+    ctx.metrics.count_model_call(
+        model, seconds=seconds, input_tokens=response.input_tokens, output_tokens=response.output_tokens
+    )
     breaker.record_success(ctx.clock().timestamp())
-    duration_ms = (time.perf_counter() - started) * 1000
+    duration_ms = seconds * 1000
     state.last_response = response_to_dict(response)
     state.pending_request = None
     state.usage.llm_calls += 1

@@ -3,8 +3,9 @@
 Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (its
 ``TurnOutcome``: status, mode, output, pending tool calls, error, usage, trace), its transcript
 items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
-a paused turn when Redis lost it) and the session's last use. Next: Stop. Fails with: nothing
-(a database blip raises and the task is retried).
+a paused turn when Redis lost it) and the session's last use. Next: Stop, saying which status it
+wrote (none when the turn had already ended otherwise, e.g. cancelled). Fails with: nothing (a
+database blip raises and the task is retried).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     transcript: list[tuple[str, str]] = []
     if state.status is TurnStatus.COMPLETED:
         transcript = [("user", state.user_input), ("assistant", state.output_text or "")]
-    ctx.turns.commit(
+    wrote = ctx.turns.commit(
         state.turn_id, TurnOutcome.of(state), transcript=transcript, snapshot=state.checkpoint(), now=ctx.clock()
     )
-    return success(Stop())
+    return success(Stop(committed=state.status if wrote else None))
