@@ -294,6 +294,18 @@ _INVALID_REQUESTS: dict[str, dict[str, Any]] = {
         "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "\\ud800": {}}}]}',
         "headers": {"Content-Type": "application/json"},
     },
+    "NaN in tool parameters": {
+        "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "maximum": NaN}}]}',
+        "headers": {"Content-Type": "application/json"},
+    },
+    "Infinity in tool parameters": {
+        "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "minimum": -Infinity}}]}',
+        "headers": {"Content-Type": "application/json"},
+    },
+    "1e999 in tool parameters": {
+        "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "maximum": 1e999}}]}',
+        "headers": {"Content-Type": "application/json"},
+    },
     "tool parameters nested too deep": {
         "json": {"input": "hi", "tools": [{"type": "function", "name": "t", "parameters": _nested(100)}]},
     },
