@@ -29,6 +29,11 @@ lock: $(BIN)/python
 services: install-test
 	$(BIN)/python -m tests.services_check
 
+# The real-traffic Responses API fixtures, when they sit beside the checkout (they are not part of
+# it); an APTIX_FIXTURES_DIR from the environment wins. Without them those tests say they did not run.
+APTIX_FIXTURES_DIR ?= $(abspath $(wildcard ../shared/fixtures/responses_api))
+export APTIX_FIXTURES_DIR
+
 test: install-test services
 	$(BIN)/python -m pytest -q
 

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 
 from api_gateway.errors import ApiError
 from api_gateway.state import GatewayState
+from shared import strict_json
 from shared.settings import ApiKey
 
 __all__ = ["AuthenticatedRoute", "Caller", "Gateway", "WaitSeconds"]
@@ -42,6 +43,15 @@ def _caller(request: Request, gateway: Annotated[GatewayState, Depends(_gateway)
     return _authenticate(gateway, request)
 
 
+class _StrictJsonRequest(Request):
+    """A request whose JSON body is parsed as RFC 8259 says: ``NaN``, ``Infinity``, ``1e999`` are 422."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = strict_json.loads(await self.body())
+        return self._json
+
+
 class AuthenticatedRoute(APIRoute):
     """An APIRoute that answers 401 before the body is read, and 422 for a body that is not JSON.
 
@@ -56,7 +66,7 @@ class AuthenticatedRoute(APIRoute):
         async def authenticated_handler(request: Request) -> Response:
             _authenticate(_gateway(request), request)
             try:
-                return await handler(request)
+                return await handler(_StrictJsonRequest(request.scope, request.receive))
             except HTTPException as exc:
                 # FastAPI raises a 400 "from" the decoding error when it cannot parse the body.
                 if exc.status_code != 400 or exc.__cause__ is None:

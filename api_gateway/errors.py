@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerError
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,6 +29,7 @@ __all__ = [
     "ApiError",
     "error_response",
     "install_error_handlers",
+    "schema_missing",
     "service_error_status",
 ]
 
@@ -126,6 +127,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
 
     async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        if schema_missing(exc):
+            return _schema_response(exc)
         logger.warning("a dependency is unavailable: %s: %s", type(exc).__name__, str(exc).splitlines()[0][:200])
         return error_response(
             503,
@@ -137,10 +140,42 @@ def install_error_handlers(app: FastAPI) -> None:
     for error in UNAVAILABLE_ERRORS:
         app.add_exception_handler(error, _unavailable)
 
+    @app.exception_handler(ProgrammingError)
+    async def _programming(request: Request, exc: ProgrammingError) -> JSONResponse:
+        if schema_missing(exc):
+            return _schema_response(exc)
+        return await _unexpected(request, exc)
+
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in the gateway")
         return error_response(500, "internal_error", "the gateway failed to handle the request")
+
+
+def schema_missing(exc: Exception) -> bool:
+    """Whether ``exc`` says a table or column this code needs does not exist: the schema is not migrated.
+
+    PostgreSQL says so with SQLSTATE 42P01 (undefined table) or 42703 (undefined column), SQLite with
+    "no such table" / "no such column".
+    """
+    if not isinstance(exc, DBAPIError):
+        return False
+    if getattr(exc.orig, "sqlstate", None) in _UNDEFINED_SQLSTATES:
+        return True
+    text = str(exc.orig)
+    return text.startswith(("no such table", "no such column"))
+
+
+def _schema_response(exc: Exception) -> JSONResponse:
+    logger.error("the database schema is not migrated (%s): run `aptix db upgrade`", str(exc).splitlines()[0][:200])
+    return error_response(
+        503,
+        "unavailable",
+        "the database schema is missing or behind this gateway's: run `aptix db upgrade` (GET /readyz says which)",
+    )
+
+
+_UNDEFINED_SQLSTATES = frozenset({"42P01", "42703"})
 
 
 def service_error_status(exc: ServiceError) -> int:

@@ -107,5 +107,5 @@ def connect_gateway(settings: Settings) -> GatewayState:
         batch_service=BatchService(
             turns=turn_service, batches=batches, max_requests=settings.max_batch_requests, clock=utc_now
         ),
-        session_service=SessionService(sessions=sessions, turns=turns),
+        session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
     )

@@ -1,11 +1,11 @@
-"""The ``aptix`` client commands: turns, tool results, traces, sessions and batches over HTTP.
+"""The ``aptix`` client commands: turns, tool results, traces and sessions over HTTP (batches:
+:mod:`aptix_cli.batch_commands`).
 
 Each command talks to any gateway through :class:`aptix_cli.client.ApiClient`, chosen with
 ``--url`` (default ``$APTIX_URL``, else ``http://127.0.0.1:8000``) and ``--key`` (default
-``$APTIX_KEY``). Exit codes: 0 success; 1 an HTTP error (``error <status> <code>: <message>`` on
-stderr), an unreachable gateway, or a turn that failed or was cancelled; 2 a usage error (no key, a
-bad ``--tools`` or batch file). ``httpx`` is imported only when a client command runs, so the
-process commands keep their deferred imports.
+``$APTIX_KEY``); exit codes are :mod:`aptix_cli.command_support`'s. Every read command takes
+``--json`` for the raw body. ``httpx`` is imported only when a client command runs, so the process
+commands keep their deferred imports.
 
 This module parses the arguments and calls the gateway; what a command prints comes from
 :mod:`aptix_cli.rendering`.
@@ -15,89 +15,96 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from aptix_cli.batch_commands import add_batch_commands
+from aptix_cli.command_support import UsageError, connection_flags, out, runner
 
 if TYPE_CHECKING:
     from aptix_cli.client import ApiClient
 
-__all__ = ["add_client_commands"]
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-
-Command = Callable[["ApiClient", argparse.Namespace], int]
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as ``error: <message>``, exit code 2."""
+__all__ = ["add_client_commands", "check_call_ids"]
 
 
 def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``turn``, ``tool-results``, ``trace``, ``session`` and ``batch`` on ``aptix``'s subparsers."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("APTIX_URL") or DEFAULT_URL,
-                        help="the gateway (default: $APTIX_URL, else %(default)s)")  # fmt: skip
-    common.add_argument("--key", default=os.environ.get("APTIX_KEY"), help="API key (default: $APTIX_KEY)")
+    common = connection_flags()
+    raw = argparse.ArgumentParser(add_help=False)
+    raw.add_argument("--json", action="store_true", help="print the raw JSON body")
     waiting = argparse.ArgumentParser(add_help=False)
     waiting.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                          help="wait up to this long for the turn to finish (default: 60; 0: no wait)")  # fmt: skip
-    waiting.add_argument("--json", action="store_true", help="print the raw Turn JSON")
 
-    turn = commands.add_parser("turn", parents=[common, waiting], help="start a turn and print its answer")
+    turn = commands.add_parser("turn", parents=[common, waiting, raw], help="start a turn and print its answer")
     turn.add_argument("input", help="the user's message")
     turn.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
     turn.add_argument("--mode", metavar="M", help="the mode of a new session")
     turn.add_argument("--tools", metavar="FILE", type=Path, help="JSON file: a list of client function tools")
-    turn.set_defaults(run=_runner(_turn))
+    turn.set_defaults(run=runner(_turn))
 
-    results = commands.add_parser("tool-results", parents=[common, waiting], help="send client tool outputs")
+    results = commands.add_parser(
+        "tool-results", parents=[common, waiting, raw], help="send client tool outputs"
+    )
     results.add_argument("turn_id", metavar="TURN_ID")
     results.add_argument("--result", action="append", required=True, metavar="CALL_ID=TEXT",
                          help="one tool output (repeatable)")  # fmt: skip
-    results.set_defaults(run=_runner(_tool_results))
+    results.add_argument(
+        "--no-check",
+        action="store_true",
+        help="send the results without first checking their call ids against the turn's pending calls",
+    )
+    results.set_defaults(run=runner(_tool_results))
 
-    trace = commands.add_parser("trace", parents=[common], help="print a turn's composition trace")
+    trace = commands.add_parser("trace", parents=[common, raw], help="print a turn's composition trace")
     trace.add_argument("turn_id", metavar="TURN_ID")
-    trace.set_defaults(run=_runner(_trace))
+    trace.add_argument("--wide", action="store_true", help="do not cut the details column to the terminal width")
+    trace.set_defaults(run=runner(_trace))
 
-    session = commands.add_parser("session", parents=[common], help="print a session: mode, history, turns")
+    session = commands.add_parser("session", parents=[common, raw], help="print a session: mode, history, turns")
     session.add_argument("session_id", metavar="ID")
-    session.set_defaults(run=_runner(_session))
+    session.set_defaults(run=runner(_session))
 
-    batch = commands.add_parser("batch", help="many turns at once")
-    batch_commands = batch.add_subparsers(dest="batch_command", required=True)
-    submit = batch_commands.add_parser("submit", parents=[common], help="submit a JSON Lines file of TurnRequests")
-    submit.add_argument("file", metavar="FILE.jsonl", type=Path)
-    submit.add_argument("--wait", action="store_true", help="follow progress until every turn has finished")
-    submit.add_argument("--out", metavar="FILE", type=Path, help="with --wait: write the resulting Turns here")
-    submit.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="seconds between polls")
-    submit.set_defaults(run=_runner(_batch_submit))
+    add_batch_commands(commands, common)
 
 
-def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
-    """Wrap a command: build the client, turn errors into messages and exit codes."""
+def check_call_ids(turn: Mapping[str, Any], call_ids: Sequence[str]) -> str | None:
+    """Why results for ``call_ids`` would fail a turn waiting for client tools, or None if they fit.
 
-    def run(args: argparse.Namespace) -> int:
-        from aptix_cli.client import ApiClient, GatewayError, GatewayUnreachable
+    The gateway takes any set of results and the reasoner fails the whole turn
+    (``continuation_mismatch``) when they do not answer exactly its pending calls: a typo costs the
+    turn. Checked only for a turn in ``requires_client_tools``; any other status is the gateway's
+    to refuse (409).
 
-        if not args.key:
-            return _fail("no API key: pass --key KEY or set APTIX_KEY", code=2)
-        try:
-            with ApiClient(args.url, key=args.key) as api:
-                return command(api, args)
-        except UsageError as exc:
-            return _fail(str(exc), code=2)
-        except GatewayError as exc:
-            sys.stderr.write(f"error {exc.status} {exc.code}: {exc.message}\n")
-            return 1
-        except GatewayUnreachable as exc:
-            return _fail(str(exc), code=1)
+    Args:
+        turn: The ``Turn`` body.
+        call_ids: The call ids about to be sent, in order.
 
-    return run
+    Returns:
+        A message naming the unknown, repeated and missing ids and the pending ones, or None.
+    """
+    from shared.models.turn import TurnStatus
+
+    if turn.get("status") != TurnStatus.REQUIRES_CLIENT_TOOLS:
+        return None
+    pending = [str(call.get("call_id")) for call in turn.get("pending_tool_calls") or []]
+    unknown = [call_id for call_id in dict.fromkeys(call_ids) if call_id not in pending]
+    repeated = [call_id for call_id in dict.fromkeys(call_ids) if call_ids.count(call_id) > 1]
+    missing = [call_id for call_id in pending if call_id not in call_ids]
+    problems = [
+        f"{label}: {', '.join(ids)}"
+        for label, ids in (("not pending", unknown), ("given twice", repeated), ("missing", missing))
+        if ids
+    ]
+    if not problems:
+        return None
+    return (
+        f"turn {turn.get('turn_id')} waits for exactly its pending calls ({', '.join(pending)}); "
+        f"{'; '.join(problems)}. Sending these would fail the turn (continuation_mismatch); "
+        "--no-check sends them anyway"
+    )
 
 
 # --- turns -----------------------------------------------------------------------------------
@@ -123,6 +130,10 @@ def _tool_results(api: ApiClient, args: argparse.Namespace) -> int:
         if not sep or not call_id:
             raise UsageError(f"--result {item!r}: expected CALL_ID=TEXT")
         results.append({"call_id": call_id, "output": output})
+    if not args.no_check:
+        problem = check_call_ids(api.get_turn(args.turn_id), [result["call_id"] for result in results])
+        if problem:
+            raise UsageError(problem)
     deadline = time.monotonic() + args.wait
     turn = api.post_tool_results(args.turn_id, results, wait=args.wait)
     return _show_turn(_follow(api, turn, deadline), as_json=args.json)
@@ -143,10 +154,10 @@ def _show_turn(turn: Mapping[str, Any], *, as_json: bool) -> int:
     from shared.models.turn import TurnStatus
 
     if as_json:
-        _out(turn_json(turn))
+        out(turn_json(turn))
     else:
         for line in turn_lines(turn):
-            _out(line)
+            out(line)
     status = turn.get("status")
     return 1 if status in TurnStatus.terminal() and status != TurnStatus.COMPLETED else 0
 
@@ -167,92 +178,24 @@ def _read_tools(path: Path) -> list[Any]:
 
 
 def _trace(api: ApiClient, args: argparse.Namespace) -> int:
-    from aptix_cli.rendering import trace_table
+    from aptix_cli.rendering import TRACE_WIDTH, trace_table
 
-    for line in trace_table(api.get_trace(args.turn_id)):
-        _out(line)
+    trace = api.get_trace(args.turn_id)
+    if args.json:
+        out(json.dumps(trace, indent=2))
+        return 0
+    for line in trace_table(trace, width=None if args.wide else TRACE_WIDTH):
+        out(line)
     return 0
 
 
 def _session(api: ApiClient, args: argparse.Namespace) -> int:
     from aptix_cli.rendering import session_lines
 
-    for line in session_lines(api.get_session(args.session_id)):
-        _out(line)
-    return 0
-
-
-# --- batches ---------------------------------------------------------------------------------
-
-
-def _batch_submit(api: ApiClient, args: argparse.Namespace) -> int:
-    from aptix_cli.batch_progress import follow_batch, out_of_flight
-    from aptix_cli.client import ClientError
-    from aptix_cli.progress import ProgressBar
-    from aptix_cli.rendering import batch_summary, failed_turn_line
-    from shared.models.turn import TurnStatus
-
-    if args.out and not args.wait:
-        raise UsageError("--out needs --wait (the results are written once every turn has finished)")
-    requests = _read_batch(args.file)
-    bar = ProgressBar(sys.stderr, total=len(requests))  # its clock starts before the submission
-    batch = api.create_batch(requests)
-    batch_id = batch["batch_id"]
-    _out(f"batch {batch_id}: {batch.get('total', len(requests))} turns")
-    if not args.wait:
+    session = api.get_session(args.session_id)
+    if args.json:
+        out(json.dumps(session, indent=2))
         return 0
-    try:
-        batch = follow_batch(api, batch, interval=max(args.poll, 0.05), bar=bar)
-    except KeyboardInterrupt:
-        bar.interrupt()
-        sys.stderr.write(f"interrupted; batch {batch_id} goes on at the gateway\n")
-        return 130
-    except ClientError:
-        bar.interrupt()
-        raise
-    counts: dict[str, int] = batch.get("counts", {})
-    bar.finish(out_of_flight(batch), counts)
-    elapsed = bar.elapsed
-    if args.out or counts.get("failed") or counts.get("cancelled"):
-        turns = api.batch_results(batch_id)
-        if args.out:
-            args.out.write_text("".join(json.dumps(turn) + "\n" for turn in turns))
-            _out(f"wrote {len(turns)} turns to {args.out}")
-        for turn in turns:
-            if turn.get("status") in (TurnStatus.FAILED, TurnStatus.CANCELLED):
-                _out(failed_turn_line(turn))
-    _out(batch_summary(batch_id, counts, done=out_of_flight(batch), elapsed=elapsed))
+    for line in session_lines(session):
+        out(line)
     return 0
-
-
-def _read_batch(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from exc
-    requests = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            request = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path} line {number}: not valid JSON: {exc.msg}") from exc
-        if not isinstance(request, dict):
-            raise UsageError(f"{path} line {number}: expected a JSON object (a TurnRequest)")
-        requests.append(request)
-    if not requests:
-        raise UsageError(f"{path}: no requests in the file")
-    return requests
-
-
-# --- output ----------------------------------------------------------------------------------
-
-
-def _out(line: str) -> None:
-    sys.stdout.write(line + "\n")
-
-
-def _fail(message: str, *, code: int) -> int:
-    sys.stderr.write(f"error: {message}\n")
-    return code

@@ -16,6 +16,7 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -25,7 +26,7 @@ from aptix_cli.embedded_redis import EmbeddedRedis
 from aptix_cli.launcher import free_port
 from scripted_llm import ScriptedServer
 
-__all__ = ["DevStack", "DevStackInfo"]
+__all__ = ["DevStack", "DevStackInfo", "dev_api_key", "key_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +58,26 @@ class DevStack:
         worker_threads: int = 8,
         sqlite_path: str = DEFAULT_SQLITE_PATH,
         llm_latency_ms: float = 0.0,
+        api_key: str | None = None,
     ) -> None:
+        """Prepare the stack; nothing starts before :meth:`start`.
+
+        Args:
+            host: Where the gateway listens.
+            port: Its port (0: a free one).
+            worker_threads: Threads of the in-process Celery worker.
+            sqlite_path: The SQLite file of the durable store (unless ``APTIX_DATABASE_URL`` is set).
+            llm_latency_ms: Latency of the embedded scripted model.
+            api_key: The API key to accept (for the org ``dev-org``, user ``dev-user``); None: the key
+                kept beside the SQLite file from an earlier start, else a new one written there.
+                ``APTIX_API_KEYS``, when set, wins over both.
+        """
         self._host = host
         self._port = port
         self._worker_threads = worker_threads
         self._sqlite_path = sqlite_path
         self._llm_latency_ms = llm_latency_ms
+        self._api_key = api_key
         self._exits = ExitStack()
         self._worker: Any = None
         self._gateway: uvicorn.Server | None = None
@@ -87,7 +102,9 @@ class DevStack:
         if not llm_base_url:
             llm = self._exits.enter_context(ScriptedServer(latency_ms=self._llm_latency_ms, journal_size=1000))
             llm_base_url = _embedded(embedded, "llm", llm.base_url)
-        api_keys = os.environ.get("APTIX_API_KEYS") or f"dev-{secrets.token_urlsafe(12)}:dev-org:dev-user"
+        api_keys = os.environ.get("APTIX_API_KEYS")
+        if not api_keys:
+            api_keys = f"{dev_api_key(self._sqlite_path, self._api_key)}:dev-org:dev-user"
         settings = Settings(
             database_url=database_url,
             redis_url=redis_url,
@@ -185,6 +202,34 @@ class DevStack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the gateway did not start on {self._host}:{port}")
             time.sleep(0.05)
+
+
+def dev_api_key(sqlite_path: str, chosen: str | None = None) -> str:
+    """The dev API key: ``chosen``, else the key kept beside the SQLite file, else a new one kept there.
+
+    Keeping it makes the key stable across restarts, so an exported ``APTIX_KEY`` stays valid.
+    The file is readable by its owner only.
+    """
+    if chosen:
+        return chosen
+    path = key_file(sqlite_path)
+    try:
+        kept = path.read_text().strip()
+    except FileNotFoundError:
+        kept = ""
+    if kept:
+        return kept
+    key = f"dev-{secrets.token_urlsafe(12)}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(key + "\n")
+    return key
+
+
+def key_file(sqlite_path: str) -> Path:
+    """Where ``aptix dev`` keeps its generated API key: beside the SQLite file (``aptix-dev.key``)."""
+    return Path(sqlite_path).with_suffix(".key")
 
 
 def _embedded(parts: list[str], name: str, url: str) -> str:

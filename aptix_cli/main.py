@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int, default=8000)
     dev.add_argument("--workers", type=int, default=8, help="worker threads")
     dev.add_argument("--sqlite", default="aptix-dev.sqlite", help="the SQLite file of the durable store")
+    dev.add_argument(
+        "--key",
+        default=None,
+        help="the API key to accept (default: the one kept in aptix-dev.key beside the SQLite file, "
+        "made on the first start)",
+    )
     dev.set_defaults(run=_dev)
 
     demo = commands.add_parser("demo", help="tour the system on the embedded stack")
@@ -373,11 +379,13 @@ def _dev(args: argparse.Namespace) -> int:
     from shared.logging import configure_logging
 
     configure_logging("WARNING")
-    stack = DevStack(host=args.host, port=args.port, worker_threads=args.workers, sqlite_path=args.sqlite)
+    stack = DevStack(
+        host=args.host, port=args.port, worker_threads=args.workers, sqlite_path=args.sqlite, api_key=args.key
+    )
     info = stack.start()
     out = sys.stdout
     out.write(f"Aptix dev stack on {info.url}\n")
-    out.write(f"  API key:   {info.api_key}\n")
+    out.write(f"  API key:   {info.api_key}{_key_origin(args)}\n")
     out.write(f"  embedded:  {', '.join(info.embedded) or 'nothing (every APTIX_* URL was set)'}\n")
     out.write(f"  database:  {info.database_url}\n")
     out.write(f"  model:     {info.llm_base_url}\n")
@@ -391,6 +399,16 @@ def _dev(args: argparse.Namespace) -> int:
     finally:
         stack.stop()
     return 0
+
+
+def _key_origin(args: argparse.Namespace) -> str:
+    from aptix_cli.dev import key_file
+
+    if os.environ.get("APTIX_API_KEYS"):
+        return " (the first of APTIX_API_KEYS)"
+    if args.key:
+        return " (--key)"
+    return f" (kept in {key_file(args.sqlite)}: the same on every start; --key to choose one)"
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -15,9 +15,19 @@ from typing import Any
 from aptix_cli.batch_progress import IN_FLIGHT
 from aptix_cli.progress import STATUS_ORDER
 
-__all__ = ["batch_summary", "failed_turn_line", "session_lines", "trace_table", "turn_json", "turn_lines"]
+__all__ = [
+    "TRACE_WIDTH",
+    "batch_counts_line",
+    "batch_summary",
+    "failed_turn_line",
+    "session_lines",
+    "trace_table",
+    "turn_json",
+    "turn_lines",
+]
 
-_TRACE_WIDTH = 120
+TRACE_WIDTH = 120
+"""Characters a trace table's line may take unless ``aptix trace --wide``."""
 
 
 def turn_json(turn: Mapping[str, Any]) -> str:
@@ -55,8 +65,16 @@ def turn_lines(turn: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def trace_table(trace: Mapping[str, Any]) -> list[str]:
-    """The lines of a readable table of a ``GET /v1/turns/{id}/trace`` body (also used by the demo)."""
+def trace_table(trace: Mapping[str, Any], *, width: int | None = TRACE_WIDTH) -> list[str]:
+    """The lines of a readable table of a ``GET /v1/turns/{id}/trace`` body (also used by the demo).
+
+    Args:
+        trace: The trace body.
+        width: The longest line; the details column is cut to fit. None: nothing is cut.
+
+    Returns:
+        A header, a row per trace record and a last line with the count and the turn id.
+    """
     header = ("seq", "kind", "step", "worker", "r", "i", "ms", "details")
     rows = [header] + [_trace_row(step) for step in trace.get("steps", [])]
     widths = [max(len(row[col]) for row in rows) for col in range(len(header) - 1)]
@@ -67,8 +85,8 @@ def trace_table(trace: Mapping[str, Any]) -> list[str]:
         sized = enumerate(zip(row, widths, strict=False))
         cells = [cell.rjust(w) if col in right else cell.ljust(w) for col, (cell, w) in sized]
         line = "  ".join(cells)
-        room = max(_TRACE_WIDTH - len(line) - 2, 10)
-        lines.append(f"{line}  {_clip(row[-1], room)}".rstrip())
+        details = row[-1] if width is None else _clip(row[-1], max(width - len(line) - 2, 10))
+        lines.append(f"{line}  {details}".rstrip())
     lines.append(f"{len(rows) - 1} steps, turn {trace.get('turn_id', '?')}")
     return lines
 
@@ -97,6 +115,11 @@ def failed_turn_line(turn: Mapping[str, Any]) -> str:
     """``<status> <turn_id>: <code>: <message>`` for a batch's failed or cancelled turn."""
     error = turn.get("error") or {}
     return f"{turn.get('status')} {turn.get('turn_id')}: {error.get('code')}: {error.get('message')}"
+
+
+def batch_counts_line(counts: Mapping[str, int]) -> str:
+    """A batch's turns by status, every status in order: ``queued 0 running 2 ... cancelled 0``."""
+    return " ".join(f"{status} {counts.get(status, 0)}" for status in STATUS_ORDER)
 
 
 def batch_summary(batch_id: str, counts: Mapping[str, int], *, done: int, elapsed: float) -> str:

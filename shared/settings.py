@@ -161,6 +161,7 @@ OTHER_VARIABLES = frozenset(
         "APTIX_LLM_LOCAL_ONLY",  # tests: the model client refuses non-local hosts
         "APTIX_TEST_REDIS_URL",  # tests: the Redis they claim databases on
         "APTIX_TEST_DATABASE_URL",  # tests: the PostgreSQL they create their database on
+        "APTIX_FIXTURES_DIR",  # tests: the real-traffic Responses API fixtures (make test sets it)
     }
 )
 """``APTIX_*`` variables read by something other than :class:`Settings` (the CLI client, the tests)."""

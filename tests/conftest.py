@@ -73,3 +73,12 @@ def redis_urls(services: None) -> Iterator[tuple[str, str]]:
     yield urls
     for url in urls:
         redis.Redis.from_url(url).flushdb()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say in the run's summary when the real-traffic fixture checks did not run (and how to run them)."""
+    from tests.responses_fixtures import NOT_RUN
+
+    skipped = [report for report in terminalreporter.stats.get("skipped", []) if NOT_RUN in str(report.longrepr)]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} tests skipped: {NOT_RUN}", yellow=True)

@@ -1,4 +1,5 @@
-"""``/healthz`` (liveness) and ``/readyz`` (database at the schema this code needs, Redis and broker answer)."""
+"""``/healthz`` (liveness) and ``/readyz`` (database at the schema this code needs, Redis and broker
+answer, and at least one API key is configured: a gateway that answers every request 401 is not ready)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ async def readyz(gateway: Gateway) -> JSONResponse:
     if ready:
         return JSONResponse(body)
     down = ", ".join(name for name, ok in checks.items() if not ok)
-    message = f"dependencies down: {down}"
+    message = f"not ready: {down}"
     if checks["database"] and not checks["schema"]:
         message += f" (database at revision {revision}, this gateway needs {head_revision()}: run `aptix db upgrade`)"
+    if not checks["api_keys"]:
+        message += " (no API keys: set APTIX_API_KEYS to key:org_id:user_id triples, or every request is a 401)"
     return error_response(503, "unavailable", message, details=body["checks"])
 
 
@@ -52,6 +55,7 @@ def _check_all(gateway: GatewayState) -> tuple[str | None, dict[str, bool]]:
         "schema": database and revision == head_revision(),
         "redis": _redis(gateway),
         "broker": _broker(gateway),
+        "api_keys": bool(gateway.api_keys),
     }
     return revision, checks
 

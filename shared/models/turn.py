@@ -228,8 +228,9 @@ class ToolResult(BaseModel):
 
     @field_validator("output", "call_id")
     @classmethod
-    def _no_nul(cls, value: str) -> str:
-        return _no_nul(value)
+    def _valid_text(cls, value: str) -> str:
+        # The output goes to the model as JSON text: a lone surrogate cannot be encoded there.
+        return _valid_text(value)
 
 
 class ToolResultsRequest(BaseModel):

@@ -129,7 +129,7 @@ def modes_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def scripted_llm() -> Iterator[ScriptedServer]:
-    """The scripted model; at the end, every request it received must pass validate.py."""
+    """The scripted model; at the end, every request it received must conform (tests.responses_fixtures)."""
     with ScriptedServer(journal_size=100_000) as llm:
         yield llm
         bodies = [entry["body"] for entry in llm.requests()]

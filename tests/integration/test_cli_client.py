@@ -223,3 +223,99 @@ def _read_until_exit(master: int, process: subprocess.Popen[bytes], timeout: flo
             process.wait()
         os.close(master)
     return b"".join(chunks).decode(errors="replace")
+
+
+def test_batch_status_wait_and_results_pick_a_batch_up_by_its_id(system: System, tmp_path: Path) -> None:
+    # Given a batch submitted without --wait (as after Ctrl-C in submit --wait)
+    submitted = _aptix(system, "batch", "submit", str(_batch_file(tmp_path, 6)))
+    assert submitted.returncode == 0, submitted.stderr
+    found = re.search(r"^batch (\S+): 6 turns$", submitted.stdout, flags=re.MULTILINE)
+    assert found, submitted.stdout
+    batch_id, out = found.group(1), tmp_path / "again.jsonl"
+    # When another command follows it by id on a terminal
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aptix_cli", "batch", "wait", batch_id, "--out", str(out), "--poll", "0.2"],
+        env=_env(system), stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+    )  # fmt: skip
+    os.close(slave)
+    output = _read_until_exit(master, process)
+    # Then it draws the same progress bar, writes every result and sums up
+    assert process.returncode == 0, output
+    assert "6/6 100%" in output and f"batch {batch_id} finished: completed 6" in output
+    assert len(out.read_text().splitlines()) == 6
+    # And status and results read the finished batch
+    status = _aptix(system, "batch", "status", batch_id)
+    assert status.returncode == 0, status.stderr
+    assert "completed 6 failed 0 cancelled 0" in status.stdout and "nothing in flight" in status.stdout
+    raw = json.loads(_aptix(system, "batch", "status", batch_id, "--json").stdout)
+    assert raw["batch_id"] == batch_id and raw["counts"]["completed"] == 6
+    results = _aptix(system, "batch", "results", batch_id)
+    assert results.returncode == 0, results.stderr
+    assert sorted(json.loads(line)["status"] for line in results.stdout.splitlines()) == ["completed"] * 6
+
+
+def test_batch_status_of_an_unknown_batch_exits_1_with_the_404(system: System) -> None:
+    done = _aptix(system, "batch", "status", "batch_does_not_exist")
+    assert done.returncode == 1 and done.stderr.startswith("error 404 "), done.stderr
+
+
+def test_trace_and_session_json_print_the_raw_bodies(system: System) -> None:
+    turn_id, session_id = _ids(_aptix(system, "turn", f"raw bodies {_marker()}").stdout)
+    trace = json.loads(_aptix(system, "trace", turn_id, "--json").stdout)
+    assert trace["turn_id"] == turn_id and any(step["kind"] == "exit" for step in trace["steps"])
+    session = json.loads(_aptix(system, "session", session_id, "--json").stdout)
+    assert session["session_id"] == session_id and [t["turn_id"] for t in session["turns"]] == [turn_id]
+
+
+def test_trace_wide_keeps_the_details_the_table_cuts(system: System, tmp_path: Path) -> None:
+    # Given a turn whose model call offered many client tools (a long details cell)
+    tools = [{**OPEN_FILE, "name": f"client_tool_with_a_long_name_{i}"} for i in range(8)]
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps(tools))
+    turn_id, _ = _ids(_aptix(system, "turn", f"wide {_marker()}", "--tools", str(tools_file)).stdout)
+    # When the trace is printed plain and --wide
+    narrow = _aptix(system, "trace", turn_id).stdout.splitlines()
+    wide = _aptix(system, "trace", turn_id, "--wide").stdout.splitlines()
+    # Then only --wide shows every tool name
+    assert all(len(line) <= 120 for line in narrow)
+    assert not any("client_tool_with_a_long_name_7" in line for line in narrow)
+    assert any("client_tool_with_a_long_name_7" in line and len(line) > 120 for line in wide)
+
+
+def test_a_closed_pipe_ends_the_command_quietly(system: System) -> None:
+    # Given a reader that goes away before the command writes (as `aptix turn ... | head -1` does)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "aptix_cli", "turn", f"pipe {_marker()}"],
+        env=_env(system), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    # When it writes its answer
+    stderr = process.stderr.read().decode()
+    process.wait(timeout=120)
+    # Then it exits as a command stopped by SIGPIPE would, without a traceback
+    assert process.returncode == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_tool_results_with_a_misspelled_call_id_are_refused_and_the_turn_still_waits(
+    system: System, tmp_path: Path
+) -> None:
+    # Given a turn paused on one client tool call
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([OPEN_FILE]))
+    paused = _aptix(system, "turn", f'[[call:open_file {{"path": "a.txt"}}]] {_marker()}', "--tools", str(tools))
+    turn_id, _ = _ids(paused.stdout)
+    call_id = re.search(r"--result '?(\S+?)=OUTPUT", paused.stdout)
+    assert call_id, paused.stdout
+    # When results are sent for a misspelled id
+    done = _aptix(system, "tool-results", turn_id, "--result", f"{call_id.group(1)}x=contents")
+    # Then the CLI refuses them, naming both ids, and the turn is still waiting
+    assert done.returncode == 2
+    assert f"not pending: {call_id.group(1)}x" in done.stderr and f"missing: {call_id.group(1)}" in done.stderr
+    assert system.http.get(f"/v1/turns/{turn_id}", headers=system.headers()).json()["status"] == "requires_client_tools"
+    # And the right id resumes it
+    resumed = _aptix(system, "tool-results", turn_id, "--result", f"{call_id.group(1)}=contents")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "status: completed" in resumed.stdout

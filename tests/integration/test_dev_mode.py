@@ -63,7 +63,7 @@ def test_dev_serves_turns_and_a_client_tool_round_trip_without_external_services
     assert results["resumed"]["status"] == "completed"
     assert results["resumed"]["output_text"] == "Tool results: open_file=file body"
     assert results["resumed"]["turn_id"] == results["paused"]["turn_id"]
-    assert results["readyz"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok"}
+    assert results["readyz"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok", "api_keys": "ok"}
 
 
 _CLIENT_SCRIPT = r'''

@@ -294,6 +294,18 @@ _INVALID_REQUESTS: dict[str, dict[str, Any]] = {
         "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "\\ud800": {}}}]}',
         "headers": {"Content-Type": "application/json"},
     },
+    "NaN in tool parameters": {
+        "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "maximum": NaN}}]}',
+        "headers": {"Content-Type": "application/json"},
+    },
+    "Infinity in tool parameters": {
+        "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "minimum": -Infinity}}]}',
+        "headers": {"Content-Type": "application/json"},
+    },
+    "1e999 in tool parameters": {
+        "content": b'{"input": "hi", "tools": [{"name": "t", "parameters": {"type": "object", "maximum": 1e999}}]}',
+        "headers": {"Content-Type": "application/json"},
+    },
     "tool parameters nested too deep": {
         "json": {"input": "hi", "tools": [{"type": "function", "name": "t", "parameters": _nested(100)}]},
     },
@@ -509,7 +521,7 @@ def test_readyz_is_200_with_every_check_ok_when_the_dependencies_answer(system: 
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["status"] == "ready"
-    assert body["checks"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok"}
+    assert body["checks"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok", "api_keys": "ok"}
     assert body["schema"] == {"revision": head_revision(), "required": head_revision()}
 
 
@@ -524,13 +536,31 @@ def test_readyz_is_503_saying_to_migrate_when_the_schema_is_behind(
     # Then it is not ready, and says what to run
     assert ready.status_code == 503, ready.text
     error = ready.json()["error"]
-    assert error["details"] == {"database": "ok", "schema": "down", "redis": "ok", "broker": "ok"}
+    assert error["details"] == {"database": "ok", "schema": "down", "redis": "ok", "broker": "ok", "api_keys": "ok"}
     assert "aptix db upgrade" in error["message"] and "revision None" in error["message"]
+    # And a turn posted to it is a 503 that says the same, not a 500
+    posted = system.http.post(f"{url}/v1/turns", json={"input": "hi"}, headers=system.headers(), timeout=60)
+    assert posted.status_code == 503, posted.text
+    assert "aptix db upgrade" in posted.json()["error"]["message"]
     # And once the schema is migrated it is ready, with no restart
     upgrade(database)
     ready = system.http.get(f"{url}/readyz", timeout=60)
     assert ready.status_code == 200, ready.text
     assert ready.json()["schema"]["revision"] == head_revision()
+
+
+def test_readyz_is_503_naming_the_setting_when_no_api_key_is_configured(
+    system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    # Given a gateway started with no API keys (it would answer every request 401)
+    url = extra_gateway({"APTIX_API_KEYS": ""})
+    # When its readiness is asked
+    ready = system.http.get(f"{url}/readyz", timeout=60)
+    # Then it is not ready, and says which setting to set
+    assert ready.status_code == 503, ready.text
+    error = ready.json()["error"]
+    assert error["details"]["api_keys"] == "down" and error["details"]["database"] == "ok"
+    assert "APTIX_API_KEYS" in error["message"]
 
 
 def test_openapi_document_is_served_with_the_turns_path(system: System) -> None:

@@ -198,6 +198,24 @@ def test_tool_results_are_409_when_the_turn_is_not_waiting(system: System) -> No
     assert response.json()["error"]["code"] == "turn_not_awaiting_tool_results"
 
 
+def test_tool_results_are_422_and_the_turn_still_waits_when_an_output_has_a_lone_surrogate(system: System) -> None:
+    # Given a turn paused on a client call
+    turn = _pause(system)
+    call_id = turn["pending_tool_calls"][0]["call_id"]
+    # When its output carries half a surrogate pair (text UTF-8 cannot encode)
+    response = system.http.post(
+        f"/v1/turns/{turn['turn_id']}/tool-results",
+        content=b'{"tool_results": [{"call_id": "%s", "output": "half a pair \\ud800"}]}' % call_id.encode(),
+        headers={**system.headers(), "Content-Type": "application/json"},
+    )
+    # Then they are refused as invalid, and the turn still waits for valid ones
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert system.wait_turn(turn["turn_id"])["status"] == "requires_client_tools"
+    resumed = system.resume(turn["turn_id"], [{"call_id": call_id, "output": "fine"}])
+    assert resumed["status"] == "completed", resumed
+
+
 def test_turn_context_is_cleared_after_its_one_emission(system: System) -> None:
     marker = _marker()
     turn = system.run_turn({"input": f"{_call('get_current_time')} {marker}"})

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from aptix_cli.rendering import batch_summary, failed_turn_line, session_lines, trace_table, turn_lines
+from aptix_cli.rendering import (
+    batch_counts_line,
+    batch_summary,
+    failed_turn_line,
+    session_lines,
+    trace_table,
+    turn_lines,
+)
 
 
 def test_turn_lines_show_the_answer_status_and_ids_of_a_completed_turn() -> None:
@@ -68,3 +75,24 @@ def test_batch_summary_always_shows_the_terminal_statuses() -> None:
 def test_failed_turn_line_names_the_error() -> None:
     turn = {"status": "failed", "turn_id": "t1", "error": {"code": "llm_error", "message": "boom"}}
     assert failed_turn_line(turn) == "failed t1: llm_error: boom"
+
+
+def _long_trace() -> dict[str, object]:
+    details = {"round": 0, "iteration": 1, "tools": [f"tool_number_{i}" for i in range(12)]}
+    step = {"seq": 1, "kind": "llm_call", "step": "llm_call", "worker": "w1", "duration_ms": 2.0, "data": details}
+    return {"turn_id": "t1", "steps": [step]}
+
+
+def test_trace_table_cuts_the_details_to_the_width() -> None:
+    lines = trace_table(_long_trace())
+    assert len(lines[1]) == 120 and lines[1].endswith("...")
+
+
+def test_trace_table_without_a_width_keeps_every_detail() -> None:
+    lines = trace_table(_long_trace(), width=None)
+    assert len(lines[1]) > 120 and lines[1].endswith('"tool_number_11"]')
+
+
+def test_batch_counts_line_names_every_status_in_order() -> None:
+    line = batch_counts_line({"completed": 3, "running": 1})
+    assert line == "completed 3 failed 0 cancelled 0 requires_client_tools 0 running 1 queued 0"

@@ -87,7 +87,7 @@ class Gateway:
         self.batches = BatchService(
             turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock
         )
-        self.session_reads = SessionService(sessions=self.sessions, turns=self.turns)
+        self.session_reads = SessionService(sessions=self.sessions, turns=self.turns, catalog=load_catalog())
 
     def session(self) -> str:
         """A session of ORG, as the pipeline's session creator leaves it."""
@@ -399,6 +399,27 @@ def test_session_is_not_found_for_another_org(gateway: Gateway) -> None:
         gateway.session_reads.get(session_id, org_id="org_b")
 
     assert refused.value.code == "session_not_found"
+
+
+def test_a_new_session_is_readable_as_soon_as_its_first_turn_is_recorded(gateway: Gateway) -> None:
+    # Given a turn that starts a session in a requested mode, recorded but not yet run
+    handle = gateway.service.record(TurnRequest(input="hi", mode="ddr-authoring"), org_id=ORG, user_id=USER)
+    # When the session id it returned is read before any worker created the session
+    session = gateway.session_reads.get(handle.session_id, org_id=ORG)
+    # Then it is the session that turn starts
+    assert session.session_id == handle.session_id and session.mode == "ddr-authoring"
+    assert session.mode_history == [] and [t.turn_id for t in session.turns] == [handle.turn_id]
+
+
+def test_a_new_session_without_a_mode_reads_in_the_default_mode(gateway: Gateway) -> None:
+    handle = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+    assert gateway.session_reads.get(handle.session_id, org_id=ORG).mode == "general"
+
+
+def test_a_recorded_session_of_another_org_is_not_found(gateway: Gateway) -> None:
+    handle = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+    with pytest.raises(NotFound):
+        gateway.session_reads.get(handle.session_id, org_id="org_b")
 
 
 @pytest.mark.parametrize(

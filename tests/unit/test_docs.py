@@ -1,0 +1,50 @@
+"""docs/ is the public contract inside the repository: it names every route, code and model the gateway has."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fastapi.routing import APIRoute
+
+from api_gateway.app import create_app
+from shared.result import ErrorCode
+from shared.settings import Settings
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+_SERVICE_CODES = re.compile(r'(?:NotFound|Conflict)\("([a-z_]+)"')
+
+
+def _api_text() -> str:
+    return (DOCS / "api.md").read_text()
+
+
+def test_every_route_of_the_gateway_is_documented() -> None:
+    app = create_app(Settings(database_url="sqlite://", api_keys="k:o:u"))
+    paths = {(method, route.path) for route in app.routes if isinstance(route, APIRoute) for method in route.methods}
+    text = _api_text()
+    undocumented = sorted(f"{method} {path}" for method, path in paths if f"`{method} {path}`" not in text)
+    assert not undocumented, f"routes missing from docs/api.md: {undocumented}"
+
+
+def test_every_turn_error_code_is_documented() -> None:
+    text = _api_text()
+    assert not [code.value for code in ErrorCode if f"`{code.value}`" not in text]
+
+
+def test_every_http_error_code_the_services_raise_is_documented() -> None:
+    services = Path(__file__).resolve().parents[2] / "api_gateway" / "services"
+    raised = {code for path in services.glob("*.py") for code in _SERVICE_CODES.findall(path.read_text())}
+    text = _api_text()
+    assert raised and not sorted(code for code in raised if f"`{code}`" not in text)
+
+
+def test_every_setting_is_documented_in_docs_and_the_readme() -> None:
+    from shared.settings import known_variables
+
+    configuration = (DOCS / "configuration.md").read_text()
+    readme = (DOCS.parent / "README.md").read_text()
+    missing_docs = sorted(name for name in known_variables() if f"`{name}`" not in configuration)
+    missing_readme = sorted(name for name in Settings.model_fields if f"APTIX_{name.upper()}" not in readme)
+    assert not missing_docs, f"not in docs/configuration.md: {missing_docs}"
+    assert not missing_readme, f"not in README.md: {missing_readme}"
