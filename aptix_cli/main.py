@@ -250,8 +250,10 @@ def _worker(args: argparse.Namespace) -> int:
 def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
     """Count metrics in a fresh directory and serve them on ``APTIX_WORKER_METRICS_PORT`` (None when 0).
 
-    Runs before anything imports prometheus_client (``aptix_cli.metrics_dir``); a port that cannot be
-    bound stops the command with a message.
+    Runs before anything imports prometheus_client (``aptix_cli.metrics_dir``). A port that cannot be
+    bound stops the command with a message when ``APTIX_WORKER_METRICS_PORT`` chose it; the default
+    port taken (a second ``aptix worker``, or ``aptix reconciler``, on the same host) only costs this
+    process its metrics page, with a warning, so that following the README never fails to start.
     """
     from aptix_cli.metrics_dir import prepare_directory
     from shared.settings import get_settings
@@ -268,10 +270,16 @@ def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
         listener.start()
     except OSError as exc:
         listener.stop()
-        raise SystemExit(
-            f"aptix {command}: cannot serve metrics on {host}:{port} ({exc.strerror or exc}); give each "
-            "worker on this host its own APTIX_WORKER_METRICS_PORT, or 0 to serve none"
-        ) from exc
+        problem = f"aptix {command}: cannot serve metrics on {host}:{port} ({exc.strerror or exc})"
+        if "worker_metrics_port" in settings.model_fields_set:
+            raise SystemExit(
+                f"{problem}; give each worker on this host its own APTIX_WORKER_METRICS_PORT, or 0 to serve none"
+            ) from exc
+        sys.stderr.write(
+            f"{problem}: serving no metrics (the default port is taken on this host; set "
+            "APTIX_WORKER_METRICS_PORT to give this process a port of its own)\n"
+        )
+        return None
     sys.stderr.write(f"aptix {command}: metrics on http://{host}:{port}/metrics\n")
     return listener
 

@@ -10,6 +10,7 @@ the sum of both metrics pages, whichever worker ran what.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import redis
 
 from aptix_cli.launcher import ManagedProcess, free_port
 from scripted_llm import ScriptedServer
+from shared.settings import Settings
 from tests.conftest import claim_redis_databases
 from tests.integration.conftest import OPEN_FILE, System, redis_urls_base, system_env
 from tests.services_check import database_admin_url
@@ -250,6 +252,30 @@ def test_a_worker_whose_metrics_port_is_taken_stops_and_says_which_setting_to_ch
     assert f"cannot serve metrics on 127.0.0.1:{port}" in log and "APTIX_WORKER_METRICS_PORT" in log, log
     assert "ready." not in log
     metered.system.stack.stop([worker])
+
+
+def test_a_worker_on_a_host_whose_default_metrics_port_is_taken_starts_without_metrics(metered: Metered) -> None:
+    # Given the default metrics port held (by this test, or already by another process on the host)
+    default = Settings.model_fields["worker_metrics_port"].default
+    with contextlib.ExitStack() as held:
+        with contextlib.suppress(OSError):
+            holder = held.enter_context(socket.socket())
+            holder.bind(("127.0.0.1", default))
+            holder.listen()
+        # When `aptix worker` starts with no APTIX_WORKER_METRICS_PORT of its own (as the README's
+        # second worker on a host would)
+        env = {key: value for key, value in metered.system.stack.env.items() if key != "APTIX_WORKER_METRICS_PORT"}
+        worker = ManagedProcess("metrics-default-taken", [sys.executable, "-m", "aptix_cli", "worker"], env,
+                                metered.system.stack.log_dir)  # fmt: skip
+        try:
+            # Then it says it serves no metrics, and starts all the same
+            wait_for(lambda: worker.popen.poll() is not None or "ready." in worker.log(),
+                     what="the worker to start", seconds=60)  # fmt: skip
+            log = worker.log()
+            assert worker.popen.poll() is None, log
+            assert f"cannot serve metrics on 127.0.0.1:{default}" in log and "serving no metrics" in log, log
+        finally:
+            worker.stop()
 
 
 def test_the_sample_dashboard_loads_and_uses_only_metrics_aptix_exports(metered: Metered) -> None:
