@@ -93,6 +93,8 @@ class ChaosSystem:
             "APTIX_RECONCILER_DEADLINE_SECONDS": "10",
             "APTIX_RECONCILER_INTERVAL_SECONDS": "1",
             "APTIX_LLM_RETRY_BUDGET_SECONDS": "120",
+            # Up to 200 concurrent clients, all from 127.0.0.1: no per-address connection cap.
+            "APTIX_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0",
         }
 
     def start(self) -> None:
