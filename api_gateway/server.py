@@ -112,9 +112,6 @@ def serve(app: ASGIApp, settings: Settings, *, host: str, port: int) -> None:
     uvicorn.Server(server_config(app, settings, host=host, port=port)).run()
 
 
-_Awaiting = Literal["nothing", "headers", "body"]
-
-
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline on whatever the client owes, and connection caps.
 
@@ -198,6 +195,10 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.write(self.guard.timeout_response(awaiting))
         logger.debug("closed a connection from %s: its request %s did not arrive in time", self._peer, awaiting)
         self.transport.close()
+
+
+_Awaiting = Literal["nothing", "headers", "body"]
+"""What a connection's client owes the server next."""
 
 
 class _Guard:
