@@ -193,9 +193,9 @@ class DevStack:
 
     def _start_gateway(self, settings: Any, port: int) -> None:
         from api_gateway.app import create_app
+        from api_gateway.server import server_config
 
-        config = uvicorn.Config(create_app(settings), host=self._host, port=port, log_level="warning")
-        self._gateway = uvicorn.Server(config)
+        self._gateway = uvicorn.Server(server_config(create_app(settings), settings, host=self._host, port=port))
         threading.Thread(target=self._gateway.run, name="aptix-dev-gateway", daemon=True).start()
         deadline = time.monotonic() + 30
         while not self._gateway.started:

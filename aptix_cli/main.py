@@ -165,9 +165,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from api_gateway.app import create_app
+    from api_gateway.server import serve
     from shared.logging import configure_logging
     from shared.redaction import secrets_in
     from shared.settings import get_settings, placeholder_api_keys
@@ -181,8 +180,10 @@ def _gateway(args: argparse.Namespace) -> int:
             "e.g. APTIX_API_KEYS=\"$(openssl rand -hex 24):my-org:me\" (`aptix dev` makes one for you)\n"
         )
         return 2
-    configure_logging(secrets=secrets_in(get_settings()))
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+    settings = get_settings()
+    configure_logging(secrets=secrets_in(settings))
+    _allow_open_files(settings.http_max_connections + 256, command="gateway")  # + database, Redis, broker
+    serve(create_app(settings), settings, host=args.host, port=args.port)
     return 0
 
 
@@ -208,7 +209,7 @@ def _worker(args: argparse.Namespace) -> int:
             if listener is not None:
                 listener.stop()
     spec = specs[0]
-    _allow_open_files(spec.concurrency + 512)
+    _allow_open_files(spec.concurrency + 512, command="worker")
     if spec.pool == "gevent":
         from gevent import monkey
 
@@ -284,9 +285,9 @@ def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
     return listener
 
 
-def _allow_open_files(needed: int) -> None:
-    """Raise the soft limit on open files towards ``needed`` (each model call in flight is a socket;
-    containers often start with a soft limit of 1,024 under a far higher hard limit)."""
+def _allow_open_files(needed: int, *, command: str) -> None:
+    """Raise the soft limit on open files towards ``needed`` (each model call in flight, each client
+    connection is a socket; processes often start with a soft limit of 1,024 under a far higher hard limit)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -294,7 +295,7 @@ def _allow_open_files(needed: int) -> None:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         if target < needed:
-            sys.stderr.write(f"aptix worker: at most {target} open files (hard limit); {needed} wanted\n")
+            sys.stderr.write(f"aptix {command}: at most {target} open files (hard limit); {needed} wanted\n")
 
 
 def _reconciler(args: argparse.Namespace) -> int:

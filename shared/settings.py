@@ -129,6 +129,18 @@ class Settings(BaseSettings):
     workers on one host each need their own."""
     worker_metrics_host: str = "127.0.0.1"
     """Address of the workers' metrics port (``0.0.0.0`` for a scraper on another host or pod)."""
+    http_header_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    """A gateway connection must send a request's line and headers within this long (from its opening, or
+    from the request's first byte on a kept-alive connection); else 408 and closed."""
+    http_body_timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
+    """A request's body must have arrived in full this long after its headers; else 408 and closed."""
+    http_keepalive_seconds: PositiveInt = 5
+    """The gateway closes a kept-alive connection idle this long (behind a load balancer: above its idle timeout)."""
+    http_max_connections: PositiveInt = 1000
+    """Connections one gateway process holds at once; one more is answered 503 and closed when accepted."""
+    http_max_connections_per_client: Annotated[int, Field(ge=0)] = 64
+    """Connections one client address may hold at once on a gateway process (more: 503 and closed); 0 for no
+    cap, as behind a proxy, where every connection comes from the proxy's address."""
 
     @field_validator("api_keys")
     @classmethod

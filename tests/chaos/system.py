@@ -95,6 +95,8 @@ class ChaosSystem:
             "APTIX_LLM_RETRY_BUDGET_SECONDS": "120",
             # Several workers and reconcilers share this host: none serves metrics (each would need a port).
             "APTIX_WORKER_METRICS_PORT": "0",
+            # Up to 200 concurrent clients, all from 127.0.0.1: no per-address connection cap.
+            "APTIX_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0",
         }
 
     def start(self) -> None:
