@@ -239,6 +239,10 @@ def flower(system: System) -> Iterator[Flower]:
     its environment); stopped at the end of the run."""
     import uuid
 
-    running = start_flower(system.stack, password=uuid.uuid4().hex)
+    def probe() -> str:
+        turn = system.run_turn({"input": f"flower probe {uuid.uuid4().hex}"})
+        return str(turn["turn_id"])
+
+    running = start_flower(system.stack, password=uuid.uuid4().hex, probe=probe)
     yield running
     system.stack.stop([running.process])

@@ -8,6 +8,7 @@ where ``ps`` shows it) and the task list's columns including ``args`` (where the
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +44,27 @@ class Flower:
         return tasks
 
 
-def start_flower(group: ProcessGroup, *, password: str, max_tasks: int = 1000, timeout: float = 60.0) -> Flower:
-    """Start Flower on a free port and return once every worker's task events reach it.
+def start_flower(
+    group: ProcessGroup,
+    *,
+    password: str,
+    probe: Callable[[], str],
+    max_tasks: int = 1000,
+    timeout: float = 60.0,
+) -> Flower:
+    """Start Flower on a free port and return once it sees the workers' tasks.
 
-    Flower turns the workers' task events on when it starts (they start with them off); until a
-    worker's events arrive, Flower would miss its tasks, so this waits until Flower reports every
-    worker that answers a ping as online (its heartbeat events arrive).
+    The workers start with task events off; Flower turns them on with its first ``enable_events``
+    broadcast, about 5 s after it starts (then every 5 s, for workers that start later). A task that
+    ran before is not in Flower, and a worker's heartbeats reach Flower before its task events do.
+    So this runs ``probe`` turns until Flower lists the tasks of one.
+
+    Args:
+        group: starts (and later stops) the process.
+        password: the basic-auth password (user ``operator``).
+        probe: runs a short turn to its end and returns its turn id.
+        max_tasks: Flower's task history (``FLOWER_MAX_TASKS``).
+        timeout: seconds to wait for each stage.
 
     Raises:
         RuntimeError: Flower exited or did not answer in time (with its log).
@@ -63,22 +79,13 @@ def start_flower(group: ProcessGroup, *, password: str, max_tasks: int = 1000, t
     process = group.start(f"flower-{port}", argv, env)
     flower = Flower(url=f"http://127.0.0.1:{port}", user=user, password=password, process=process)
     wait_until([process], lambda: answers(f"{flower.url}/healthcheck"), timeout)
-    workers = wait_for(lambda: _registered(flower), what="Flower to see the workers", seconds=timeout)
-    wait_for(
-        lambda: _online(flower) >= workers,
-        what=f"every worker's events to reach Flower ({sorted(workers)})",
-        seconds=timeout,
-    )
+    probes: list[str] = []
+
+    def sees_a_probe() -> bool:
+        if probes and flower.tasks(search=probes[-1]):
+            return True
+        probes.append(probe())
+        return False
+
+    wait_for(sees_a_probe, what="Flower to list the tasks of a turn", seconds=timeout, interval=0.5)
     return flower
-
-
-def _registered(flower: Flower) -> set[str]:
-    """The workers that answer Flower's inspect (``/api/workers?refresh=1``)."""
-    response = flower.get("/api/workers", refresh=1)
-    return set(response.json()) if response.status_code == 200 else set()
-
-
-def _online(flower: Flower) -> set[str]:
-    """The workers whose events reach Flower (``/api/workers?status=1``: alive by heartbeat)."""
-    response = flower.get("/api/workers", status=1)
-    return {name for name, alive in response.json().items() if alive} if response.status_code == 200 else set()
