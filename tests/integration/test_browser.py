@@ -127,7 +127,10 @@ def test_gateway_docs_page_renders_every_operation_from_the_gateway_alone(system
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
     try:
-        page.goto(f"{system.gateway_url}/docs")
+        response = page.goto(f"{system.gateway_url}/docs")
+        # The page comes with the gateway's protective headers, which do not stop it rendering
+        assert response is not None and response.status == 200
+        assert response.headers["x-content-type-options"] == "nosniff" and response.headers["x-frame-options"] == "DENY"
         # Every operation of the API is rendered, with its method and path
         expect(page.locator(".opblock")).to_have_count(operations)
         expect(page.locator(".opblock-summary-path", has_text="/v1/turns/{turn_id}/tool-results")).to_have_count(1)
