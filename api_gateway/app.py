@@ -13,6 +13,7 @@ import redis
 from fastapi import FastAPI
 
 from api_gateway.body_limit import BodyLimitMiddleware
+from api_gateway.docs import install_docs
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
 from api_gateway.routes import batches, health, sessions, turn_actions, turns
@@ -50,7 +51,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # redirect_slashes=False: Starlette builds the redirect for "/v1/turns/" from the Host header,
     # before authentication (an open redirect); a wrong path is a 404 like any other.
-    app = FastAPI(title="Aptix agent workers", version="0.1.0", lifespan=lifespan, redirect_slashes=False)
+    # docs_url=None, redoc_url=None: FastAPI's pages load their scripts from a CDN; install_docs serves
+    # Swagger UI from the installed package instead.
+    app = FastAPI(
+        title="Aptix agent workers",
+        version="0.1.0",
+        lifespan=lifespan,
+        redirect_slashes=False,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.gateway = gateway
     install_error_handlers(app)
     app.include_router(health.router)
@@ -58,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(turn_actions.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
+    install_docs(app)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)
     if settings.effective_broker_url.startswith("redis://"):
         broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)

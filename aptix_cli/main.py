@@ -188,7 +188,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from aptix_cli.worker_group import plan, run_group
+    from aptix_cli.worker_group import node_name, plan, run_group
 
     try:
         specs = plan(args.queues, args.pool, args.concurrency, args.processes)
@@ -238,8 +238,7 @@ def _worker(args: argparse.Namespace) -> int:
     app = create_celery(get_settings(), reconciler=not args.no_reconciler)
     argv = ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
     argv += ["--loglevel", args.loglevel, "--without-gossip"]
-    if args.hostname:
-        argv += ["-n", args.hostname]
+    argv += ["-n", node_name(spec, args.hostname, pid=os.getpid(), grouped=False)]
     try:
         app.worker_main(argv)
     finally:

@@ -15,7 +15,7 @@ from celery import Celery
 
 
 class TaskEventRecorder:
-    """Collects task-received/succeeded/failed events in a background thread."""
+    """Collects task events (received, started, succeeded, failed, ...) in a background thread."""
 
     def __init__(self, broker_url: str) -> None:
         self._app = Celery("aptix-test-events", broker=broker_url, set_as_current=False)
@@ -81,6 +81,16 @@ class TaskEventRecorder:
             (envelope,) = ast.literal_eval(str(task["args"]))
             hops.setdefault((int(envelope.get("round", 0)), int(envelope.get("hop", 0))), str(task.get("name")))
         return [hops[key] for key in sorted(hops)]
+
+    def task_events(self, turn_id: str) -> dict[str, list[dict[str, Any]]]:
+        """Every event of each task of ``turn_id`` so far, by task id, in the order they arrived."""
+        events = self.events()
+        ours = {e["uuid"] for e in events if e["type"] == "task-received" and turn_id in str(e.get("args", ""))}
+        tasks: dict[str, list[dict[str, Any]]] = {task_id: [] for task_id in ours}
+        for event in events:
+            if event.get("uuid") in tasks:
+                tasks[event["uuid"]].append(event)
+        return tasks
 
     def _keep_enabling(self) -> None:
         while not (self._receiver is not None and self._receiver.should_stop):
