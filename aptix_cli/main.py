@@ -68,7 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--no-reconciler", action="store_true", help="do not run a copy of the reconciler in this worker"
     )
+    # Set by `aptix worker` on each process it starts: the name of the process's heartbeat file.
+    worker.add_argument("--heartbeat-name", default=None, help=argparse.SUPPRESS)
     worker.set_defaults(run=_worker)
+
+    health = commands.add_parser(
+        "worker-health",
+        help="exit 0 if every process of this host's `aptix worker` is alive and making progress, else 1 "
+        "(a liveness probe)",
+    )
+    health.set_defaults(run=_worker_health)
 
     reconciler = commands.add_parser(
         "reconciler", help="run the reconciler apart from the workers (re-drives turns that stopped moving)"
@@ -183,6 +192,8 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stderr.write(f"aptix worker: {exc}\n")
         return 2
     if len(specs) > 1:
+        if not _prepare_heartbeats([spec.group for spec in specs]):
+            return 2
         return run_group(specs, hostname=args.hostname, loglevel=args.loglevel, reconciler=not args.no_reconciler)
     spec = specs[0]
     _allow_open_files(spec.concurrency + 512)
@@ -196,21 +207,53 @@ def _worker(args: argparse.Namespace) -> int:
     from shared.redaction import secrets_in
     from shared.settings import get_settings
     from workers.app import create_celery
+    from workers.liveness import limit_warnings
 
     _warn_unknown_variables("worker")
+    for message in limit_warnings(get_settings()):
+        sys.stderr.write(f"aptix worker: warning: {message}\n")
+    if args.heartbeat_name is None and not _prepare_heartbeats([spec.group]):  # else `aptix worker` did
+        return 2
     configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
     if args.loglevel.upper() != "DEBUG":
         # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
         # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
         for name in ("celery.worker.strategy", "celery.app.trace"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    app = create_celery(get_settings(), reconciler=not args.no_reconciler)
+    app = create_celery(
+        get_settings(), reconciler=not args.no_reconciler, heartbeat=args.heartbeat_name or spec.group
+    )
     argv = ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
     argv += ["--loglevel", args.loglevel, "--without-gossip"]
     if args.hostname:
         argv += ["-n", args.hostname]
     app.worker_main(argv)
     return 0
+
+
+def _prepare_heartbeats(names: list[str]) -> bool:
+    """Name the processes about to start in the heartbeat folder (``workers.liveness``)."""
+    from shared.settings import get_settings
+    from workers.liveness import health_dir, prepare_health_dir
+
+    directory = health_dir(get_settings())
+    try:
+        prepare_health_dir(directory, names)
+    except OSError as exc:
+        sys.stderr.write(f"aptix worker: cannot keep heartbeats in {directory}: {exc}\n")
+        return False
+    return True
+
+
+def _worker_health(_args: argparse.Namespace) -> int:
+    from shared.settings import get_settings
+    from workers.liveness import check_workers, health_dir
+
+    verdicts = check_workers(health_dir(get_settings()))
+    for verdict in verdicts:
+        stream = sys.stdout if verdict.ok else sys.stderr
+        stream.write(f"{'ok' if verdict.ok else 'FAIL'}: {verdict.message}\n")
+    return 0 if all(verdict.ok for verdict in verdicts) else 1
 
 
 def _allow_open_files(needed: int) -> None:
@@ -232,7 +275,8 @@ def _reconciler(args: argparse.Namespace) -> int:
     import threading
 
     from shared.broker import create_producer, send_step
-    from shared.db import create_db_engine, session_factory
+    from shared.db import session_factory
+    from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
     from shared.logging import configure_logging
     from shared.models.envelope import TurnEnvelope
@@ -250,13 +294,14 @@ def _reconciler(args: argparse.Namespace) -> int:
     def send(envelope: TurnEnvelope, countdown: float) -> None:
         send_step(producer, envelope, countdown=countdown)
 
-    store = RedisStateStore.from_url(settings.redis_url)
+    store = RedisStateStore.from_url(settings.redis_url, max_connections=settings.redis_max_connections)
+    owner = f"reconciler@{socket.gethostname()}:{os.getpid()}"
     reconciler = build_reconciler(
         settings,
-        turns=TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=2))),
+        turns=TurnRepository(session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))),
         store=store,
         dispatcher=Dispatcher.for_settings(send, store, settings),
-        owner=f"reconciler@{socket.gethostname()}:{os.getpid()}",
+        owner=owner,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -270,12 +315,12 @@ def _reconciler(args: argparse.Namespace) -> int:
 def _db_wait(args: argparse.Namespace) -> int:
     import time
 
-    from shared.db import create_db_engine
+    from shared.db.engine import ProcessKind, engine_for
     from shared.db.migrate import head_revision, schema_revision
     from shared.settings import get_settings
 
     _warn_unknown_variables("db wait")
-    engine = create_db_engine(get_settings().database_url, pool_size=1)
+    engine = engine_for(get_settings(), ProcessKind.MIGRATION)
     required = head_revision()
     deadline = time.monotonic() + args.timeout
     revision: str | None = None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Annotated
 
-from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validator
+from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
@@ -119,6 +119,18 @@ class Settings(BaseSettings):
     """Re-drives after which a turn that still does not move fails (``internal_error``)."""
     tool_threads: PositiveInt = 16
     """Threads a worker process runs server tools on; a handler that overruns its timeout keeps its thread."""
+    db_pool_size: PositiveInt | None = None
+    """Database connections a process keeps open; unset: its kind's default (``shared.db.engine.DEFAULT_POOLS``)."""
+    db_max_overflow: NonNegativeInt | None = None
+    """Connections a process may open beyond its pool under load (closed when returned); unset: its kind's default."""
+    redis_max_connections: PositiveInt = 100
+    """Connections a process's turn-state Redis client may hold; a command waits for a free one beyond that."""
+    worker_health_dir: str | None = None
+    """Where ``aptix worker`` writes its heartbeats and ``aptix worker-health`` reads them; unset: a temp folder."""
+    worker_heartbeat_stale_seconds: Annotated[float, Field(gt=0)] = 30.0
+    """A worker process whose heartbeat (or, while it is connected to the broker, event loop) is this old is hung."""
+    worker_task_stuck_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """A worker process running one task this long is hung: longer than any step may take (model call, tools)."""
 
     @field_validator("api_keys")
     @classmethod

@@ -58,7 +58,7 @@ class WorkerRuntime:
             # connections alone (closing them here would close them for the parent too).
             self._engine.dispose(close=False)
         self._hostname = hostname
-        self._engine = worker_engine(self._settings)
+        self._engine = worker_engine(self._settings, hostname=hostname)
         self._ctx = build_context(self._settings, engine=self._engine, hostname=hostname)
         self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
 

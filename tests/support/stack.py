@@ -24,12 +24,13 @@ class LocalStack(ProcessGroup):
         pool: str | None = "threads",
         concurrency: int | None = 4,
         timeout: float = 60.0,
+        env: dict[str, str] | None = None,
     ) -> ManagedProcess:
         """Start ``aptix worker`` as node ``name@<host>`` and wait until it is ready.
 
         With ``pool=None`` it gets no ``--pool`` (nor ``--concurrency``): one Celery worker per queue
         group, each on its own pool (``aptix_cli.worker_group``), named ``<group>.name@<host>``; it
-        is ready when all of them are.
+        is ready when all of them are. ``env`` overrides the stack's environment for this worker.
 
         Raises:
             RuntimeError: it exited or was not ready in time (with its log).
@@ -40,6 +41,6 @@ class LocalStack(ProcessGroup):
         if pool is not None:
             argv += ["--pool", pool, "--concurrency", str(concurrency or 1)]
         processes = 1 if pool is not None else len(plan(queues))
-        process = self.start(name, argv)
+        process = self.start(name, argv, env)
         wait_until([process], lambda: process.log().count("ready.") >= processes, timeout)
         return process
