@@ -191,8 +191,10 @@ def _worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"aptix worker: {exc}\n")
         return 2
+    from aptix_cli.worker_health import prepare_heartbeats
+
     if len(specs) > 1:
-        if not _prepare_heartbeats([spec.group for spec in specs]):
+        if not prepare_heartbeats([spec.group for spec in specs]):
             return 2
         return run_group(specs, hostname=args.hostname, loglevel=args.loglevel, reconciler=not args.no_reconciler)
     spec = specs[0]
@@ -212,7 +214,7 @@ def _worker(args: argparse.Namespace) -> int:
     _warn_unknown_variables("worker")
     for message in limit_warnings(get_settings()):
         sys.stderr.write(f"aptix worker: warning: {message}\n")
-    if args.heartbeat_name is None and not _prepare_heartbeats([spec.group]):  # else `aptix worker` did
+    if args.heartbeat_name is None and not prepare_heartbeats([spec.group]):  # else `aptix worker` did
         return 2
     configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
     if args.loglevel.upper() != "DEBUG":
@@ -231,29 +233,10 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare_heartbeats(names: list[str]) -> bool:
-    """Name the processes about to start in the heartbeat folder (``workers.liveness``)."""
-    from shared.settings import get_settings
-    from workers.liveness import health_dir, prepare_health_dir
-
-    directory = health_dir(get_settings())
-    try:
-        prepare_health_dir(directory, names)
-    except OSError as exc:
-        sys.stderr.write(f"aptix worker: cannot keep heartbeats in {directory}: {exc}\n")
-        return False
-    return True
-
-
 def _worker_health(_args: argparse.Namespace) -> int:
-    from shared.settings import get_settings
-    from workers.liveness import check_workers, health_dir
+    from aptix_cli.worker_health import check_this_host
 
-    verdicts = check_workers(health_dir(get_settings()))
-    for verdict in verdicts:
-        stream = sys.stdout if verdict.ok else sys.stderr
-        stream.write(f"{'ok' if verdict.ok else 'FAIL'}: {verdict.message}\n")
-    return 0 if all(verdict.ok for verdict in verdicts) else 1
+    return check_this_host()
 
 
 def _allow_open_files(needed: int) -> None:
