@@ -1,5 +1,6 @@
-"""Database pool sizes: each process kind's default, the settings that override it, and the engine
-they build (tests/integration/test_db_pool_bound.py counts a real worker's connections)."""
+"""Connection pools: each process kind's database pool, the settings that override it, the engine
+they build (tests/integration/test_db_pool_bound.py counts a real worker's connections), and the
+bounded turn-state Redis client."""
 
 from __future__ import annotations
 
@@ -47,3 +48,16 @@ def _connect_args(engine: Engine) -> dict[str, object]:
 
 class _Stop(Exception):
     """Stops a connection attempt once its arguments are seen."""
+
+
+def test_the_turn_state_redis_client_waits_for_one_of_its_connections_past_the_limit() -> None:
+    # An unbounded pool opens a connection per greenlet of a 2,000-slot llm worker; a plain bounded
+    # one raises "Too many connections" at the limit. This one makes the command wait instead.
+    from redis import BlockingConnectionPool
+
+    from shared.state import RedisStateStore
+
+    store = RedisStateStore.from_url("redis://127.0.0.1:6379/0", max_connections=7)
+    pool = store.client.connection_pool
+    assert isinstance(pool, BlockingConnectionPool) and pool.max_connections == 7
+    assert Settings().redis_max_connections == 100
