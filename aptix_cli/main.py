@@ -74,7 +74,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     # Given by the parent of a group of worker processes: count metrics in its directory, serve none.
     worker.add_argument("--metrics-dir", default=None, help=argparse.SUPPRESS)
+    # Set by `aptix worker` on each process it starts: the name of the process's heartbeat file.
+    worker.add_argument("--heartbeat-name", default=None, help=argparse.SUPPRESS)
     worker.set_defaults(run=_worker)
+
+    health = commands.add_parser(
+        "worker-health",
+        help="exit 0 if every process of this host's `aptix worker` is alive and making progress, else 1 "
+        "(a liveness probe)",
+    )
+    health.set_defaults(run=_worker_health)
 
     reconciler = commands.add_parser(
         "reconciler", help="run the reconciler apart from the workers (re-drives turns that stopped moving)"
@@ -195,7 +204,11 @@ def _worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"aptix worker: {exc}\n")
         return 2
+    from aptix_cli.worker_health import prepare_heartbeats
+
     if len(specs) > 1:
+        if not prepare_heartbeats([spec.group for spec in specs]):
+            return 2
         listener = _worker_metrics_listener("worker")
         try:
             return run_group(
@@ -227,15 +240,22 @@ def _worker(args: argparse.Namespace) -> int:
     from shared.redaction import secrets_in
     from shared.settings import get_settings
     from workers.app import create_celery
+    from workers.liveness import limit_warnings
 
     _warn_unknown_variables("worker")
+    for message in limit_warnings(get_settings()):
+        sys.stderr.write(f"aptix worker: warning: {message}\n")
+    if args.heartbeat_name is None and not prepare_heartbeats([spec.group]):  # else `aptix worker` did
+        return 2
     configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
     if args.loglevel.upper() != "DEBUG":
         # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
         # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
         for name in ("celery.worker.strategy", "celery.app.trace"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    app = create_celery(get_settings(), reconciler=not args.no_reconciler)
+    app = create_celery(
+        get_settings(), reconciler=not args.no_reconciler, heartbeat=args.heartbeat_name or spec.group
+    )
     argv = ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
     argv += ["--loglevel", args.loglevel, "--without-gossip"]
     argv += ["-n", node_name(spec, args.hostname, pid=os.getpid(), grouped=False)]
@@ -284,6 +304,12 @@ def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
     return listener
 
 
+def _worker_health(_args: argparse.Namespace) -> int:
+    from aptix_cli.worker_health import check_this_host
+
+    return check_this_host()
+
+
 def _allow_open_files(needed: int, *, command: str) -> None:
     """Raise the soft limit on open files towards ``needed`` (each model call in flight, each client
     connection is a socket; processes often start with a soft limit of 1,024 under a far higher hard limit)."""
@@ -304,7 +330,8 @@ def _reconciler(args: argparse.Namespace) -> int:
 
     listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
     from shared.broker import create_producer, send_step
-    from shared.db import create_db_engine, session_factory
+    from shared.db import session_factory
+    from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
     from shared.logging import configure_logging
     from shared.models.envelope import TurnEnvelope
@@ -323,13 +350,14 @@ def _reconciler(args: argparse.Namespace) -> int:
     def send(envelope: TurnEnvelope, countdown: float) -> None:
         send_step(producer, envelope, countdown=countdown)
 
-    store = RedisStateStore.from_url(settings.redis_url)
+    store = RedisStateStore.from_url(settings.redis_url, max_connections=settings.redis_max_connections)
+    owner = f"reconciler@{socket.gethostname()}:{os.getpid()}"
     reconciler = build_reconciler(
         settings,
-        turns=TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=2))),
+        turns=TurnRepository(session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))),
         store=store,
         dispatcher=Dispatcher.for_settings(send, store, settings),
-        owner=f"reconciler@{socket.gethostname()}:{os.getpid()}",
+        owner=owner,
         metrics=WorkerMetrics(),
     )
     stop = threading.Event()
@@ -348,12 +376,12 @@ def _reconciler(args: argparse.Namespace) -> int:
 def _db_wait(args: argparse.Namespace) -> int:
     import time
 
-    from shared.db import create_db_engine
+    from shared.db.engine import ProcessKind, engine_for
     from shared.db.migrate import head_revision, schema_revision
     from shared.settings import get_settings
 
     _warn_unknown_variables("db wait")
-    engine = create_db_engine(get_settings().database_url, pool_size=1)
+    engine = engine_for(get_settings(), ProcessKind.MIGRATION)
     required = head_revision()
     deadline = time.monotonic() + args.timeout
     revision: str | None = None

@@ -126,9 +126,10 @@ def run_group(
 ) -> int:
     """Run one ``aptix worker`` process per spec until one of them ends or this process is told to stop.
 
-    Each child gets node name ``<group>.<name>`` (so two groups never share a Celery node name) and
-    only the first runs a copy of the reconciler. With ``metrics_dir``, each counts its metrics in
-    that directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
+    Each child gets node name ``<group>.<name>`` (so two groups never share a Celery node name),
+    writes its heartbeat as ``<group>`` (``aptix worker-health`` checks every child), and only the
+    first runs a copy of the reconciler. With ``metrics_dir``, each counts its metrics in that
+    directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
     SIGTERM and SIGINT are passed on (Celery's warm shutdown); a child that exits stops the others,
     so the orchestrator restarts the whole worker; and the children are sent SIGTERM if this process
     dies (Linux).
@@ -153,6 +154,7 @@ def run_group(
         argv = [
             sys.executable, "-m", "aptix_cli", "worker", "--queues", spec.queues, "--pool", spec.pool,
             "--concurrency", str(spec.concurrency), "--hostname", name, "--loglevel", loglevel,
+            "--heartbeat-name", spec.group,
         ]  # fmt: skip
         if index > 0 or not reconciler:
             argv.append("--no-reconciler")
