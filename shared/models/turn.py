@@ -181,8 +181,8 @@ class ClientTool(BaseModel):
     parameters: JsonObject = Field(default_factory=lambda: {"type": "object", "properties": {}})
     """A JSON Schema of `type` `object` for the tool's arguments (default: no arguments). No string in it (key
     or value) may hold NUL or a lone surrogate, and it may not nest deeper than 64 levels: each is 422."""
-    strict: bool = False
-    """Whether the model must follow `parameters` exactly (Responses API strict mode)."""
+    strict: bool = Field(default=False, strict=True)
+    """Whether the model must follow `parameters` exactly (Responses API strict mode); `true` or `false` only."""
 
     @field_validator("parameters")
     @classmethod
