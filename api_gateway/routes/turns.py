@@ -6,7 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, WaitSeconds
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, TurnId, WaitSeconds
+from api_gateway.openapi import error_responses
 from api_gateway.turn_view import to_turn
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
 
@@ -15,7 +16,31 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
 
-@router.post("", status_code=202, response_model=TurnHandle, responses={200: {"model": Turn}})
+@router.post(
+    "",
+    status_code=202,
+    response_model=TurnHandle,
+    operation_id="createTurn",
+    summary="Start a turn",
+    response_description="The turn was recorded and queued (without `wait`).",
+    responses={
+        200: {"model": Turn, "description": "With `wait`: the turn once it left `queued`/`running`, or as it stands."},
+        **error_responses(
+            401,
+            413,
+            422,
+            503,
+            specific={
+                404: "`session_not_found`: `session_id` names no session of the caller's organisation.",
+                409: (
+                    "`session_busy`: the session has a turn that is not finished. `idempotency_key_reused`: "
+                    "the key was used before with another body."
+                ),
+                422: "Also a client tool named like a server tool, or an unknown `mode` for a new session.",
+            },
+        ),
+    },
+)
 async def create_turn(body: TurnRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
     """Start a turn: a new session when ``session_id`` is absent, else a follow-up turn."""
     service = gateway.turn_service
@@ -27,8 +52,15 @@ async def create_turn(body: TurnRequest, caller: Caller, gateway: Gateway, wait:
     return JSONResponse(handle.model_dump(mode="json"), status_code=202)
 
 
-@router.get("/{turn_id}", response_model=Turn)
-async def get_turn(turn_id: str, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
+@router.get(
+    "/{turn_id}",
+    response_model=Turn,
+    operation_id="getTurn",
+    summary="Read a turn",
+    response_description="The turn's state and result.",
+    responses=error_responses(401, 422, 503, specific={404: "`not_found`: no such turn in the caller's organisation."}),
+)
+async def get_turn(turn_id: TurnId, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
     """The turn's state and result; ``?wait=S`` long-polls until it leaves queued/running."""
     service = gateway.turn_service
     row = await run_in_threadpool(service.get, turn_id, org_id=caller.org_id)

@@ -185,6 +185,7 @@ def system(
     try:
         yield running
     finally:
+        running.http.close()  # an idle pooled connection left open is a ResourceWarning at exit
         stack.stop_all()
 
 
