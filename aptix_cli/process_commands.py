@@ -142,12 +142,14 @@ def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
     try:
         listener.start()
     except OSError as exc:
-        listener.stop()
         problem = f"aptix {command}: cannot serve metrics on {host}:{port} ({exc.strerror or exc})"
         if "worker_metrics_port" in settings.model_fields_set:
+            listener.stop()
             raise SystemExit(
                 f"{problem}; give each worker on this host its own APTIX_WORKER_METRICS_PORT, or 0 to serve none"
             ) from exc
+        # prometheus_client already counts in the directory: keep it (the next start of a worker on
+        # this host removes it once this process is gone), and serve nothing.
         sys.stderr.write(
             f"{problem}: serving no metrics (the default port is taken on this host; set "
             "APTIX_WORKER_METRICS_PORT to give this process a port of its own)\n"
