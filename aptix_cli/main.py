@@ -7,11 +7,14 @@ standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound w
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
 __all__ = ["main"]
+
+logger = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,10 +39,22 @@ _IN_PROCESS_STACK_COMMANDS = frozenset({"dev", "demo", "bench"})
 
 def _warn_unknown_variables(command: str) -> None:
     # Settings ignore what they do not know; say so at start, so a misspelled setting is seen.
+    # Before logging is configured (db commands), Python's last-resort handler prints the bare message.
     from shared.settings import unknown_variables
 
     for message in unknown_variables(os.environ):
-        sys.stderr.write(f"aptix {command}: warning: {message}\n")
+        logger.warning("aptix %s: warning: %s", command, message)
+
+
+def _start_logging(level: str, command: str) -> None:
+    """Configure this process's logging as ``APTIX_LOG_FORMAT`` says, then warn about unknown variables."""
+    from shared.logging import configure_logging
+    from shared.redaction import secrets_in
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    configure_logging(level, secrets=secrets_in(settings), log_format=settings.log_format)
+    _warn_unknown_variables(command)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,22 +170,26 @@ def _parser() -> argparse.ArgumentParser:
 def _gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from api_gateway.access_log import log_start
     from api_gateway.app import create_app
-    from shared.logging import configure_logging
-    from shared.redaction import secrets_in
     from shared.settings import get_settings, placeholder_api_keys
 
-    _warn_unknown_variables("gateway")
-    placeholders = placeholder_api_keys(get_settings())
+    _start_logging("INFO", "gateway")
+    settings = get_settings()
+    placeholders = placeholder_api_keys(settings)
     if placeholders:
-        sys.stderr.write(
-            f"aptix gateway: APTIX_API_KEYS holds {len(placeholders)} published default or placeholder key(s) "
-            "(dev-key, CHANGE-ME...), which anyone who read the docs can use; set your own keys, "
-            "e.g. APTIX_API_KEYS=\"$(openssl rand -hex 24):my-org:me\" (`aptix dev` makes one for you)\n"
+        logger.error(
+            "aptix gateway: APTIX_API_KEYS holds %d published default or placeholder key(s) (dev-key, CHANGE-ME...), "
+            "which anyone who read the docs can use; set your own keys, "
+            'e.g. APTIX_API_KEYS="$(openssl rand -hex 24):my-org:me" (`aptix dev` makes one for you)',
+            len(placeholders),
         )
         return 2
-    configure_logging(secrets=secrets_in(get_settings()))
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+    app = create_app(settings)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    log_start(settings, f"http://{host}:{args.port}")
+    # Our logging, not uvicorn's (log_config=None): its lines in our format; our access line, not its.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, log_config=None)
     return 0
 
 
@@ -183,29 +202,29 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stderr.write(f"aptix worker: {exc}\n")
         return 2
     if len(specs) > 1:
+        _start_logging(args.loglevel, "worker")
         return run_group(specs, hostname=args.hostname, loglevel=args.loglevel, reconciler=not args.no_reconciler)
     spec = specs[0]
-    _allow_open_files(spec.concurrency + 512)
     if spec.pool == "gevent":
         from gevent import monkey
 
         monkey.patch_all()  # before psycopg and httpx are imported (FIELD-NOTES: the import-order trap)
-    import logging
 
-    from shared.logging import configure_logging
-    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from workers.app import create_celery
 
-    _warn_unknown_variables("worker")
-    configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
+    _start_logging(args.loglevel, "worker")
+    _allow_open_files(spec.concurrency + 512)
     if args.loglevel.upper() != "DEBUG":
         # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
         # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
         for name in ("celery.worker.strategy", "celery.app.trace"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    app = create_celery(get_settings(), reconciler=not args.no_reconciler)
-    argv = ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
+    settings = get_settings()
+    app = create_celery(settings, reconciler=not args.no_reconciler)
+    # --quiet (before the sub-command): in JSON, no start-up banner, which is many lines of text, not a record.
+    argv = ["--quiet"] if settings.log_format == "json" else []
+    argv += ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
     argv += ["--loglevel", args.loglevel, "--without-gossip"]
     if args.hostname:
         argv += ["-n", args.hostname]
@@ -223,7 +242,7 @@ def _allow_open_files(needed: int) -> None:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         if target < needed:
-            sys.stderr.write(f"aptix worker: at most {target} open files (hard limit); {needed} wanted\n")
+            logger.warning("aptix worker: at most %d open files (hard limit); %d wanted", target, needed)
 
 
 def _reconciler(args: argparse.Namespace) -> int:
@@ -234,17 +253,18 @@ def _reconciler(args: argparse.Namespace) -> int:
     from shared.broker import create_producer, send_step
     from shared.db import create_db_engine, session_factory
     from shared.db.turns import TurnRepository
-    from shared.logging import configure_logging
     from shared.models.envelope import TurnEnvelope
-    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from shared.state import RedisStateStore
     from workers.dispatcher import Dispatcher
     from workers.runtime import build_reconciler
 
-    _warn_unknown_variables("reconciler")
+    _start_logging(args.loglevel, "reconciler")
     settings = get_settings()
-    configure_logging(args.loglevel, secrets=secrets_in(settings))
+    if settings.otel_enabled:  # its re-drives join each turn's trace
+        from shared.telemetry import start_tracing
+
+        start_tracing(settings, service_name="aptix-reconciler")
     producer = create_producer(settings)
 
     def send(envelope: TurnEnvelope, countdown: float) -> None:
@@ -261,8 +281,7 @@ def _reconciler(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    sys.stderr.write(f"aptix reconciler running (scan every {settings.reconciler_interval_seconds:g}s); ready.\n")
-    sys.stderr.flush()
+    logger.info("aptix reconciler running (scan every %gs); ready.", settings.reconciler_interval_seconds)
     reconciler.run(stop)
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     """Re-drives after which a turn that still does not move fails (``internal_error``)."""
     tool_threads: PositiveInt = 16
     """Threads a worker process runs server tools on; a handler that overruns its timeout keeps its thread."""
+    log_format: Literal["text", "json"] = "text"
+    """How every process writes its log: ``text`` (one readable line per record) or ``json`` (one object per line)."""
+    otel_enabled: bool = False
+    """Send OpenTelemetry traces, one per turn, to ``OTEL_EXPORTER_OTLP_ENDPOINT`` (off: none is loaded)."""
 
     @field_validator("api_keys")
     @classmethod

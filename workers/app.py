@@ -1,5 +1,6 @@
 """The Celery app of the workers: shared config, one registered task per pipeline step, and the
-worker signals that build each process's runtime and start its reconciler copy.
+worker signals that build each process's runtime, start its reconciler copy, open each step task's
+log context (``shared.logging``) and, when ``APTIX_OTEL_ENABLED``, start tracing (``shared.telemetry``).
 
 ``create_celery(settings)`` is the factory. ``celery_app`` exists for ``celery -A
 workers.app:celery_app`` and is built on first access, not at import.
@@ -13,8 +14,18 @@ from typing import Any
 from celery import Celery, signals
 
 from shared.broker import celery_config, send_step
+from shared.logging import (
+    begin_task,
+    configure_logging,
+    end_task,
+    logging_configured,
+    remember_task,
+    set_process_fields,
+)
 from shared.models.envelope import TurnEnvelope
+from shared.redaction import secrets_in
 from shared.settings import Settings, get_settings
+from shared.task_names import TASK_QUEUES
 from workers.runtime import WorkerRuntime
 
 __all__ = ["create_celery"]
@@ -39,13 +50,19 @@ def create_celery(settings: Settings, *, reconciler: bool = True) -> Celery:
 
     runtime = WorkerRuntime(settings, send, reconciler=reconciler)
     register_tasks(app, runtime)
-    _connect_signals(app, runtime)
+    _connect_signals(app, runtime, settings)
+    _connect_log_context(settings)
     return app
 
 
-def _connect_signals(app: Celery, runtime: WorkerRuntime) -> None:
+def _connect_signals(app: Celery, runtime: WorkerRuntime, settings: Settings) -> None:
     def on_init(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is app:
+            set_process_fields(worker=str(sender.hostname))
+            if settings.otel_enabled:  # imported only when on: OpenTelemetry costs every process its import
+                from shared.telemetry import start_tracing
+
+                start_tracing(settings, service_name="aptix-worker")
             runtime.start(str(sender.hostname))
 
     def on_child(**_kwargs: Any) -> None:
@@ -63,6 +80,48 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime) -> None:
     signals.worker_process_init.connect(on_child, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutdown.connect(on_shutdown, weak=False)
+
+
+def _connect_log_context(settings: Settings) -> None:
+    """Give every line a worker logs about a step task that task's turn (``shared.logging``).
+
+    Celery's signals are global: each handler is connected once per process (``dispatch_uid``),
+    whatever the number of apps.
+    """
+
+    def on_setup_logging(loglevel: Any = None, **_kwargs: Any) -> None:
+        # Connected, this replaces Celery's own logging set-up: `celery -A workers.app:celery_app
+        # worker` logs like `aptix worker` (which configured logging before Celery started).
+        if not logging_configured():
+            configure_logging(loglevel or "INFO", secrets=secrets_in(settings), log_format=settings.log_format)
+
+    signals.setup_logging.connect(on_setup_logging, weak=False, dispatch_uid="aptix-setup-logging")
+    signals.task_received.connect(_remember_step_task, weak=False, dispatch_uid="aptix-log-received")
+    signals.task_prerun.connect(_begin_step_task, weak=False, dispatch_uid="aptix-log-prerun")
+    signals.task_postrun.connect(_end_step_task, weak=False, dispatch_uid="aptix-log-postrun")
+
+
+def _remember_step_task(request: Any = None, **_kwargs: Any) -> None:
+    if request is not None and request.name in TASK_QUEUES:
+        remember_task(request.id, _envelope_fields(request.args))
+
+
+def _begin_step_task(task: Any = None, args: Any = None, **_kwargs: Any) -> None:
+    if task is not None and task.name in TASK_QUEUES:
+        begin_task(**_envelope_fields(args))
+
+
+def _end_step_task(task: Any = None, **_kwargs: Any) -> None:
+    if task is not None and task.name in TASK_QUEUES:
+        end_task()
+
+
+def _envelope_fields(args: Any) -> dict[str, object]:
+    """The log fields of a step task's arguments (its envelope, as JSON): no validation, a few dict reads."""
+    payload = args[0] if isinstance(args, list | tuple) and args else None
+    if not isinstance(payload, dict):
+        return {}
+    return {"turn_id": payload.get("turn_id"), "step": payload.get("step"), "iteration": payload.get("iteration")}
 
 
 def __getattr__(name: str) -> Any:
