@@ -8,8 +8,8 @@ request then gets one line from logger ``api_gateway.access``, written when the 
 
 with the route's template (``/v1/turns/{turn_id}``: never an id; an unmatched request shows its path,
 escaped and cut to 200 characters), the status (500 when the app raised) and the duration, and as
-context fields the caller's org (when the key was valid) and the turn (the path's, or the one
-``POST /v1/turns`` created). In JSON the line also has ``method``, ``route``, ``status`` and
+context fields the caller's org (when the key was valid), the turn (the path's, or the one
+``POST /v1/turns`` created) and the session (likewise). In JSON the line also has ``method``, ``route``, ``status`` and
 ``duration_ms`` keys of its own.
 """
 
@@ -22,7 +22,7 @@ from importlib import metadata
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api_gateway.ids import is_turn_id
+from api_gateway.ids import is_session_id, is_turn_id
 from shared.logging import log_context
 from shared.redaction import without_password
 from shared.settings import Settings
@@ -34,6 +34,7 @@ access_logger = logging.getLogger("api_gateway.access")
 
 _ORG = "aptix.org_id"
 _TURN = "aptix.turn_id"
+_SESSION = "aptix.session_id"
 _MAX_PATH = 200
 
 
@@ -66,9 +67,10 @@ def note_caller(request: Request, org_id: str) -> None:
     request.scope[_ORG] = org_id
 
 
-def note_turn(request: Request, turn_id: str) -> None:
-    """Record the turn a request created, for its access line."""
+def note_turn(request: Request, turn_id: str, session_id: str) -> None:
+    """Record the turn a request created (and its session), for its access line."""
     request.scope[_TURN] = turn_id
+    request.scope[_SESSION] = session_id
 
 
 class AccessLogMiddleware:
@@ -99,9 +101,14 @@ class AccessLogMiddleware:
 def _log_access(scope: Scope, status: int, duration_ms: float) -> None:
     route = _route(scope)
     method = str(scope["method"])[:16]
-    turn_id = scope.get(_TURN) or scope.get("path_params", {}).get("turn_id")
-    with log_context(turn_id=turn_id if isinstance(turn_id, str) and is_turn_id(turn_id) else None,
-                     org_id=scope.get(_ORG)):  # fmt: skip
+    params = scope.get("path_params", {})
+    turn_id = scope.get(_TURN) or params.get("turn_id")
+    session_id = scope.get(_SESSION) or params.get("session_id")
+    with log_context(
+        turn_id=turn_id if isinstance(turn_id, str) and is_turn_id(turn_id) else None,
+        session_id=session_id if isinstance(session_id, str) and is_session_id(session_id) else None,
+        org_id=scope.get(_ORG),
+    ):
         access_logger.info(
             "%s %s %d %.1fms", method, route, status, duration_ms,
             extra={"fields": {"method": method, "route": route, "status": status,

@@ -9,6 +9,7 @@ workers.app:celery_app`` and is built on first access, not at import.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from celery import Celery, signals
@@ -29,6 +30,8 @@ from shared.task_names import TASK_QUEUES
 from workers.runtime import WorkerRuntime
 
 __all__ = ["create_celery"]
+
+logger = logging.getLogger(__name__)
 
 
 def create_celery(settings: Settings, *, reconciler: bool = True) -> Celery:
@@ -71,6 +74,8 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime, settings: Settings) ->
     def on_ready(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is app:
             runtime.start_reconciler()
+            if settings.log_format == "json":
+                _quiet_sigterm(sender.controller)
 
     def on_shutdown(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is app:
@@ -80,6 +85,24 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime, settings: Settings) ->
     signals.worker_process_init.connect(on_child, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutdown.connect(on_shutdown, weak=False)
+
+
+def _quiet_sigterm(worker: Any) -> None:
+    """In JSON, SIGTERM (how orchestrators stop a worker) is logged as a record, not printed.
+
+    Celery's own handler prints "worker: Warm shutdown (MainProcess)" to stdout, a line of text
+    among the JSON; this re-installs it without the notice, and ``worker_shutting_down`` logs it.
+    Only a command-line worker installs signal handlers (not one started in a thread).
+    """
+    from celery.apps.worker import Worker, install_worker_term_handler
+
+    if isinstance(worker, Worker):
+        install_worker_term_handler(worker, verbose=False)
+        signals.worker_shutting_down.connect(_log_shutdown, weak=False, dispatch_uid="aptix-log-shutdown")
+
+
+def _log_shutdown(sender: Any = None, sig: Any = None, how: Any = None, **_kwargs: Any) -> None:
+    logger.info("worker %s: %s shutdown (%s)", sender, how, sig)
 
 
 def _connect_log_context(settings: Settings) -> None:

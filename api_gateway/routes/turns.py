@@ -26,7 +26,7 @@ async def create_turn(
     row = await run_in_threadpool(
         service.record, body, org_id=caller.org_id, user_id=caller.user_id, turn_id=reserved_turn_id(request)
     )
-    note_turn(request, row.turn_id)
+    note_turn(request, row.turn_id, row.session_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)
         return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
