@@ -12,16 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import redis
 
 from aptix_cli.launcher import ManagedProcess, wait_until
 from scripted_llm import ScriptedServer
-from shared.db.migrate import upgrade
 from tests.conftest import API_KEYS, KEY_A, ORG_A, claim_redis_databases
 from tests.integration.conftest import OPEN_FILE, System, redis_urls_base
-from tests.services_check import database_admin_url
+from tests.support.databases import fresh_database
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 
@@ -37,19 +35,9 @@ _ACCEPTED_LINE = re.compile(r"Task accepted: aptix\.step\.\w+\[([0-9a-f-]+)\]")
 
 @pytest.fixture(scope="module")
 def own_database(services: None) -> Iterator[str]:
-    """A database of this module's own: its workers and reconciler touch no other test's turns."""
-    name = f"aptix_logs_{uuid.uuid4().hex[:10]}"
-    admin = database_admin_url()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    host = admin.split("@", 1)[1].rsplit("/", 1)[0]
-    database_url = f"postgresql+psycopg://postgres:{DB_PASSWORD}@{host}/{name}"
-    upgrade(database_url)
-    try:
-        yield database_url
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """A database of this module's own (its URL with a password): its reconciler touches no other test's turns."""
+    with fresh_database("aptix_logs", password=DB_PASSWORD) as url:
+        yield url
 
 
 @contextmanager

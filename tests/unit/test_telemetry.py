@@ -6,10 +6,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from shared.tracing import root_traceparent, turn_ids
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from shared.broker import create_producer, send_step
+from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
+from shared.task_names import StepName
+from shared.telemetry import start_tracing, stop_tracing
+from shared.tracing import _adopt_turn_trace, root_traceparent, turn_ids
 
 REPO = Path(__file__).resolve().parents[2]
+TURN = "turn_0af7651916cd43dd8448eb211c80319c"
 TRACING_MODULES = (
     "opentelemetry.sdk.trace",
     "opentelemetry.instrumentation",
@@ -76,3 +85,32 @@ start_tracing(Settings(otel_enabled=True), service_name="aptix-worker", exporter
 print(json.dumps({"loaded": [m for m in sys.modules if m.split(".")[0] in ("psycopg", "psycopg2", "sqlalchemy")]}))
 """
     assert _run(code)["loaded"] == []
+
+
+def test_a_message_sent_outside_any_trace_goes_out_under_its_turns_root() -> None:
+    # Given tracing on, and no span current (a reconciler thread releasing a parked retry, say)
+    exporter = InMemorySpanExporter()
+    settings = Settings(broker_url="memory://", otel_enabled=True)
+    start_tracing(settings, service_name="aptix-test", exporter=exporter)
+    try:
+        # When a step is sent
+        send_step(create_producer(settings), TurnEnvelope(turn_id=TURN, step=StepName.REASONER, hop=4))
+    finally:
+        stop_tracing()
+    # Then its publish span is a child of the turn's root, in the turn's trace
+    (published,) = exporter.get_finished_spans()
+    trace_id, root_span_id = turn_ids(TURN)
+    assert published.name == "apply_async/aptix.step.reasoner"
+    assert published.context.trace_id == trace_id
+    assert published.parent is not None and published.parent.span_id == root_span_id
+
+
+def test_a_step_message_without_trace_headers_runs_under_its_turns_root() -> None:
+    # A sender with tracing off sends no traceparent; the task span's parent is then the turn's root
+    task = SimpleNamespace(name="aptix.step.llm_call", request=SimpleNamespace())
+    _adopt_turn_trace(task=task, args=[{"turn_id": TURN, "step": "llm_call"}])
+    assert task.request.traceparent == root_traceparent(TURN)
+    # and a message that carries one keeps it
+    carried = SimpleNamespace(name="aptix.step.llm_call", request=SimpleNamespace(traceparent="00-ab-cd-01"))
+    _adopt_turn_trace(task=carried, args=[{"turn_id": TURN, "step": "llm_call"}])
+    assert carried.request.traceparent == "00-ab-cd-01"
