@@ -4,8 +4,8 @@ Off by default. ``APTIX_OTEL_ENABLED=1`` turns it on in each process that has it
 (:func:`start_tracing`: the gateway's ``create_app``, each worker at ``worker_init``, ``aptix
 reconciler``); spans go to the OTLP/HTTP endpoint of ``OTEL_EXPORTER_OTLP_ENDPOINT``, under
 ``OTEL_SERVICE_NAME`` (default ``aptix-gateway``, ``aptix-worker``, ``aptix-reconciler``). Off,
-nothing of OpenTelemetry's SDK or instrumentations is imported, and each helper below costs one
-global read.
+Aptix imports nothing of OpenTelemetry (its trace SDK, exporter and instrumentations stay
+unloaded: ``shared.tracing`` holds all of that), and each helper below costs one global read.
 
 How one turn stays one trace. **A turn's trace id is its turn id**: ``turn_<32 hex>`` is 128 random
 bits, the size of a trace id, so turn ``turn_0af7…`` is trace ``0af7…`` (an id of another shape is
