@@ -46,7 +46,7 @@ def _warn_unknown_variables(command: str) -> None:
         logger.warning("aptix %s: warning: %s", command, message)
 
 
-def _start_logging(level: str, command: str) -> None:
+def _start_logging(level: str, command: str, *, warn: bool = True) -> None:
     """Configure this process's logging as ``APTIX_LOG_FORMAT`` says, then warn about unknown variables."""
     from shared.logging import configure_logging
     from shared.redaction import secrets_in
@@ -54,7 +54,8 @@ def _start_logging(level: str, command: str) -> None:
 
     settings = get_settings()
     configure_logging(level, secrets=secrets_in(settings), log_format=settings.log_format)
-    _warn_unknown_variables(command)
+    if warn:
+        _warn_unknown_variables(command)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -202,7 +203,7 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stderr.write(f"aptix worker: {exc}\n")
         return 2
     if len(specs) > 1:
-        _start_logging(args.loglevel, "worker")
+        _start_logging(args.loglevel, "worker", warn=False)  # each worker process it starts warns
         return run_group(specs, hostname=args.hostname, loglevel=args.loglevel, reconciler=not args.no_reconciler)
     spec = specs[0]
     if spec.pool == "gevent":
