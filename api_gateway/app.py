@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import redis
 from fastapi import FastAPI
 
+from api_gateway.access_log import AccessLogMiddleware
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.docs import install_docs
 from api_gateway.errors import install_error_handlers
@@ -76,5 +77,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)
         gateway.metrics.registry.register(QueueDepthCollector(broker))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(SecurityHeadersMiddleware)  # outermost: also on 413s and errors
+    app.add_middleware(SecurityHeadersMiddleware)  # outside the routes: also on 413s and errors
+    app.add_middleware(AccessLogMiddleware)  # around all of it: one line per request, with its final status
+    if settings.otel_enabled:  # imported only when on: OpenTelemetry costs every process its import
+        from api_gateway.telemetry import instrument_gateway
+        from shared.telemetry import start_tracing
+
+        start_tracing(settings, service_name="aptix-gateway")
+        instrument_gateway(app)
     return app

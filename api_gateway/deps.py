@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
+from api_gateway.access_log import note_caller
 from api_gateway.errors import ApiError
 from api_gateway.state import GatewayState
 from shared import strict_json
@@ -44,6 +45,7 @@ def _authenticate(gateway: GatewayState, request: Request) -> ApiKey:
     token = token.strip()
     for key, identity in gateway.api_keys.items():
         if hmac.compare_digest(key.encode(), token.encode()):
+            note_caller(request, identity.org_id)
             return identity
     raise ApiError(401, "unauthorized", "the API key is not valid")
 

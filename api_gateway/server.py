@@ -97,6 +97,10 @@ def server_config(app: ASGIApp, settings: Settings, *, host: str, port: int) -> 
         backlog=BACKLOG,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         log_level="warning",
+        # Our logging, not uvicorn's (log_config=None): its lines in our format; our access line
+        # (api_gateway.access_log), not its.
+        access_log=False,
+        log_config=None,
     )
 
 

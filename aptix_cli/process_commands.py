@@ -8,6 +8,7 @@ standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound w
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -17,35 +18,52 @@ if TYPE_CHECKING:
 
 __all__ = ["db_upgrade", "db_wait", "gateway", "reconciler", "warn_unknown_variables", "worker", "worker_health"]
 
+logger = logging.getLogger(__name__)
+
 
 def warn_unknown_variables(command: str) -> None:
-    # Settings ignore what they do not know; say so at start, so a misspelled setting is seen.
+    """Warn about each ``APTIX_*`` variable nothing reads: Settings ignore them, so a misspelling is silent."""
+    # Before logging is configured (db commands), Python's last-resort handler prints the bare message.
     from shared.settings import unknown_variables
 
     for message in unknown_variables(os.environ):
-        sys.stderr.write(f"aptix {command}: warning: {message}\n")
+        logger.warning("aptix %s: warning: %s", command, message)
+
+
+def _start_logging(level: str, command: str, *, warn: bool = True) -> None:
+    """Configure this process's logging as ``APTIX_LOG_FORMAT`` says, then warn about unknown variables."""
+    from shared.logging import configure_logging
+    from shared.redaction import secrets_in
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    configure_logging(level, secrets=secrets_in(settings), log_format=settings.log_format)
+    if warn:
+        warn_unknown_variables(command)
 
 
 def gateway(args: argparse.Namespace) -> int:
+    from api_gateway.access_log import log_start
     from api_gateway.app import create_app
     from api_gateway.server import serve
-    from shared.logging import configure_logging
-    from shared.redaction import secrets_in
     from shared.settings import get_settings, placeholder_api_keys
 
-    warn_unknown_variables("gateway")
-    placeholders = placeholder_api_keys(get_settings())
+    _start_logging("INFO", "gateway")
+    settings = get_settings()
+    placeholders = placeholder_api_keys(settings)
     if placeholders:
-        sys.stderr.write(
-            f"aptix gateway: APTIX_API_KEYS holds {len(placeholders)} published default or placeholder key(s) "
-            "(dev-key, CHANGE-ME...), which anyone who read the docs can use; set your own keys, "
-            "e.g. APTIX_API_KEYS=\"$(openssl rand -hex 24):my-org:me\" (`aptix dev` makes one for you)\n"
+        logger.error(
+            "aptix gateway: APTIX_API_KEYS holds %d published default or placeholder key(s) (dev-key, CHANGE-ME...), "
+            "which anyone who read the docs can use; set your own keys, "
+            'e.g. APTIX_API_KEYS="$(openssl rand -hex 24):my-org:me" (`aptix dev` makes one for you)',
+            len(placeholders),
         )
         return 2
-    settings = get_settings()
-    configure_logging(secrets=secrets_in(settings))
     _allow_open_files(settings.http_max_connections + 256, command="gateway")  # + database, Redis, broker
-    serve(create_app(settings), settings, host=args.host, port=args.port)
+    app = create_app(settings)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    log_start(settings, f"http://{host}:{args.port}")
+    serve(app, settings, host=args.host, port=args.port)
     return 0
 
 
@@ -60,6 +78,7 @@ def worker(args: argparse.Namespace) -> int:
     from aptix_cli.worker_health import prepare_heartbeats
 
     if len(specs) > 1:
+        _start_logging(args.loglevel, "worker", warn=False)  # each worker process it starts warns
         if not prepare_heartbeats([spec.group for spec in specs]):
             return 2
         listener = _worker_metrics_listener("worker")
@@ -75,11 +94,12 @@ def worker(args: argparse.Namespace) -> int:
             if listener is not None:
                 listener.stop()
     spec = specs[0]
-    _allow_open_files(spec.concurrency + 512, command="worker")
     if spec.pool == "gevent":
         from gevent import monkey
 
         monkey.patch_all()  # before psycopg and httpx are imported (FIELD-NOTES: the import-order trap)
+    _start_logging(args.loglevel, "worker")
+    _allow_open_files(spec.concurrency + 512, command="worker")
     if args.metrics_dir:  # one process of a group: the group's parent serves the metrics
         from aptix_cli.metrics_dir import MULTIPROC_ENV
 
@@ -87,29 +107,24 @@ def worker(args: argparse.Namespace) -> int:
         listener = None
     else:
         listener = _worker_metrics_listener("worker")
-    import logging
-
-    from shared.logging import configure_logging
-    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from workers.app import create_celery
     from workers.liveness import limit_warnings
 
-    warn_unknown_variables("worker")
-    for message in limit_warnings(get_settings()):
-        sys.stderr.write(f"aptix worker: warning: {message}\n")
+    settings = get_settings()
+    for message in limit_warnings(settings):
+        logger.warning("aptix worker: warning: %s", message)
     if args.heartbeat_name is None and not prepare_heartbeats([spec.group]):  # else `aptix worker` did
         return 2
-    configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
     if args.loglevel.upper() != "DEBUG":
         # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
         # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
         for name in ("celery.worker.strategy", "celery.app.trace"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    app = create_celery(
-        get_settings(), reconciler=not args.no_reconciler, heartbeat=args.heartbeat_name or spec.group
-    )
-    argv = ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
+    app = create_celery(settings, reconciler=not args.no_reconciler, heartbeat=args.heartbeat_name or spec.group)
+    # --quiet (before the sub-command): in JSON, no start-up banner, which is many lines of text, not a record.
+    argv = ["--quiet"] if settings.log_format == "json" else []
+    argv += ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
     argv += ["--loglevel", args.loglevel, "--without-gossip"]
     argv += ["-n", node_name(spec, args.hostname, pid=os.getpid(), grouped=False)]
     try:
@@ -150,12 +165,13 @@ def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
             ) from exc
         # prometheus_client already counts in the directory: keep it (the next start of a worker on
         # this host removes it once this process is gone), and serve nothing.
-        sys.stderr.write(
-            f"{problem}: serving no metrics (the default port is taken on this host; set "
-            "APTIX_WORKER_METRICS_PORT to give this process a port of its own)\n"
+        logger.warning(
+            "%s: serving no metrics (the default port is taken on this host; set "
+            "APTIX_WORKER_METRICS_PORT to give this process a port of its own)",
+            problem,
         )
         return None
-    sys.stderr.write(f"aptix {command}: metrics on http://{host}:{port}/metrics\n")
+    logger.info("aptix %s: metrics on http://%s:%d/metrics", command, host, port)
     return listener
 
 
@@ -175,7 +191,7 @@ def _allow_open_files(needed: int, *, command: str) -> None:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         if target < needed:
-            sys.stderr.write(f"aptix {command}: at most {target} open files (hard limit); {needed} wanted\n")
+            logger.warning("aptix %s: at most %d open files (hard limit); %d wanted", command, target, needed)
 
 
 def reconciler(args: argparse.Namespace) -> int:
@@ -183,23 +199,24 @@ def reconciler(args: argparse.Namespace) -> int:
     import socket
     import threading
 
+    _start_logging(args.loglevel, "reconciler")
     listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
     from shared.broker import create_producer, send_step
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
-    from shared.logging import configure_logging
     from shared.models.envelope import TurnEnvelope
-    from shared.redaction import secrets_in
     from shared.settings import get_settings
     from shared.state import RedisStateStore
     from workers.dispatcher import Dispatcher
     from workers.metrics import WorkerMetrics
     from workers.runtime import build_reconciler
 
-    warn_unknown_variables("reconciler")
     settings = get_settings()
-    configure_logging(args.loglevel, secrets=secrets_in(settings))
+    if settings.otel_enabled:  # its re-drives join each turn's trace
+        from shared.telemetry import start_tracing
+
+        start_tracing(settings, service_name="aptix-reconciler")
     producer = create_producer(settings)
 
     def send(envelope: TurnEnvelope, countdown: float) -> None:
@@ -218,8 +235,7 @@ def reconciler(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    sys.stderr.write(f"aptix reconciler running (scan every {settings.reconciler_interval_seconds:g}s); ready.\n")
-    sys.stderr.flush()
+    logger.info("aptix reconciler running (scan every %gs); ready.", settings.reconciler_interval_seconds)
     try:
         reconciler.run(stop)
     finally:

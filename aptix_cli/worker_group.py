@@ -20,6 +20,7 @@ runs one worker for all the queues, as ``celery worker`` would.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["GROUPS", "Group", "WorkerSpec", "node_name", "plan", "run_group"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,14 +166,13 @@ def run_group(
         children.append(subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent))
     started = zip(specs, children, strict=True)
     summary = "; ".join(f"{s.queues} on {s.pool} x{s.concurrency} (pid {c.pid})" for s, c in started)
-    sys.stderr.write(f"aptix worker: {summary}\n")
-    sys.stderr.flush()
+    logger.info("aptix worker: %s", summary)
     code = 0
     while not stopping:
         ended = [child for child in children if child.poll() is not None]
         if ended:
             code = ended[0].returncode
-            sys.stderr.write(f"aptix worker: process {ended[0].pid} exited ({code}); stopping the others\n")
+            logger.warning("aptix worker: process %d exited (%s); stopping the others", ended[0].pid, code)
             stop(signal.SIGTERM, None)
             break
         time.sleep(0.5)

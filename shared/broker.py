@@ -16,6 +16,7 @@ from kombu.entity import Queue as KombuQueue
 from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.settings import Settings
 from shared.task_names import TASK_QUEUES, Queue, task_name
+from shared.telemetry import turn_trace
 
 __all__ = [
     "BATCH_PRIORITY",
@@ -142,21 +143,25 @@ def create_producer(settings: Settings) -> Celery:
 
 
 def send_step(app: Celery, envelope: TurnEnvelope, *, countdown: float | None = None, producer: Any = None) -> None:
-    """Send the task of ``envelope.step`` with the envelope as its only argument, at its priority."""
+    """Send the task of ``envelope.step`` with the envelope as its only argument, at its priority.
+
+    With tracing on, the message carries the turn's trace context (``shared.telemetry``).
+    """
     name = task_name(envelope.step)
     args = [envelope.model_dump(mode="json")]
-    app.send_task(
-        name,
-        args=args,
-        queue=TASK_QUEUES[name].value,
-        countdown=countdown if countdown else None,
-        priority=envelope.priority,
-        producer=producer,
-        # What Flower shows as the task's arguments. Celery computes it with its pure-Python
-        # saferepr (3 % of a worker's CPU); an envelope is a small flat dict, so repr() is the same text.
-        argsrepr=repr(args),
-        kwargsrepr="{}",
-    )
+    with turn_trace(envelope.turn_id):
+        app.send_task(
+            name,
+            args=args,
+            queue=TASK_QUEUES[name].value,
+            countdown=countdown if countdown else None,
+            priority=envelope.priority,
+            producer=producer,
+            # What Flower shows as the task's arguments. Celery computes it with its pure-Python
+            # saferepr (3 % of a worker's CPU); an envelope is a small flat dict, so repr() is the same text.
+            argsrepr=repr(args),
+            kwargsrepr="{}",
+        )
 
 
 def _queue(name: str) -> KombuQueue:

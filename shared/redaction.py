@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from shared.settings import Settings
 
-__all__ = ["REDACTED", "RedactingFilter", "redact", "secrets_in"]
+__all__ = ["REDACTED", "RedactingFilter", "redact", "secrets_in", "without_password"]
 
 REDACTED = "[REDACTED]"
 """What a secret is replaced with."""
@@ -59,6 +59,15 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         if len(secret) >= _MIN_SECRET_LENGTH and secret in text:
             text = text.replace(secret, REDACTED)
     return _KEY_PATTERN.sub(REDACTED, text)
+
+
+def without_password(url: str) -> str:
+    """``url`` with the password of its user part shown as ``***`` (for start-up lines)."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{host}"))
 
 
 class RedactingFilter(logging.Filter):

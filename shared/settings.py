@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -153,6 +153,10 @@ class Settings(BaseSettings):
     """A worker process whose heartbeat (or, while it is connected to the broker, event loop) is this old is hung."""
     worker_task_stuck_seconds: Annotated[float, Field(gt=0)] = 600.0
     """A worker process running one task this long is hung: longer than any step may take (model call, tools)."""
+    log_format: Literal["text", "json"] = "text"
+    """How every process writes its log: ``text`` (one readable line per record) or ``json`` (one object per line)."""
+    otel_enabled: bool = False
+    """Send OpenTelemetry traces, one per turn, to ``OTEL_EXPORTER_OTLP_ENDPOINT`` (off: none is loaded)."""
 
     @field_validator("api_keys")
     @classmethod

@@ -1,6 +1,7 @@
 """The Celery app of the workers: shared config, one registered task per pipeline step, the
-worker signals that build each process's runtime and start its reconciler copy, and the bootstep
-that keeps the process's heartbeat (``workers.liveness``).
+worker signals that build each process's runtime, start its reconciler copy, open each step task's
+log context (``shared.logging``) and, when ``APTIX_OTEL_ENABLED``, start tracing (``shared.telemetry``),
+and the bootstep that keeps the process's heartbeat (``workers.liveness``).
 
 ``create_celery(settings)`` is the factory. ``celery_app`` exists for ``celery -A
 workers.app:celery_app`` and is built on first access, not at import.
@@ -9,18 +10,31 @@ workers.app:celery_app`` and is built on first access, not at import.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from celery import Celery, bootsteps, signals
 from celery.worker import state as worker_state
 
 from shared.broker import celery_config, send_step
+from shared.logging import (
+    begin_task,
+    configure_logging,
+    end_task,
+    logging_configured,
+    remember_task,
+    set_process_fields,
+)
 from shared.models.envelope import TurnEnvelope
+from shared.redaction import secrets_in
 from shared.settings import Settings, get_settings
+from shared.task_names import TASK_QUEUES
 from workers.liveness import Heartbeat, RunningTask, health_dir, heartbeat_path
 from workers.runtime import WorkerRuntime
 
 __all__ = ["create_celery"]
+
+logger = logging.getLogger(__name__)
 
 
 def create_celery(settings: Settings, *, reconciler: bool = True, heartbeat: str | None = None) -> Celery:
@@ -44,7 +58,8 @@ def create_celery(settings: Settings, *, reconciler: bool = True, heartbeat: str
 
     runtime = WorkerRuntime(settings, send, reconciler=reconciler)
     register_tasks(app, runtime)
-    _connect_signals(app, runtime)
+    _connect_signals(app, runtime, settings)
+    _connect_log_context(settings)
     if heartbeat is not None:
         app.steps["worker"].add(_liveness_step(settings, runtime, heartbeat))
     return app
@@ -95,9 +110,14 @@ def _running_tasks() -> list[RunningTask]:
     ]
 
 
-def _connect_signals(app: Celery, runtime: WorkerRuntime) -> None:
+def _connect_signals(app: Celery, runtime: WorkerRuntime, settings: Settings) -> None:
     def on_init(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is app:
+            set_process_fields(worker=str(sender.hostname))
+            if settings.otel_enabled:  # imported only when on: OpenTelemetry costs every process its import
+                from shared.telemetry import start_tracing
+
+                start_tracing(settings, service_name="aptix-worker")
             runtime.start(str(sender.hostname))
 
     def on_child(**_kwargs: Any) -> None:
@@ -106,6 +126,8 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime) -> None:
     def on_ready(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is app:
             runtime.start_reconciler()
+            if settings.log_format == "json":
+                _quiet_sigterm(sender.controller)
 
     def on_shutdown(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is app:
@@ -115,6 +137,66 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime) -> None:
     signals.worker_process_init.connect(on_child, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutdown.connect(on_shutdown, weak=False)
+
+
+def _quiet_sigterm(worker: Any) -> None:
+    """In JSON, SIGTERM (how orchestrators stop a worker) is logged as a record, not printed.
+
+    Celery's own handler prints "worker: Warm shutdown (MainProcess)" to stdout, a line of text
+    among the JSON; this re-installs it without the notice, and ``worker_shutting_down`` logs it.
+    Only a command-line worker installs signal handlers (not one started in a thread).
+    """
+    from celery.apps.worker import Worker, install_worker_term_handler
+
+    if isinstance(worker, Worker):
+        install_worker_term_handler(worker, verbose=False)
+        signals.worker_shutting_down.connect(_log_shutdown, weak=False, dispatch_uid="aptix-log-shutdown")
+
+
+def _log_shutdown(sender: Any = None, sig: Any = None, how: Any = None, **_kwargs: Any) -> None:
+    logger.info("worker %s: %s shutdown (%s)", sender, how, sig)
+
+
+def _connect_log_context(settings: Settings) -> None:
+    """Give every line a worker logs about a step task that task's turn (``shared.logging``).
+
+    Celery's signals are global: each handler is connected once per process (``dispatch_uid``),
+    whatever the number of apps.
+    """
+
+    def on_setup_logging(loglevel: Any = None, **_kwargs: Any) -> None:
+        # Connected, this replaces Celery's own logging set-up: `celery -A workers.app:celery_app
+        # worker` logs like `aptix worker` (which configured logging before Celery started).
+        if not logging_configured():
+            configure_logging(loglevel or "INFO", secrets=secrets_in(settings), log_format=settings.log_format)
+
+    signals.setup_logging.connect(on_setup_logging, weak=False, dispatch_uid="aptix-setup-logging")
+    signals.task_received.connect(_remember_step_task, weak=False, dispatch_uid="aptix-log-received")
+    signals.task_prerun.connect(_begin_step_task, weak=False, dispatch_uid="aptix-log-prerun")
+    signals.task_postrun.connect(_end_step_task, weak=False, dispatch_uid="aptix-log-postrun")
+
+
+def _remember_step_task(request: Any = None, **_kwargs: Any) -> None:
+    if request is not None and request.name in TASK_QUEUES:
+        remember_task(request.id, _envelope_fields(request.args))
+
+
+def _begin_step_task(task: Any = None, args: Any = None, **_kwargs: Any) -> None:
+    if task is not None and task.name in TASK_QUEUES:
+        begin_task(**_envelope_fields(args))
+
+
+def _end_step_task(task: Any = None, **_kwargs: Any) -> None:
+    if task is not None and task.name in TASK_QUEUES:
+        end_task()
+
+
+def _envelope_fields(args: Any) -> dict[str, object]:
+    """The log fields of a step task's arguments (its envelope, as JSON): no validation, a few dict reads."""
+    payload = args[0] if isinstance(args, list | tuple) and args else None
+    if not isinstance(payload, dict):
+        return {}
+    return {"turn_id": payload.get("turn_id"), "step": payload.get("step"), "iteration": payload.get("iteration")}
 
 
 def __getattr__(name: str) -> Any:

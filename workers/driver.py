@@ -35,7 +35,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared.db.retry import retry_dropped_connection
 from shared.errors import StateConflict, TurnFailed, TurnNotRecorded
-from shared.logging import log_context
+from shared.logging import bind, log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
@@ -133,6 +133,7 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
             state = start.state or _load_durable(ctx, env)
             if state is None:
                 return None
+            bind(session_id=state.session_id, org_id=state.org_id)
             if env.step_key in state.steps_done:
                 logger.info("step %s already ran; passing the turn on", env.step_key)
                 ctx.metrics.count_redelivered(env.step)
@@ -157,15 +158,16 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
     current = env
     fused = LAYER_OF[env.step] is Layer.ENTRY
     while True:
-        started = time.perf_counter()
-        result = _invoke(ctx, current, state)
-        seconds = time.perf_counter() - started
-        tally.steps.append((current.step, seconds))
-        if fused:  # a step that is not a hop of its own still shows in the trace, with its time and worker
-            trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
-        if result.ok and isinstance(result.value, Stop) and result.value.committed is not None:
-            tally.committed, tally.error = result.value.committed, state.error
-        dispatch = _conclude(ctx, current, state, result, tally)
+        with log_context(step=current.step.value, iteration=current.iteration):
+            started = time.perf_counter()
+            result = _invoke(ctx, current, state)
+            seconds = time.perf_counter() - started
+            tally.steps.append((current.step, seconds))
+            if fused:  # a step that is not a hop of its own still shows in the trace, with its time and worker
+                trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
+            if result.ok and isinstance(result.value, Stop) and result.value.committed is not None:
+                tally.committed, tally.error = result.value.committed, state.error
+            dispatch = _conclude(ctx, current, state, result, tally)
         if dispatch is None or dispatch.countdown or task_name(dispatch.envelope.step) != task_name(current.step):
             return dispatch
         if dispatch.failed is not None:  # a failed step ends its task, which reports the failure

@@ -48,6 +48,7 @@ from shared.settings import Settings
 from shared.state import StateStore, TurnState
 from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
 from shared.task_names import TASK_QUEUES, StepName, task_name
+from shared.telemetry import turn_span
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
@@ -232,7 +233,8 @@ class Reconciler:
         if source == "checkpoint" and state is not None:
             self._store.drop(turn.turn_id)  # older than the checkpoint: the step carries on from the checkpoint
             self.stats.redis_calls += 1
-        self._dispatcher.dispatch(envelope, 0.0, now=now.timestamp())
+        with turn_span(turn.turn_id, "reconciler re-drive", source=source, step_key=envelope.step_key):
+            self._dispatcher.dispatch(envelope, 0.0, now=now.timestamp())
         window = self._settings.reconciler_queued_seconds if turn.status is TurnStatus.QUEUED else self._deadline()
         self._store.mark_alive([turn.turn_id], until=now.timestamp() + window)
         self._turns.note_redrive(turn.turn_id, deadline_at=now + timedelta(seconds=self._deadline()))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api_gateway.access_log import note_turn
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, TurnId, WaitSeconds
 from api_gateway.openapi import error_responses
+from api_gateway.telemetry import reserved_turn_id
 from api_gateway.turn_view import to_turn
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
 
@@ -41,10 +43,15 @@ router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=Authenticated
         ),
     },
 )
-async def create_turn(body: TurnRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
+async def create_turn(
+    body: TurnRequest, caller: Caller, gateway: Gateway, request: Request, wait: WaitSeconds = None
+) -> JSONResponse:
     """Start a turn: a new session when ``session_id`` is absent, else a follow-up turn."""
     service = gateway.turn_service
-    row = await run_in_threadpool(service.record, body, org_id=caller.org_id, user_id=caller.user_id)
+    row = await run_in_threadpool(
+        service.record, body, org_id=caller.org_id, user_id=caller.user_id, turn_id=reserved_turn_id(request)
+    )
+    note_turn(request, row.turn_id, row.session_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)
         return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))

@@ -28,6 +28,7 @@ def admit(
     loc: tuple[str | int, ...] = ("body",),
     batch_id: str | None = None,
     batch_index: int | None = None,
+    turn_id: str | None = None,
 ) -> NewTurn:
     """Check ``body`` and describe the turn to record.
 
@@ -40,9 +41,10 @@ def admit(
         loc: where ``body`` sits in the HTTP body, for the ``loc`` of error details.
         batch_id: the batch the turn belongs to, if any.
         batch_index: the turn's index in its batch.
+        turn_id: the turn's id, when one was reserved for it; else a fresh one.
 
     Returns:
-        The turn to record, with fresh turn (and, for a new session, session) ids.
+        The turn to record, with its turn id and, for a new session, a fresh session id.
 
     Raises:
         InvalidRequest: a client tool named like a server tool, or an unknown mode on a new session.
@@ -68,7 +70,7 @@ def admit(
             raise NotFound("session_not_found", f"session {session_id!r} does not exist")
     request = body.model_dump(mode="json", exclude={"idempotency_key"})
     return NewTurn(
-        turn_id=new_turn_id(),
+        turn_id=turn_id or new_turn_id(),
         session_id=session_id,
         org_id=org_id,
         user_id=user_id,

@@ -11,6 +11,7 @@ from redis import RedisError
 
 from shared.broker import send_step
 from shared.models.envelope import TurnEnvelope
+from shared.telemetry import turn_accepted
 
 __all__ = ["PUBLISH_ERRORS", "CeleryPublisher", "TurnPublisher"]
 
@@ -36,7 +37,15 @@ class CeleryPublisher:
         self._app = producer
 
     def publish(self, envelopes: Sequence[TurnEnvelope]) -> None:
-        """Send each envelope's step through one producer from the pool."""
+        """Send each envelope's step through one producer from the pool.
+
+        With tracing on, a turn's first message starts the turn's trace, unless the request that
+        created the turn is that trace's root already (``shared.telemetry``).
+        """
         with self._app.producer_or_acquire() as producer:
             for envelope in envelopes:
-                send_step(self._app, envelope, producer=producer)
+                if envelope.round == 0 and envelope.hop == 0:
+                    with turn_accepted(envelope.turn_id):
+                        send_step(self._app, envelope, producer=producer)
+                else:
+                    send_step(self._app, envelope, producer=producer)

@@ -70,13 +70,14 @@ class TurnService:
         self._clock = clock
         self._metrics = metrics
 
-    def record(self, body: TurnRequest, *, org_id: str, user_id: str) -> TurnRecord:
+    def record(self, body: TurnRequest, *, org_id: str, user_id: str, turn_id: str | None = None) -> TurnRecord:
         """Accept a turn: record it queued and send its first step, or return the earlier turn of its idempotency key.
 
         Args:
             body: the request (a new session when ``session_id`` is absent, else a follow-up turn).
             org_id: the caller's organisation.
             user_id: the caller.
+            turn_id: the new turn's id, when it was reserved (tracing: ``api_gateway.telemetry``).
 
         Returns:
             The recorded turn (for a replayed idempotency key, the earlier one, as it stands now).
@@ -87,7 +88,7 @@ class TurnService:
             Conflict: ``session_busy`` (the session has an unfinished turn) or ``idempotency_key_reused``.
             Unavailable: the broker or the state store refused; nothing was recorded.
         """
-        turn = self.admit(body, org_id=org_id, user_id=user_id)
+        turn = self.admit(body, org_id=org_id, user_id=user_id, turn_id=turn_id)
         try:
             row, _created = self._turns.create(
                 turn,
@@ -114,6 +115,7 @@ class TurnService:
         loc: tuple[str | int, ...] = ("body",),
         batch_id: str | None = None,
         batch_index: int | None = None,
+        turn_id: str | None = None,
     ) -> NewTurn:
         """Check ``body`` and describe the turn to record; a follow-up's session first loses its overdue turns.
 
@@ -128,6 +130,7 @@ class TurnService:
             loc=loc,
             batch_id=batch_id,
             batch_index=batch_index,
+            turn_id=turn_id,
         )
         if not turn.new_session:
             self.expire_overdue(session_id=turn.session_id)

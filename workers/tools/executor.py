@@ -16,6 +16,8 @@ So timed-out handlers can never pile up threads without bound.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -103,7 +105,8 @@ class ToolExecutor:
                 f"tool {tool.name!r} could not start: all {self._max_threads} tool threads of this worker are "
                 "held by handlers that overran their timeouts",
             )
-        future = self._pool.submit(tool.handler, **kwargs)
+        # The handler runs in the step's context: its log lines carry the turn, its spans join the turn's trace.
+        future = self._pool.submit(contextvars.copy_context().run, functools.partial(tool.handler, **kwargs))
         future.add_done_callback(self._free_slot)
         try:
             value = future.result(timeout=tool.timeout_seconds)
