@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
-from api_gateway.routes import batches, health, sessions, turn_actions, turns
+from api_gateway.routes import batches, health, sessions, turn_actions, turns, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.state import connect_gateway
@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(turn_actions.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
+    app.include_router(webhooks.router)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)
     if settings.effective_broker_url.startswith("redis://"):
         broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)

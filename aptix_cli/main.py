@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     gateway.set_defaults(run=_gateway)
 
     worker = commands.add_parser("worker", help="run a Celery worker for the pipeline steps")
-    worker.add_argument("--queues", default="pipeline,llm,tools")
+    worker.add_argument("--queues", default="pipeline,llm,tools,webhooks")
     worker.add_argument(
         "--pool",
         default=None,
@@ -304,9 +304,10 @@ def _reconciler(args: argparse.Namespace) -> int:
     import threading
 
     listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
-    from shared.broker import create_producer, send_step
+    from shared.broker import create_producer, send_step, send_webhook
     from shared.db import create_db_engine, session_factory
     from shared.db.turns import TurnRepository
+    from shared.db.webhook_deliveries import WebhookDeliveryRepository
     from shared.logging import configure_logging
     from shared.models.envelope import TurnEnvelope
     from shared.redaction import secrets_in
@@ -314,7 +315,8 @@ def _reconciler(args: argparse.Namespace) -> int:
     from shared.state import RedisStateStore
     from workers.dispatcher import Dispatcher
     from workers.metrics import WorkerMetrics
-    from workers.runtime import build_reconciler
+    from workers.runtime import build_reconciler, webhook_outbox
+    from workers.webhooks import WebhookSweeper
 
     _warn_unknown_variables("reconciler")
     settings = get_settings()
@@ -324,14 +326,20 @@ def _reconciler(args: argparse.Namespace) -> int:
     def send(envelope: TurnEnvelope, countdown: float) -> None:
         send_step(producer, envelope, countdown=countdown)
 
+    def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
+        send_webhook(producer, delivery_id, attempt=attempt, countdown=countdown)
+
     store = RedisStateStore.from_url(settings.redis_url)
+    db = session_factory(create_db_engine(settings.database_url, pool_size=2))
+    outbox = webhook_outbox(settings, send_attempt)
     reconciler = build_reconciler(
         settings,
-        turns=TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=2))),
+        turns=TurnRepository(db, webhooks=outbox),
         store=store,
         dispatcher=Dispatcher.for_settings(send, store, settings),
         owner=f"reconciler@{socket.gethostname()}:{os.getpid()}",
         metrics=WorkerMetrics(),
+        webhooks=None if outbox is None else WebhookSweeper(WebhookDeliveryRepository(db), send_attempt),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

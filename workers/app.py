@@ -1,5 +1,5 @@
-"""The Celery app of the workers: shared config, one registered task per pipeline step, and the
-worker signals that build each process's runtime and start its reconciler copy.
+"""The Celery app of the workers: shared config, one registered task per pipeline layer and the
+webhook delivery task, and the worker signals that build each process's runtime and start its reconciler copy.
 
 ``create_celery(settings)`` is the factory. ``celery_app`` exists for ``celery -A
 workers.app:celery_app`` and is built on first access, not at import.
@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from shared.broker import celery_config, send_step
+from shared.broker import celery_config, send_step, send_webhook
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings, get_settings
 from workers.runtime import WorkerRuntime
@@ -37,7 +37,10 @@ def create_celery(settings: Settings, *, reconciler: bool = True) -> Celery:
     def send(envelope: TurnEnvelope, countdown: float) -> None:
         send_step(app, envelope, countdown=countdown)
 
-    runtime = WorkerRuntime(settings, send, reconciler=reconciler)
+    def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
+        send_webhook(app, delivery_id, attempt=attempt, countdown=countdown)
+
+    runtime = WorkerRuntime(settings, send, reconciler=reconciler, send_webhook=send_attempt)
     register_tasks(app, runtime)
     _connect_signals(app, runtime)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from shared.models.turn import TurnRequest, TurnStatus
 
@@ -18,6 +18,13 @@ class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     requests: Annotated[list[TurnRequest], Field(min_length=1, max_length=100_000)]
+    webhook_url: Annotated[str, StringConstraints(max_length=2048)] | None = None
+    """Where the batch's ``batch.completed`` event is POSTed, signed; else the organisation's default."""
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
 
 
 class Batch(BaseModel):

@@ -161,6 +161,9 @@ class TurnRequest(BaseModel):
         Annotated[str, StringConstraints(max_length=512)],
     ] = Field(default_factory=dict, max_length=16)
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    webhook_url: Annotated[str, StringConstraints(max_length=2048)] | None = None
+    """Where this turn's events (completed, failed, cancelled, paused for client tools) are POSTed,
+    signed; else the organisation's default, if any."""
 
     @field_validator("input")
     @classmethod
@@ -169,7 +172,7 @@ class TurnRequest(BaseModel):
             raise ValueError("input must not be blank")
         return _no_nul(value)
 
-    @field_validator("session_id", "mode", "idempotency_key")
+    @field_validator("session_id", "mode", "idempotency_key", "webhook_url")
     @classmethod
     def _empty_is_none(cls, value: str | None) -> str | None:
         return _no_nul(value) or None if value is not None else None
