@@ -34,7 +34,7 @@ _CLAIM = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Claim:
     """An attempt this worker may make: what to send, where, for whom."""
 
@@ -48,7 +48,7 @@ class Claim:
     """The endpoint answered 410 before: the delivery was moved to ``endpoint_disabled``, nothing is sent."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Attempt:
     """What one attempt found."""
 
@@ -92,7 +92,9 @@ class WebhookDeliveryRepository:
                     .values(status=DeliveryStatus.ENDPOINT_DISABLED.value, attempts=attempt - 1,
                             next_attempt_at=None, updated_at=now)
                 )  # fmt: skip
-        return Claim(delivery_id, attempt, org_id, url, body, endpoint_disabled=disabled)
+        return Claim(
+            delivery_id=delivery_id, attempt=attempt, org_id=org_id, url=url, body=body, endpoint_disabled=disabled
+        )
 
     def finish(
         self,

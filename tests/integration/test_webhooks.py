@@ -93,8 +93,8 @@ def webhook_database(services: None) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def webhooks(webhook_database: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[WebhookSystem]:
-    """A gateway and a worker serving every queue, webhooks included, with secrets for org-a and
-    org-c (whose default endpoint is the receiver's ``/default-c``); org-b has none."""
+    """A gateway and an ``aptix worker`` serving every queue, webhooks included, with secrets for
+    org-a and org-c (whose default endpoint is the receiver's ``/default-c``); org-b has none."""
     receiver = WebhookReceiver()
     base = redis_urls_base()
     state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
@@ -110,7 +110,8 @@ def webhooks(webhook_database: str, scripted_llm: ScriptedServer, modes_file: Pa
     })  # fmt: skip
     stack = LocalStack(env)
     try:
-        stack.start_worker("wh", queues="pipeline,llm,tools,webhooks")
+        # No --pool: `aptix worker`'s own plan, deliveries on the llm process's gevent pool as deployed
+        stack.start_worker("wh", queues="pipeline,llm,tools,webhooks", pool=None)
         _, url = stack.start_gateway()
         _, strict_url = stack.start_gateway(env={"APTIX_WEBHOOK_ALLOW_PRIVATE": "0"})
         system = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)

@@ -106,7 +106,7 @@ class WebhookDeliverer:
             return None
         status_code, error, duration_ms = self._post(claim)
         decision = decide(status_code, attempt=attempt, delays=self._config.retry_delays, rand=self._random())
-        record = Attempt(attempt, now, status_code, error, duration_ms)
+        record = Attempt(attempt=attempt, at=now, status_code=status_code, error=error, duration_ms=duration_ms)
         if decision.verdict is Verdict.DELIVERED:
             self._deliveries.finish(claim, record, status=DeliveryStatus.DELIVERED)
         elif decision.verdict is Verdict.DISABLE_ENDPOINT:
