@@ -18,7 +18,7 @@ from api_gateway.docs import install_docs
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
 from api_gateway.openapi import install_openapi
-from api_gateway.routes import batches, health, sessions, turn_actions, turns
+from api_gateway.routes import batches, health, sessions, turn_actions, turns, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.state import connect_gateway
@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(turn_actions.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
+    app.include_router(webhooks.router)
     install_docs(app)
     install_openapi(app, settings)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)

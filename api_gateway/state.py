@@ -12,16 +12,26 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
-from api_gateway.services import BatchService, CeleryPublisher, SessionService, TurnPublisher, TurnService
-from shared.broker import create_producer
+from api_gateway.services import (
+    BatchService,
+    CeleryPublisher,
+    SessionService,
+    TurnPublisher,
+    TurnService,
+    WebhookService,
+)
+from shared.broker import create_producer, send_webhook
 from shared.db import session_factory
 from shared.db.batches import BatchRepository
 from shared.db.engine import ProcessKind, engine_for
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
+from shared.db.webhook_deliveries import WebhookDeliveryRepository
+from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore, StateStore
+from shared.webhooks import WebhookConfig
 
 __all__ = ["GatewayState", "connect_gateway", "utc_now"]
 
@@ -54,6 +64,7 @@ class GatewayState:
     turn_service: TurnService
     batch_service: BatchService
     session_service: SessionService
+    webhook_service: WebhookService
 
 
 def utc_now() -> datetime:
@@ -73,12 +84,16 @@ def connect_gateway(settings: Settings) -> GatewayState:
     engine = engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname())
     db = session_factory(engine)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    sessions = SessionRepository(db)
-    turns = TurnRepository(db)
-    batches = BatchRepository(db)
-    catalog = load_catalog(settings.modes_file)
     producer = create_producer(settings)
     publisher = CeleryPublisher(producer)
+    webhooks = WebhookConfig.from_settings(settings)
+    sessions = SessionRepository(db)
+    turns = TurnRepository(db, webhooks=_outbox(webhooks, producer))
+    batches = BatchRepository(db)
+    catalog = load_catalog(settings.modes_file)
+    webhook_service = WebhookService(
+        config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches
+    )
     store = RedisStateStore(client)
     metrics = GatewayMetrics()
     turn_service = TurnService(
@@ -90,6 +105,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         publisher=publisher,
         clock=utc_now,
         metrics=metrics,
+        webhooks=webhook_service,
     )
     return GatewayState(
         settings=settings,
@@ -107,7 +123,23 @@ def connect_gateway(settings: Settings) -> GatewayState:
         metrics=metrics,
         turn_service=turn_service,
         batch_service=BatchService(
-            turns=turn_service, batches=batches, max_requests=settings.max_batch_requests, clock=utc_now
+            turns=turn_service,
+            batches=batches,
+            max_requests=settings.max_batch_requests,
+            clock=utc_now,
+            webhooks=webhook_service,
         ),
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
+        webhook_service=webhook_service,
     )
+
+
+def _outbox(config: WebhookConfig, producer: Celery) -> WebhookOutbox | None:
+    """What records the webhook event of a turn the gateway ends (cancel, client-tool timeout)."""
+    if not config.enabled:
+        return None
+
+    def first_attempt(delivery_id: str) -> None:
+        send_webhook(producer, delivery_id, attempt=1)
+
+    return WebhookOutbox(config, first_attempt)

@@ -164,6 +164,7 @@ class DevStack:
         return f"sqlite:///{os.path.abspath(self._sqlite_path)}"
 
     def _start_worker(self, settings: Any) -> None:
+        from shared.task_names import Queue
         from workers.app import create_celery
 
         app = create_celery(settings)
@@ -178,7 +179,7 @@ class DevStack:
             app=app,
             pool_cls="threads",
             concurrency=self._worker_threads,
-            queues=["pipeline", "llm", "tools"],
+            queues=[queue.value for queue in Queue],
             hostname=f"dev@{socket.gethostname()}",
             send_events=True,
             without_heartbeat=True,

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     gateway.set_defaults(run=processes.gateway)
 
     worker = commands.add_parser("worker", help="run a Celery worker for the pipeline steps")
-    worker.add_argument("--queues", default="pipeline,llm,tools")
+    worker.add_argument("--queues", default="pipeline,llm,tools,webhooks")
     worker.add_argument(
         "--pool",
         default=None,

@@ -201,16 +201,18 @@ def reconciler(args: argparse.Namespace) -> int:
 
     _start_logging(args.loglevel, "reconciler")
     listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
-    from shared.broker import create_producer, send_step
+    from shared.broker import create_producer, send_step, send_webhook
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
+    from shared.db.webhook_deliveries import WebhookDeliveryRepository
     from shared.models.envelope import TurnEnvelope
     from shared.settings import get_settings
     from shared.state import RedisStateStore
     from workers.dispatcher import Dispatcher
     from workers.metrics import WorkerMetrics
-    from workers.runtime import build_reconciler
+    from workers.runtime import build_reconciler, webhook_outbox
+    from workers.webhooks import WebhookSweeper
 
     settings = get_settings()
     if settings.otel_enabled:  # its re-drives join each turn's trace
@@ -222,15 +224,21 @@ def reconciler(args: argparse.Namespace) -> int:
     def send(envelope: TurnEnvelope, countdown: float) -> None:
         send_step(producer, envelope, countdown=countdown)
 
+    def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
+        send_webhook(producer, delivery_id, attempt=attempt, countdown=countdown)
+
     store = RedisStateStore.from_url(settings.redis_url, max_connections=settings.redis_max_connections)
     owner = f"reconciler@{socket.gethostname()}:{os.getpid()}"
+    db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
+    outbox = webhook_outbox(settings, send_attempt)
     reconciler = build_reconciler(
         settings,
-        turns=TurnRepository(session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))),
+        turns=TurnRepository(db, webhooks=outbox),
         store=store,
         dispatcher=Dispatcher.for_settings(send, store, settings),
         owner=owner,
         metrics=WorkerMetrics(),
+        webhooks=None if outbox is None else WebhookSweeper(WebhookDeliveryRepository(db), send_attempt),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

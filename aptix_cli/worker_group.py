@@ -5,7 +5,8 @@ run server tools (each under its own timeout): together, one process with a thre
 larger pool holds more batch steps ahead of an interactive turn's next one: under a batch, an
 interactive turn's p95 was 16x its idle p95 with 8 threads, 18x with 4, 3x with 2, for 7 % less
 throughput than 8). ``llm`` steps wait on the model: a gevent pool that keeps thousands of calls
-in flight in one process. With no ``--pool``, ``aptix worker`` starts these two processes for the
+in flight in one process; ``webhooks`` deliveries (POSTs to clients' endpoints) wait on the network
+too and share that process. With no ``--pool``, ``aptix worker`` starts these two processes for the
 queues it is asked for (a prefork pool holding one model call per child was the default that made
 a new deployment 6x slower than it should be). Measured with ``aptix bench`` on 2 cores, two
 ``aptix worker``: a server-tool turn cost 54 ms of CPU with a prefork pipeline of one child per
@@ -57,7 +58,7 @@ class Group:
 
 GROUPS: tuple[Group, ...] = (
     Group("pipeline", ("pipeline", "tools"), "threads", 2),
-    Group("llm", ("llm",), "gevent", 2000),
+    Group("llm", ("llm", "webhooks"), "gevent", 2000),
 )
 """The worker processes of ``aptix worker`` with no ``--pool``, for the queues it is asked for."""
 

@@ -15,7 +15,7 @@ from kombu.entity import Queue as KombuQueue
 
 from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.settings import Settings
-from shared.task_names import TASK_QUEUES, Queue, task_name
+from shared.task_names import TASK_QUEUES, WEBHOOK_TASK, Queue, task_name
 from shared.telemetry import turn_trace
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "create_producer",
     "queue_depth",
     "send_step",
+    "send_webhook",
     "unacked_depth",
     "visibility_timeout",
 ]
@@ -162,6 +163,27 @@ def send_step(app: Celery, envelope: TurnEnvelope, *, countdown: float | None = 
             argsrepr=repr(args),
             kwargsrepr="{}",
         )
+
+
+def send_webhook(app: Celery, delivery_id: str, *, attempt: int, countdown: float | None = None) -> None:
+    """Send attempt number ``attempt`` of the webhook delivery ``delivery_id`` to the webhooks queue.
+
+    The broker is asked once, without Celery's publish retries: the caller is a turn's commit or the
+    sweep, and a delivery that could not be sent is sent by the sweep later (a webhook never delays a turn).
+
+    Raises:
+        kombu.exceptions.OperationalError: the broker refused (callers log it and carry on).
+    """
+    args = [{"delivery_id": delivery_id, "attempt": attempt}]
+    app.send_task(
+        WEBHOOK_TASK,
+        args=args,
+        queue=TASK_QUEUES[WEBHOOK_TASK].value,
+        countdown=countdown if countdown else None,
+        retry=False,
+        argsrepr=repr(args),
+        kwargsrepr="{}",
+    )
 
 
 def _queue(name: str) -> KombuQueue:

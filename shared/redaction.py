@@ -29,7 +29,7 @@ _KEY_PATTERN = re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_\-*.]{6,}")
 
 
 def secrets_in(settings: Settings) -> tuple[str, ...]:
-    """Every secret ``settings`` holds: the model key, the gateway's API keys, passwords in URLs.
+    """Every secret ``settings`` holds: the model key, the gateway's API keys, webhook secrets, passwords in URLs.
 
     Args:
         settings: the process settings.
@@ -38,6 +38,9 @@ def secrets_in(settings: Settings) -> tuple[str, ...]:
         The secrets, longest first (so a secret containing another is redacted whole).
     """
     found = {settings.llm_api_key.get_secret_value(), *settings.accepted_api_keys}
+    for entry in settings.webhook_secrets.get_secret_value().split(","):
+        secret = entry.partition(":")[2].strip()
+        found.update((secret, secret.removeprefix("whsec_")))
     for url in (settings.database_url, settings.redis_url, settings.broker_url or ""):
         password = urlsplit(url).password if "://" in url else None
         if password:

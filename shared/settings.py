@@ -11,8 +11,10 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator
+from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.webhooks.config import parse_default_urls, parse_retry_schedule, parse_secrets
 
 __all__ = [
     "OTHER_VARIABLES",
@@ -66,7 +68,11 @@ def parse_api_keys(raw: str) -> dict[str, ApiKey]:
 class Settings(BaseSettings):
     """The process configuration, read from ``APTIX_*`` environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="APTIX_", extra="ignore", populate_by_name=True)
+    # hide_input_in_errors: a refused value may be a secret (an API key, a webhook secret); the message
+    # says what is wrong without echoing it.
+    model_config = SettingsConfigDict(
+        env_prefix="APTIX_", extra="ignore", populate_by_name=True, hide_input_in_errors=True
+    )
 
     database_url: str = _EMBEDDED_DATABASE_URL
     """SQLAlchemy URL of the durable store."""
@@ -157,12 +163,47 @@ class Settings(BaseSettings):
     """How every process writes its log: ``text`` (one readable line per record) or ``json`` (one object per line)."""
     otel_enabled: bool = False
     """Send OpenTelemetry traces, one per turn, to ``OTEL_EXPORTER_OTLP_ENDPOINT`` (off: none is loaded)."""
+    webhook_secrets: SecretStr = SecretStr("")
+    """Comma-separated ``org_id:whsec_<base64>`` pairs: each organisation's webhook signing secret (Standard
+    Webhooks). An organisation without one gets no webhooks."""
+    webhook_default_urls: str = ""
+    """Comma-separated ``org_id:url`` pairs: where an organisation's events go when their request named no
+    ``webhook_url``."""
+    webhook_allow_private: bool = False
+    """Accept webhook URLs on private, loopback and link-local addresses (tests and development only)."""
+    webhook_retry_schedule: str = "5,300,1800,7200,18000,36000,50400"
+    """Comma-separated seconds to wait before each retry of a failed webhook delivery (with jitter); after
+    the last, the delivery is given up. Default: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h (8 attempts over
+    about a day and a quarter)."""
 
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: str) -> str:
         parse_api_keys(value)
         return value
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _check_webhook_secrets(cls, value: SecretStr) -> SecretStr:
+        parse_secrets(value.get_secret_value())
+        return value
+
+    @field_validator("webhook_retry_schedule")
+    @classmethod
+    def _check_retry_schedule(cls, value: str) -> str:
+        parse_retry_schedule(value)
+        return value
+
+    @model_validator(mode="after")
+    def _defaults_have_secrets(self) -> Settings:
+        secrets = parse_secrets(self.webhook_secrets.get_secret_value())
+        unsigned = sorted(set(parse_default_urls(self.webhook_default_urls)) - set(secrets))
+        if unsigned:
+            raise ValueError(
+                f"APTIX_WEBHOOK_DEFAULT_URLS names organisation(s) without a secret in APTIX_WEBHOOK_SECRETS: "
+                f"{', '.join(unsigned)} (an organisation without a secret gets no webhooks)"
+            )
+        return self
 
     @field_validator("llm_base_url")
     @classmethod

@@ -5,14 +5,15 @@ creator / restorer / client-tool session restorer, session context resolver, con
 initializer, client-tool continuation resolver) are one layer, Pipeline Entry, run by one task; the
 reasoner, composition, LLM call, server tool execution and persistence are a layer and a task each.
 The gateway sends tasks by these names and never imports ``workers``; the workers register their
-tasks under them. Routing is by name, so each queue scales on its own.
+tasks under them. Routing is by name, so each queue scales on its own. One task is not a pipeline
+step: ``aptix.webhook.deliver`` makes one attempt at delivering a signed webhook, on its own queue.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["LAYER_OF", "TASK_QUEUES", "Layer", "Queue", "StepName", "task_name"]
+__all__ = ["LAYER_OF", "TASK_QUEUES", "WEBHOOK_TASK", "Layer", "Queue", "StepName", "task_name"]
 
 
 class Queue(StrEnum):
@@ -24,6 +25,8 @@ class Queue(StrEnum):
     """I/O-bound LLM calls."""
     TOOLS = "tools"
     """Server tools."""
+    WEBHOOKS = "webhooks"
+    """Webhook deliveries: I/O-bound POSTs to the clients' endpoints, apart from the turns."""
 
 
 class StepName(StrEnum):
@@ -78,7 +81,11 @@ def task_name(step: StepName) -> str:
 
 _QUEUE_OF_LAYER = {Layer.LLM_CALL: Queue.LLM, Layer.EXECUTE_SERVER_TOOLS: Queue.TOOLS}
 
+WEBHOOK_TASK = "aptix.webhook.deliver"
+"""The task that makes one attempt at delivering one webhook."""
+
 TASK_QUEUES: dict[str, Queue] = {
-    f"aptix.step.{layer.value}": _QUEUE_OF_LAYER.get(layer, Queue.PIPELINE) for layer in Layer
+    **{f"aptix.step.{layer.value}": _QUEUE_OF_LAYER.get(layer, Queue.PIPELINE) for layer in Layer},
+    WEBHOOK_TASK: Queue.WEBHOOKS,
 }
 """Task name -> queue: the routing table both the gateway and the workers use."""

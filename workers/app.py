@@ -1,7 +1,7 @@
-"""The Celery app of the workers: shared config, one registered task per pipeline step, the
-worker signals that build each process's runtime, start its reconciler copy, open each step task's
-log context (``shared.logging``) and, when ``APTIX_OTEL_ENABLED``, start tracing (``shared.telemetry``),
-and the bootstep that keeps the process's heartbeat (``workers.liveness``).
+"""The Celery app of the workers: shared config, one registered task per pipeline layer and the
+webhook delivery task, the worker signals that build each process's runtime, start its reconciler
+copy, open each step task's log context (``shared.logging``) and, when ``APTIX_OTEL_ENABLED``, start
+tracing (``shared.telemetry``), and the bootstep that keeps the process's heartbeat (``workers.liveness``).
 
 ``create_celery(settings)`` is the factory. ``celery_app`` exists for ``celery -A
 workers.app:celery_app`` and is built on first access, not at import.
@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 from celery.worker import state as worker_state
 
-from shared.broker import celery_config, send_step
+from shared.broker import celery_config, send_step, send_webhook
 from shared.logging import (
     begin_task,
     configure_logging,
@@ -56,7 +56,10 @@ def create_celery(settings: Settings, *, reconciler: bool = True, heartbeat: str
     def send(envelope: TurnEnvelope, countdown: float) -> None:
         send_step(app, envelope, countdown=countdown)
 
-    runtime = WorkerRuntime(settings, send, reconciler=reconciler)
+    def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
+        send_webhook(app, delivery_id, attempt=attempt, countdown=countdown)
+
+    runtime = WorkerRuntime(settings, send, reconciler=reconciler, send_webhook=send_attempt)
     register_tasks(app, runtime)
     _connect_signals(app, runtime, settings)
     _connect_log_context(settings)

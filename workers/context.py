@@ -17,6 +17,7 @@ from shared.db.engine import ProcessKind, engine_for
 from shared.db.sessions import SessionRepository
 from shared.db.tool_runs import ToolRunRepository
 from shared.db.turns import TurnRepository
+from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import RedisStateStore, StateStore
@@ -147,6 +148,7 @@ def build_context(
     hostname: str,
     llm: LlmPort | None = None,
     metrics: WorkerMetrics | None = None,
+    webhooks: WebhookOutbox | None = None,
 ) -> StepContext:
     """Build the context of a worker process from its settings (nothing connects until first use).
 
@@ -156,6 +158,7 @@ def build_context(
         hostname: the worker node's name, stamped on trace steps and lease owners.
         llm: the model client; a Responses API client for ``settings`` when None.
         metrics: the process's collectors; a private set when None.
+        webhooks: records and sends the turns' webhook events at their commit points; none when None.
 
     Returns:
         The context every step of this process receives.
@@ -169,7 +172,7 @@ def build_context(
         settings=settings,
         store=store,
         sessions=SessionRepository(db),
-        turns=TurnRepository(db),
+        turns=TurnRepository(db, webhooks=webhooks),
         tool_runs=ToolRunRepository(db),
         catalog=catalog,
         tools=ToolRegistry.from_catalog(catalog),

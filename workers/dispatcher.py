@@ -41,6 +41,11 @@ class Dispatcher:
         self._store = store
         self._park_after = park_after
 
+    @property
+    def park_after(self) -> float:
+        """Countdowns longer than this many seconds are parked rather than given to the broker."""
+        return self._park_after
+
     @classmethod
     def for_settings(cls, send: SendStep, store: StateStore, settings: Settings) -> Dispatcher:
         """A dispatcher that parks waits longer than half the broker's visibility timeout."""

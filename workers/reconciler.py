@@ -15,7 +15,8 @@ reconciler``; one copy at a time is active, chosen through a Redis lease, and se
 copy killed at any point do no harm (a scan only sends messages that are safe to send twice). Every
 copy also sends the parked messages that are due (``workers.dispatcher``). When the broker is a Redis
 that lost its data (its sentinel key vanished), every marker is dropped, so each turn in flight is
-re-driven at its deadline.
+re-driven at its deadline. The active copy also sends the webhook deliveries that are due and that no
+message carries (``workers.webhooks.sweep``).
 
 A queued turn's marker vouches for its first message for ``APTIX_RECONCILER_QUEUED_SECONDS``, the
 time it may wait behind a backlog, until a worker begins that message: the begin replaces it with a
@@ -52,6 +53,7 @@ from shared.telemetry import turn_span
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
+from workers.webhooks.sweep import WebhookSweeper
 
 __all__ = ["Reconciler", "ReconcilerStats", "frontier"]
 
@@ -103,6 +105,7 @@ class Reconciler:
         broker_client: redis.Redis | None = None,
         clock: Callable[[], datetime] = utc_now,
         metrics: WorkerMetrics | None = None,
+        webhooks: WebhookSweeper | None = None,
     ) -> None:
         """Build one copy.
 
@@ -116,6 +119,7 @@ class Reconciler:
             broker_client: the broker's Redis, when the broker is Redis (for the sentinel).
             clock: the wall clock.
             metrics: counts scans, re-drives and turns given up on (a private set when None).
+            webhooks: sends the due webhook deliveries at each scan; None: no webhooks here.
         """
         self._settings = settings
         self._turns = turns
@@ -126,6 +130,7 @@ class Reconciler:
         self._broker = broker_client
         self._clock = clock
         self._metrics = metrics or WorkerMetrics()
+        self._webhooks = webhooks
         self._lead_script = client.register_script(_LEAD)
         self.stats = ReconcilerStats()
 
@@ -140,6 +145,7 @@ class Reconciler:
                     next_scan = time.monotonic() + interval
                     if self.lead():
                         self.scan()
+                        self.sweep_webhooks()
             except _ERRORS as exc:
                 logger.warning("reconciler: %s: %s; trying again", type(exc).__name__, exc)
             except Exception:  # a bug must not end the one thing that ends stranded turns
@@ -156,6 +162,14 @@ class Reconciler:
         """Send the parked messages that are due."""
         sent = self._dispatcher.release_due(now=self._clock().timestamp())
         self.stats.released += sent
+        return sent
+
+    def sweep_webhooks(self) -> int:
+        """Send the webhook deliveries that are due (none without a sweeper); how many were sent."""
+        if self._webhooks is None:
+            return 0
+        sent = self._webhooks.sweep(self._clock())
+        self.stats.db_calls += 1
         return sent
 
     def scan(self) -> None:

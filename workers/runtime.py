@@ -1,5 +1,6 @@
 """WorkerRuntime: what one worker process builds once, at start: its database engine, its step
-context, its dispatcher, its metrics, and (in the worker's main process) its copy of the reconciler.
+context, its dispatcher, its metrics, its webhook deliverer, and (in the worker's main process) its
+copy of the reconciler.
 
 ``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
 each prefork child (``worker_process_init``), and starts the reconciler on ``worker_ready``.
@@ -9,20 +10,28 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 
+import httpx
 import redis
 from sqlalchemy import Engine
 
+from shared.db import session_factory
 from shared.db.turns import TurnRepository
+from shared.db.webhook_deliveries import WebhookDeliveryRepository
+from shared.db.webhook_outbox import WebhookOutbox
 from shared.settings import Settings
 from shared.state import StateStore
-from workers.context import StepContext, build_context, worker_engine
+from shared.webhooks import WebhookConfig
+from workers.context import StepContext, build_context, utc_now, worker_engine
 from workers.dispatcher import Dispatcher, SendStep
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
+from workers.webhooks import WebhookDeliverer, WebhookSweeper
+from workers.webhooks.delivery import SendAttempt, http_client
 
-__all__ = ["WorkerRuntime", "build_reconciler"]
+__all__ = ["WorkerRuntime", "build_reconciler", "webhook_outbox"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +40,13 @@ class WorkerRuntime:
     """The per-process state of a worker."""
 
     def __init__(
-        self, settings: Settings, send: SendStep, *, reconciler: bool = True, metrics: WorkerMetrics | None = None
+        self,
+        settings: Settings,
+        send: SendStep,
+        *,
+        reconciler: bool = True,
+        metrics: WorkerMetrics | None = None,
+        send_webhook: SendAttempt | None = None,
     ) -> None:
         """Prepare the runtime; nothing is built or connected until :meth:`start`.
 
@@ -41,9 +56,14 @@ class WorkerRuntime:
             reconciler: whether this worker runs a copy of the reconciler.
             metrics: the collectors the steps, the driver and the reconciler count on; built at
                 :meth:`start` when None.
+            send_webhook: publishes one webhook delivery attempt with a countdown; None: this
+                process records no webhook event and delivers none.
         """
         self._settings = settings
         self._send = send
+        self._send_webhook = send_webhook
+        self._deliverer: WebhookDeliverer | None = None
+        self._http: httpx.Client | None = None
         self._with_reconciler = reconciler
         self._metrics = metrics
         self._hostname: str | None = None
@@ -68,8 +88,24 @@ class WorkerRuntime:
         # values to the child's own files when it sees the new pid).
         self._metrics = self._metrics or WorkerMetrics()
         self._engine = worker_engine(self._settings, hostname=hostname)
-        self._ctx = build_context(self._settings, engine=self._engine, hostname=hostname, metrics=self._metrics)
+        outbox = webhook_outbox(self._settings, self._send_webhook)
+        self._ctx = build_context(
+            self._settings, engine=self._engine, hostname=hostname, metrics=self._metrics, webhooks=outbox
+        )
         self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
+        if self._send_webhook is not None:
+            if self._http is not None:
+                self._http.close()
+            self._http = http_client()
+            self._deliverer = WebhookDeliverer(
+                deliveries=WebhookDeliveryRepository(session_factory(self._engine)),
+                config=WebhookConfig.from_settings(self._settings),
+                http=self._http,
+                send=self._send_webhook,
+                park_after=self._dispatcher.park_after,
+                clock=utc_now,
+                random=random.random,
+            )
 
     def restart_in_child(self) -> None:
         """Rebuild the context in a prefork child (connections must not cross a fork)."""
@@ -98,6 +134,17 @@ class WorkerRuntime:
             raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
         return self._dispatcher
 
+    @property
+    def webhooks(self) -> WebhookDeliverer:
+        """The webhook deliverer :meth:`start` built.
+
+        Raises:
+            RuntimeError: when the worker did not start, or was built without a way to send webhooks.
+        """
+        if self._deliverer is None:
+            raise RuntimeError("the worker runtime was not started with a webhook sender")
+        return self._deliverer
+
     def start_reconciler(self) -> None:
         """Start this worker's copy of the reconciler in a daemon thread (unless turned off)."""
         if not self._with_reconciler or self._reconciler_thread is not None:
@@ -110,6 +157,7 @@ class WorkerRuntime:
             dispatcher=self.dispatcher,
             owner=f"{ctx.hostname}:{os.getpid()}",
             metrics=ctx.metrics,
+            webhooks=self._sweeper(),
         )
         self._stop.clear()
         self._reconciler_thread = threading.Thread(
@@ -117,6 +165,12 @@ class WorkerRuntime:
         )
         self._reconciler_thread.start()
         logger.info("reconciler started in worker %s", ctx.hostname)
+
+    def _sweeper(self) -> WebhookSweeper | None:
+        enabled = WebhookConfig.from_settings(self._settings).enabled
+        if self._send_webhook is None or self._engine is None or not enabled:
+            return None
+        return WebhookSweeper(WebhookDeliveryRepository(session_factory(self._engine)), self._send_webhook)
 
     def stop_reconciler(self) -> None:
         """Stop this worker's reconciler thread."""
@@ -134,8 +188,10 @@ def build_reconciler(
     dispatcher: Dispatcher,
     owner: str,
     metrics: WorkerMetrics | None = None,
+    webhooks: WebhookSweeper | None = None,
 ) -> Reconciler:
-    """A reconciler on a process's ports (``store`` must be the Redis state store); it counts on ``metrics``."""
+    """A reconciler on a process's ports (``store`` must be the Redis state store); it counts on ``metrics``
+    and, given ``webhooks``, sends the webhook deliveries that are due."""
     broker_url = settings.effective_broker_url
     broker = (
         redis.Redis.from_url(broker_url, socket_timeout=10)
@@ -154,4 +210,19 @@ def build_reconciler(
         owner=owner,
         broker_client=broker,
         metrics=metrics,
+        webhooks=webhooks,
     )
+
+
+def webhook_outbox(settings: Settings, send_webhook: SendAttempt | None) -> WebhookOutbox | None:
+    """The outbox that records turns' webhook events and sends their first attempt; None when no
+    organisation has a webhook secret or the process cannot send."""
+    config = WebhookConfig.from_settings(settings)
+    if send_webhook is None or not config.enabled:
+        return None
+    send = send_webhook
+
+    def first_attempt(delivery_id: str) -> None:
+        send(delivery_id, 1, 0.0)
+
+    return WebhookOutbox(config, first_attempt)

@@ -1,4 +1,5 @@
-"""One thin task per pipeline layer: validate the envelope, run its step(s), send what comes next.
+"""One thin task per pipeline layer: validate the envelope, run its step(s), send what comes next;
+and the webhook task: one attempt at one delivery.
 
 Everything else is the driver's (:func:`workers.driver.run_step`), including every retry. A message
 the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
@@ -10,23 +11,27 @@ FAILURE, so Flower shows it red and its Failed filter finds the turn. The except
 expected (``throws``: one INFO line, no traceback, in the worker's log; the driver has already
 logged the failure at WARNING) and the message is acknowledged (``acks_on_failure``), never retried
 or redelivered. What the turn records does not change.
+
+A webhook attempt that meets a database or Redis error is dropped: its delivery stays pending in the
+database and the sweep sends it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import redis
 from celery import Celery, Task
 from celery.exceptions import Reject
 from kombu.exceptions import OperationalError as BrokerError
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
 from shared.errors import TurnFailed
 from shared.models.envelope import TurnEnvelope
-from shared.task_names import LAYER_OF, Layer
+from shared.task_names import LAYER_OF, WEBHOOK_TASK, Layer
 from workers.driver import run_step
 from workers.runtime import WorkerRuntime
 
@@ -35,12 +40,40 @@ __all__ = ["register_tasks"]
 logger = logging.getLogger(__name__)
 
 _SEND_ERRORS = (BrokerError, redis.RedisError, OSError)
+_DELIVERY_ERRORS = (SQLAlchemyError, redis.RedisError, BrokerError)
 
 
 def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
-    """Register the task of every layer on ``app``; they run on ``runtime``'s context."""
+    """Register the task of every layer, and the webhook task, on ``app``; they run on ``runtime``."""
     for layer in Layer:
         _register(app, layer, runtime)
+    _register_webhook(app, runtime)
+
+
+class _AttemptMessage(BaseModel):
+    """The webhook task's argument."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delivery_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    attempt: Annotated[int, Field(ge=1)]
+
+
+def _register_webhook(app: Celery, runtime: WorkerRuntime) -> None:
+    @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
+        name=WEBHOOK_TASK, acks_late=True, ignore_result=True
+    )
+    def deliver_webhook(payload: dict[str, Any]) -> None:
+        try:
+            message = _AttemptMessage.model_validate(payload)
+        except ValidationError as exc:
+            logger.error("dropping a malformed webhook message: %s", exc.errors(include_input=False))
+            return
+        try:
+            runtime.webhooks.deliver(message.delivery_id, message.attempt)
+        except _DELIVERY_ERRORS as exc:
+            logger.warning("webhook delivery %s, attempt %d: %s; the sweep sends it again",
+                           message.delivery_id, message.attempt, type(exc).__name__)  # fmt: skip
 
 
 def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:

@@ -5,6 +5,7 @@ from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, Serv
 from api_gateway.services.publisher import CeleryPublisher, TurnPublisher
 from api_gateway.services.session_service import SessionService
 from api_gateway.services.turn_service import TurnService
+from api_gateway.services.webhook_service import WebhookService
 
 __all__ = [
     "BatchService",
@@ -17,4 +18,5 @@ __all__ = [
     "TurnPublisher",
     "TurnService",
     "Unavailable",
+    "WebhookService",
 ]

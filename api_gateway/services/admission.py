@@ -68,7 +68,8 @@ def admit(
         session_id = body.session_id
         if not is_session_id(session_id) or sessions.get(session_id, org_id=org_id) is None:
             raise NotFound("session_not_found", f"session {session_id!r} does not exist")
-    request = body.model_dump(mode="json", exclude={"idempotency_key"})
+    # Without a webhook_url the request (and its idempotency hash) stays what it was before the field existed.
+    request = body.model_dump(mode="json", exclude={"idempotency_key", *(() if body.webhook_url else ("webhook_url",))})
     return NewTurn(
         turn_id=turn_id or new_turn_id(),
         session_id=session_id,

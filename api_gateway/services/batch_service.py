@@ -12,6 +12,7 @@ from datetime import datetime
 from api_gateway.ids import is_batch_id, new_batch_id
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound
 from api_gateway.services.turn_service import TurnService
+from api_gateway.services.webhook_service import WebhookService
 from shared.db.batches import BatchRecord, BatchRepository
 from shared.db.records import TurnRecord
 from shared.db.turns import SessionBusy
@@ -24,9 +25,16 @@ class BatchService:
     """Record batches and read their progress; built once per gateway from its ports."""
 
     def __init__(
-        self, *, turns: TurnService, batches: BatchRepository, max_requests: int, clock: Callable[[], datetime]
+        self,
+        *,
+        turns: TurnService,
+        batches: BatchRepository,
+        max_requests: int,
+        clock: Callable[[], datetime],
+        webhooks: WebhookService | None = None,
     ) -> None:
         self._turns = turns
+        self._webhooks = webhooks
         self._batches = batches
         self._max_requests = max_requests
         self._clock = clock
@@ -36,7 +44,8 @@ class BatchService:
 
         Raises:
             InvalidRequest: more than ``APTIX_MAX_BATCH_REQUESTS`` requests, two requests continuing one
-                session, or a request :meth:`TurnService.admit` refuses (an idempotency key is refused by
+                session, a webhook URL refused (``WebhookService.check_url``), or a request
+                :meth:`TurnService.admit` refuses (an idempotency key is refused by
                 :class:`~shared.models.batch.BatchTurnRequest` already).
             NotFound: ``session_not_found``.
             Conflict: ``session_busy``.
@@ -49,6 +58,7 @@ class BatchService:
                 [{"loc": ["body", "requests"], "msg": "too many requests", "type": "too_long"}],
             )
         _check_distinct_sessions(body)
+        self._check_webhook_urls(body, org_id=org_id)
         batch_id = new_batch_id()
         turns = [
             self._turns.admit(
@@ -58,11 +68,15 @@ class BatchService:
                 loc=("body", "requests", index),
                 batch_id=batch_id,
                 batch_index=index,
+                check_webhook=False,
             )
             for index, request in enumerate(body.requests)
         ]
         now = self._clock()
-        row = BatchRecord(batch_id=batch_id, org_id=org_id, user_id=user_id, total=len(turns), created_at=now)
+        row = BatchRecord(
+            batch_id=batch_id, org_id=org_id, user_id=user_id, total=len(turns), created_at=now,
+            webhook_url=body.webhook_url,
+        )  # fmt: skip
         try:
             self._batches.create(
                 row,
@@ -76,6 +90,17 @@ class BatchService:
         except SessionBusy as exc:
             raise Conflict("session_busy", str(exc)) from exc
         return Batch(batch_id=batch_id, total=len(turns), counts=self._batches.counts(batch_id), created_at=now)
+
+    def _check_webhook_urls(self, body: BatchRequest, *, org_id: str) -> None:
+        """The batch's and its requests' webhook URLs, each distinct one checked once."""
+        if self._webhooks is None:
+            return
+        self._webhooks.check_url(body.webhook_url, org_id=org_id)
+        checked = {body.webhook_url}
+        for index, request in enumerate(body.requests):
+            if request.webhook_url not in checked:
+                self._webhooks.check_url(request.webhook_url, org_id=org_id, loc=("body", "requests", index))
+                checked.add(request.webhook_url)
 
     def require(self, batch_id: str, *, org_id: str) -> BatchRecord:
         """The caller's batch.

@@ -42,10 +42,10 @@ class Conflict(ServiceError):
 
 
 class InvalidRequest(ServiceError):
-    """The request breaks a rule the request model cannot check (catalog names, limits)."""
+    """The request breaks a rule the request model cannot check (catalog names, limits, webhook URLs)."""
 
-    def __init__(self, message: str, details: Any = None) -> None:
-        super().__init__("invalid_request", message, details)
+    def __init__(self, message: str, details: Any = None, *, code: str = "invalid_request") -> None:
+        super().__init__(code, message, details)
 
 
 class Unavailable(ServiceError):

@@ -25,6 +25,7 @@ from api_gateway.metrics import GatewayMetrics
 from api_gateway.services.admission import admit
 from api_gateway.services.errors import Conflict, NotFound, Unavailable
 from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
+from api_gateway.services.webhook_service import WebhookService
 from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
 from shared.db.records import TurnRecord
 from shared.db.sessions import SessionRepository
@@ -60,8 +61,10 @@ class TurnService:
         publisher: TurnPublisher,
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,
+        webhooks: WebhookService | None = None,
     ) -> None:
         self._settings = settings
+        self._webhooks = webhooks
         self._turns = turns
         self._sessions = sessions
         self._catalog = catalog
@@ -116,11 +119,16 @@ class TurnService:
         batch_id: str | None = None,
         batch_index: int | None = None,
         turn_id: str | None = None,
+        check_webhook: bool = True,
     ) -> NewTurn:
         """Check ``body`` and describe the turn to record; a follow-up's session first loses its overdue turns.
 
-        Args and Raises: as :func:`~api_gateway.services.admission.admit`.
+        Args and Raises: as :func:`~api_gateway.services.admission.admit`, and its ``webhook_url``
+        as :meth:`~api_gateway.services.webhook_service.WebhookService.check_url` (unless
+        ``check_webhook`` is False: the caller checked it).
         """
+        if check_webhook and self._webhooks is not None:
+            self._webhooks.check_url(body.webhook_url, org_id=org_id, loc=loc)
         turn = admit(
             body,
             catalog=self._catalog,

@@ -29,6 +29,8 @@ class BatchRecord:
     total: int
     """How many turns the batch holds."""
     created_at: datetime
+    webhook_url: str | None = None
+    """Where its ``batch.completed`` event goes (else the organisation's default)."""
 
 
 class BatchRepository:
@@ -71,8 +73,9 @@ class BatchRepository:
         if row is None or row.org_id != org_id:
             return None
         return BatchRecord(
-            batch_id=row.batch_id, org_id=row.org_id, user_id=row.user_id, total=row.total, created_at=row.created_at
-        )
+            batch_id=row.batch_id, org_id=row.org_id, user_id=row.user_id, total=row.total, created_at=row.created_at,
+            webhook_url=row.webhook_url,
+        )  # fmt: skip
 
     def counts(self, batch_id: str) -> dict[TurnStatus, int]:
         """How many of the batch's turns are in each status (every status present)."""
@@ -107,5 +110,5 @@ class BatchRepository:
 def _batch_row(batch: BatchRecord) -> BatchRow:
     return BatchRow(
         batch_id=batch.batch_id, org_id=batch.org_id, user_id=batch.user_id, total=batch.total,
-        created_at=batch.created_at,
+        created_at=batch.created_at, webhook_url=batch.webhook_url,
     )  # fmt: skip

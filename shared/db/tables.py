@@ -1,4 +1,5 @@
-"""SQLAlchemy tables: sessions, mode history, turns, transcript items, provider-state snapshots.
+"""SQLAlchemy tables: sessions, mode history, turns, transcript items, provider-state snapshots, batches,
+tool runs and webhook deliveries.
 
 Portable between PostgreSQL and SQLite (plain JSON, no dialect-only types). API models live in
 ``shared.models``; the repositories convert between the two.
@@ -10,7 +11,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, Dialect, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import JSON, DateTime, Dialect, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -25,6 +26,9 @@ __all__ = [
     "ToolRunRow",
     "TranscriptItemRow",
     "TurnRow",
+    "WebhookAttemptRow",
+    "WebhookDeliveryRow",
+    "WebhookEndpointRow",
 ]
 
 
@@ -202,6 +206,8 @@ class BatchRow(Base):
     user_id: Mapped[str] = mapped_column(String(128))
     total: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime]
+    webhook_url: Mapped[str | None] = mapped_column(String(2048))
+    """Where the batch's ``batch.completed`` event goes (else the organisation's default)."""
 
 
 class ToolRunRow(Base):
@@ -222,3 +228,72 @@ class ToolRunRow(Base):
     worker: Mapped[str] = mapped_column(String(255))
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+
+
+PENDING_DELIVERY_SQL = "status = 'pending'"
+"""Deliveries still to attempt: the predicate of ``ix_webhook_deliveries_due``."""
+
+
+class WebhookDeliveryRow(Base):
+    """One webhook event and its delivery to one endpoint: written in the transaction of what raised it
+    (a turn's commit, its cancel, its batch's last turn), then attempted until delivered or given up."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("event_key", name="uq_webhook_deliveries_event_key"),
+        # The sweep: deliveries due (never attempted, or waiting for their next retry).
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=text(PENDING_DELIVERY_SQL),
+            sqlite_where=text(PENDING_DELIVERY_SQL),
+        ),
+    )
+
+    delivery_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """The event's id: the ``webhook-id`` header of every attempt."""
+    event_key: Mapped[str] = mapped_column(String(255))
+    """What raised it (``turn:<id>:<round>:<status>``, ``batch:<id>``): one event per key, however often
+    the commit that raised it runs."""
+    org_id: Mapped[str] = mapped_column(String(128))
+    event_type: Mapped[str] = mapped_column(String(64))
+    turn_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    batch_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    body: Mapped[str] = mapped_column(Text)
+    """The event's JSON, sent byte for byte on every attempt."""
+    status: Mapped[str] = mapped_column(String(32))
+    """pending, delivered, failed (retries ran out) or endpoint_disabled (the endpoint answered 410)."""
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Attempts begun."""
+    next_attempt_at: Mapped[datetime | None]
+    """While pending: when the next attempt is due (during an attempt: when it is presumed lost)."""
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class WebhookAttemptRow(Base):
+    """One attempt to deliver a webhook: the receiver's status code, or why there was none."""
+
+    __tablename__ = "webhook_attempts"
+
+    delivery_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_deliveries.delivery_id", ondelete="CASCADE"), primary_key=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime]
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    """Why there is no status code (timeout, connection refused, address refused), or what it meant."""
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+
+
+class WebhookEndpointRow(Base):
+    """An endpoint that answered 410 Gone: later events to it are recorded, not sent."""
+
+    __tablename__ = "webhook_endpoints"
+
+    org_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048), primary_key=True)
+    disabled_at: Mapped[datetime]
+    reason: Mapped[str] = mapped_column(Text)

@@ -78,12 +78,15 @@ _FINISH_WHERE = (
     _TURNS.c.turn_id == bindparam("p_turn_id"),
     or_(_TURNS.c.status.notin_(TERMINAL), _TURNS.c.status == bindparam("p_status")),
 )
-FINISH: ReturningUpdate[tuple[str]] = (
-    update(_TURNS).where(*_FINISH_WHERE).values({**_FINISH_VALUES, "deadline_at": None}).returning(_TURNS.c.session_id)
+FINISH: ReturningUpdate[str, str] = (
+    update(_TURNS)
+    .where(*_FINISH_WHERE)
+    .values({**_FINISH_VALUES, "deadline_at": None})
+    .returning(_TURNS.c.session_id, _TURNS.c.org_id)
 )
-"""The commit of a turn that leaves the in-flight statuses (its deadline goes); returns its session."""
-FINISH_IN_FLIGHT: ReturningUpdate[tuple[str]] = (
-    update(_TURNS).where(*_FINISH_WHERE).values(_FINISH_VALUES).returning(_TURNS.c.session_id)
+"""The commit of a turn that leaves the in-flight statuses (its deadline goes); returns its session and org."""
+FINISH_IN_FLIGHT: ReturningUpdate[str, str] = (
+    update(_TURNS).where(*_FINISH_WHERE).values(_FINISH_VALUES).returning(_TURNS.c.session_id, _TURNS.c.org_id)
 )
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 TOUCH_SESSION = (

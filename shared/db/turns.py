@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from shared.db import turn_sql as sql
 from shared.db.records import InFlightTurn, NewTurn, TurnOutcome, TurnRecord
 from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
+from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
 from shared.result import ErrorInfo
 
@@ -42,8 +43,16 @@ class IdempotencyConflict(Exception):
 class TurnRepository:
     """Reads and writes of the turn aggregate."""
 
-    def __init__(self, db: sessionmaker[Session]) -> None:
+    def __init__(self, db: sessionmaker[Session], *, webhooks: WebhookOutbox | None = None) -> None:
+        """Build the repository.
+
+        Args:
+            db: the session factory.
+            webhooks: records each turn's webhook event in the transaction that ends or pauses it,
+                and sends it after; None when no organisation gets webhooks.
+        """
         self._db = db
+        self._webhooks = webhooks
 
     def create(
         self,
@@ -146,18 +155,22 @@ class TurnRepository:
         """The commit point: the turn's outcome, transcript items, state snapshot and session's last use, at once.
 
         Idempotent: writing the same outcome twice leaves the same rows. A turn that already
-        reached a terminal status (cancelled, say) is left as it is.
+        reached a terminal status (cancelled, say) is left as it is. With a webhook outbox, the same
+        transaction records the status's webhook event (``shared.db.webhook_outbox``), sent once it
+        committed.
 
         Returns:
             False when the turn was already terminal and nothing was written.
         """
         statement = sql.FINISH_IN_FLIGHT if outcome.status.is_in_flight else sql.FINISH
+        events: list[str] = []
         with self._db.begin() as orm:
             # The UPDATE locks the row until the commit, as SELECT ... FOR UPDATE did; it changes
             # nothing when the turn is unknown or already ended otherwise (cancelled, say).
-            session_id = orm.execute(statement, sql.finish_values(turn_id, outcome, now=now)).scalar_one_or_none()
-            if session_id is None:
+            written = orm.execute(statement, sql.finish_values(turn_id, outcome, now=now)).one_or_none()
+            if written is None:
                 return False
+            session_id, org_id = written
             orm.execute(sql.CLEAR_TRANSCRIPT, {"p_turn_id": turn_id})
             if transcript:
                 items = [
@@ -168,6 +181,12 @@ class TurnRepository:
                 orm.execute(sql.ADD_TRANSCRIPT, items)
             sql.upsert_snapshot(orm, turn_id, snapshot, now=now)
             orm.execute(sql.TOUCH_SESSION, {"p_session_id": session_id, "p_now": now})
+            if self._webhooks is not None and self._webhooks.applies_to(org_id):
+                row = orm.get(TurnRow, turn_id, populate_existing=True)
+                if row is not None:
+                    events = self._webhooks.record_turn(orm, row, now=now)
+        if events and self._webhooks is not None:
+            self._webhooks.send(events)
         return True
 
     def accept_tool_results(
@@ -213,9 +232,12 @@ class TurnRepository:
     ) -> TurnRecord | None:
         """End a turn from outside the pipeline (cancel, client-tool timeout) if its status is in ``only_if``.
 
+        With a webhook outbox, the same transaction records the turn's webhook event, sent once it committed.
+
         Returns:
             The ended turn, or None when the turn was not in one of those statuses.
         """
+        events: list[str] = []
         with self._db.begin() as orm:
             row = orm.get(TurnRow, turn_id, with_for_update=True)
             if row is None or row.status not in only_if:
@@ -232,6 +254,11 @@ class TurnRepository:
                  "step": "gateway", "worker": "gateway", "duration_ms": None,
                  "data": {"code": error.code.value, "message": error.message}},
             ]  # fmt: skip
+            if self._webhooks is not None:
+                orm.flush()
+                events = self._webhooks.record_turn(orm, row, now=now)
+        if events and self._webhooks is not None:
+            self._webhooks.send(events)
         return sql.to_record(row)
 
     def overdue_waiting(self, *, older_than: datetime, session_id: str | None = None, limit: int = 500) -> list[str]:

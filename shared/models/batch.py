@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from shared.models.turn import TurnRequest, TurnStatus
+from shared.models.turn import NUL_FREE, TurnRequest, TurnStatus
 
 __all__ = ["Batch", "BatchRequest", "BatchTurnRequest"]
 
@@ -36,6 +36,15 @@ class BatchRequest(BaseModel):
     """The turns to start, each as `POST /v1/turns` would (at most `APTIX_MAX_BATCH_REQUESTS`, default
     1000). No two may continue the same `session_id` (a session runs one turn at a time): 422. Every
     request is checked before any is recorded, and one refused request refuses the batch."""
+    webhook_url: Annotated[str, StringConstraints(max_length=2048), NUL_FREE] | None = None
+    """Where the batch's `batch.completed` event is POSTed, signed; else the organisation's default. A
+    public http(s) URL (422 `webhook_url_not_allowed` otherwise); the organisation needs a webhook secret
+    (422 `webhook_not_configured`)."""
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
 
 
 class Batch(BaseModel):

@@ -23,6 +23,7 @@ from pydantic_core import CoreSchema, core_schema
 from shared.result import ErrorInfo
 
 __all__ = [
+    "NUL_FREE",
     "NUL_FREE_PATTERN",
     "UNFINISHED_STATUSES",
     "ClientTool",
@@ -65,6 +66,8 @@ class _NulFree:
 
 
 _NUL_FREE = _NulFree()
+NUL_FREE = _NUL_FREE
+"""``Annotated`` metadata for a request string that may not hold NUL (the schema says so with a ``pattern``)."""
 
 
 def _constrain_keys(schema: JsonDict) -> None:
@@ -218,6 +221,9 @@ class TurnRequest(BaseModel):
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255), _NUL_FREE] | None = None
     """Makes a retried POST safe: the same key with the same body from the same organisation returns the
     turn the first POST created; with another body it is 409 `idempotency_key_reused`."""
+    webhook_url: Annotated[str, StringConstraints(max_length=2048), _NUL_FREE] | None = None
+    """Where this turn's events (completed, failed, cancelled, paused for client tools) are POSTed,
+    signed; else the organisation's default, if any."""
 
     @field_validator("input")
     @classmethod
@@ -226,7 +232,7 @@ class TurnRequest(BaseModel):
             raise ValueError("input must not be blank")
         return value
 
-    @field_validator("session_id", "mode", "idempotency_key")
+    @field_validator("session_id", "mode", "idempotency_key", "webhook_url")
     @classmethod
     def _empty_is_none(cls, value: str | None) -> str | None:
         return value or None

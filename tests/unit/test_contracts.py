@@ -13,7 +13,7 @@ from shared.models.turn import TurnRequest, TurnStatus
 from shared.modes import load_catalog
 from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.settings import Settings, parse_api_keys
-from shared.task_names import LAYER_OF, TASK_QUEUES, Layer, Queue, StepName, task_name
+from shared.task_names import LAYER_OF, TASK_QUEUES, WEBHOOK_TASK, Layer, Queue, StepName, task_name
 from workers.tools import ToolRegistry
 
 
@@ -88,8 +88,10 @@ def test_every_layer_task_is_routed_to_its_queue() -> None:
     assert TASK_QUEUES[task_name(StepName.REASONER)] is Queue.PIPELINE
     assert set(TASK_QUEUES) == {
         "aptix.step.entry", "aptix.step.reasoner", "aptix.step.compose", "aptix.step.llm_call",
-        "aptix.step.execute_server_tools", "aptix.step.persist",
+        "aptix.step.execute_server_tools", "aptix.step.persist", "aptix.webhook.deliver",
     }  # fmt: skip
+    # Webhook deliveries wait on clients' endpoints: never in a turn's queues.
+    assert TASK_QUEUES[WEBHOOK_TASK] is Queue.WEBHOOKS
 
 
 def test_the_agn_032_entry_steps_are_one_layer_with_one_task() -> None:

@@ -22,6 +22,7 @@ import yaml
 
 from aptix_cli.worker_group import node_name, plan
 from shared.settings import known_variables
+from shared.task_names import Queue
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -63,7 +64,7 @@ DOCUMENTED_ENV = {
     "APTIX_CLIENT_TOOL_TIMEOUT_SECONDS",
     "APTIX_MAX_BODY_BYTES",
 }
-QUEUES = {"pipeline", "llm", "tools"}
+QUEUES = {queue.value for queue in Queue}
 POOLS = {"prefork", "threads", "gevent", "solo", "eventlet"}
 
 
@@ -301,10 +302,12 @@ def test_compose_workers_cover_each_queue_once() -> None:
             concurrency = int(options["--concurrency"]) if "--concurrency" in options else None
             processes = int(options["--processes"]) if "--processes" in options else None
             for spec in plan(options["--queues"], options.get("--pool"), concurrency, processes):
-                pools[spec.queues] = (spec.pool, spec.concurrency)
+                pools.update(dict.fromkeys(spec.queues.split(","), (spec.pool, spec.concurrency)))
     assert sorted(served) == sorted(QUEUES)
     # LLM calls are I/O-bound: the compose file gives the llm queue the pool that keeps 2,000 in flight
     assert pools["llm"][0] == "gevent" and pools["llm"][1] >= 2000
+    # Webhook deliveries wait on clients' endpoints: an I/O pool too, never a pipeline thread
+    assert pools["webhooks"][0] == "gevent"
 
 
 def _compose_env_names(svc: dict) -> set[str]:

@@ -24,6 +24,7 @@ OPERATIONS = {
     ("get", "/v1/turns/{turn_id}/trace"): ("getTurnTrace", {200, 401, 404, 503}),
     ("get", "/v1/sessions/{session_id}"): ("getSession", {200, 401, 404, 503}),
     ("get", "/v1/modes"): ("listModes", {200, 401}),
+    ("get", "/v1/webhook-deliveries"): ("listWebhookDeliveries", {200, 401, 404, 422, 503}),
     ("post", "/v1/batches"): ("createBatch", {202, 401, 404, 409, 413, 422, 503}),
     ("get", "/v1/batches/{batch_id}"): ("getBatch", {200, 401, 404, 503}),
     ("get", "/v1/batches/{batch_id}/results"): ("getBatchResults", {200, 401, 404, 503}),

@@ -14,6 +14,15 @@ def test_no_flags_give_a_pipeline_process_and_an_llm_process_each_on_its_pool() 
     ]
 
 
+def test_webhook_deliveries_share_the_gevent_process_of_the_llm_queue() -> None:
+    # `aptix worker`'s default queues: webhooks wait on the network, like model calls
+    assert plan("pipeline,llm,tools,webhooks") == [
+        WorkerSpec(group="pipeline", queues="pipeline,tools", pool="threads", concurrency=2),
+        WorkerSpec(group="llm", queues="llm,webhooks", pool="gevent", concurrency=2000),
+    ]
+    assert plan("webhooks") == [WorkerSpec(group="llm", queues="webhooks", pool="gevent", concurrency=2000)]
+
+
 def test_processes_sets_how_many_pipeline_processes_and_concurrency_their_threads() -> None:
     assert plan("pipeline", concurrency=6, processes=2) == [
         WorkerSpec("pipeline1", "pipeline", "threads", 6),

@@ -3,7 +3,10 @@
 Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (its
 ``TurnOutcome``: status, mode, output, pending tool calls, error, usage, trace), its transcript
 items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
-a paused turn when Redis lost it) and the session's last use. Next: Stop, saying which status it
+a paused turn when Redis lost it), the session's last use and, when the turn's organisation gets
+webhooks, the status's webhook event (and its batch's, if this was the batch's last turn in flight),
+which the repository hands to the webhooks queue once committed (``shared.db.webhook_outbox``; a
+webhook never fails the turn). Next: Stop, saying which status it
 wrote (none when the turn had already ended otherwise, e.g. cancelled). Fails with: nothing (a
 database blip raises and the task is retried).
 """

@@ -1,0 +1,179 @@
+"""WebhookOutbox: a webhook event is written in the transaction of what raised it, and sent after it.
+
+A turn's commit (the ``persist`` step), its end outside the pipeline (a cancel, a client-tool
+timeout, a failure the reconciler or the driver writes) and a batch's last turn each record their
+event as a ``webhook_deliveries`` row inside their own database transaction, so an event exists if
+and only if what it reports was committed. Once that transaction has committed, :meth:`send` hands
+each new delivery to the webhooks queue, best effort: if the process dies first or the broker
+refuses, the row stays pending and the reconciler's sweep sends it. A committed delivery is never
+lost, and a webhook never fails nor delays the turn: an error recording the event is logged and the
+turn commits without it.
+
+Each event has a key (``turn:<id>:<round>:<status>``, ``batch:<id>``) written at most once, so a
+commit that runs twice (a redelivered ``persist``) raises its event once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Table, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import Insert
+
+from shared.db.tables import BatchRow, TurnRow, WebhookDeliveryRow
+from shared.db.turn_sql import IN_FLIGHT, to_record
+from shared.models.batch import Batch
+from shared.models.turn import TurnStatus
+from shared.turn_view import to_turn
+from shared.webhooks.config import WebhookConfig
+from shared.webhooks.events import EventType, event_body, new_delivery_id, turn_event_type
+
+__all__ = ["PENDING", "SendDelivery", "WebhookOutbox"]
+
+logger = logging.getLogger(__name__)
+
+PENDING = "pending"
+"""The status of a delivery still to attempt."""
+
+SendDelivery = Callable[[str], None]
+"""Sends the first attempt of a delivery, by id, to the webhooks queue (``shared.broker.send_webhook``)."""
+
+_DELIVERIES: Table = WebhookDeliveryRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
+_INSERT: dict[str, Insert] = {}
+
+
+class WebhookOutbox:
+    """Records webhook events in the caller's transaction, and sends them once it committed."""
+
+    def __init__(self, config: WebhookConfig, send: SendDelivery) -> None:
+        """Build the outbox.
+
+        Args:
+            config: which organisations get webhooks, and where.
+            send: enqueues a delivery's first attempt.
+        """
+        self._config = config
+        self._send = send
+
+    def applies_to(self, org_id: str) -> bool:
+        """Whether events of ``org_id`` may be recorded at all (it has a secret): else nothing to do."""
+        return self._config.secret_for(org_id) is not None
+
+    def record_turn(self, orm: Session, row: TurnRow, *, now: datetime) -> list[str]:
+        """Record the event of ``row``'s new status (and its batch's, if this turn was its last in flight).
+
+        Runs inside the transaction that wrote the status; an error other than a lost connection is
+        logged and swallowed (a savepoint keeps the caller's writes), so the turn commits regardless.
+
+        Args:
+            orm: the caller's session, its transaction open, ``row``'s change flushed.
+            row: the turn as just written.
+            now: the event's time.
+
+        Returns:
+            The ids of the deliveries recorded now (none when the event was recorded before).
+        """
+        if not self.applies_to(row.org_id):
+            return []
+        try:
+            with orm.begin_nested():
+                return self._record_turn(orm, row, now=now)
+        except (OperationalError, InterfaceError):
+            raise  # the connection itself: the caller's commit fails too, and is retried as a whole
+        except Exception:  # a webhook never fails the turn (module docstring)
+            logger.exception("could not record the webhook event of turn %s; the turn commits without it", row.turn_id)
+            return []
+
+    def send(self, delivery_ids: Sequence[str]) -> None:
+        """Enqueue each delivery's first attempt (after the commit that recorded it); never raises.
+
+        A delivery that cannot be enqueued now stays pending: the sweep sends it.
+        """
+        for delivery_id in delivery_ids:
+            try:
+                self._send(delivery_id)
+            except Exception as exc:  # the broker, a connection: whatever it is, the sweep catches up
+                logger.warning(
+                    "could not enqueue webhook delivery %s (%s: %s); the sweep sends it",
+                    delivery_id, type(exc).__name__, exc,
+                )  # fmt: skip
+
+    def _record_turn(self, orm: Session, row: TurnRow, *, now: datetime) -> list[str]:
+        record = to_record(row)
+        recorded = []
+        event = turn_event_type(record.status)
+        requested = record.request.get("webhook_url")
+        url = self._config.url_for(record.org_id, requested if isinstance(requested, str) else None)
+        if event is not None and url is not None:
+            data = to_turn(record).model_dump(mode="json", by_alias=True)
+            key = f"turn:{record.turn_id}:{record.round}:{record.status.value}"
+            recorded += _insert(orm, key, event, data, org_id=record.org_id, url=url, now=now,
+                                turn_id=record.turn_id, batch_id=record.batch_id)  # fmt: skip
+        if record.batch_id is not None and not record.status.is_in_flight:
+            recorded += self._record_batch(orm, record.batch_id, org_id=record.org_id, now=now)
+        return recorded
+
+    def _record_batch(self, orm: Session, batch_id: str, *, org_id: str, now: datetime) -> list[str]:
+        """``batch.completed`` when none of the batch's turns is in flight any more.
+
+        The batch row is locked first: two last turns committing at once take turns here, and the
+        second sees the first's status, so exactly one of them raises the event.
+        """
+        batch = orm.scalars(select(BatchRow).where(BatchRow.batch_id == batch_id).with_for_update()).one_or_none()
+        url = None if batch is None else self._config.url_for(org_id, batch.webhook_url)
+        if batch is None or url is None:
+            return []
+        moving = orm.scalar(
+            select(TurnRow.turn_id).where(TurnRow.batch_id == batch_id, TurnRow.status.in_(IN_FLIGHT)).limit(1)
+        )
+        if moving is not None:
+            return []
+        counts = dict.fromkeys(TurnStatus, 0)
+        for status, count in orm.execute(
+            select(TurnRow.status, func.count()).where(TurnRow.batch_id == batch_id).group_by(TurnRow.status)
+        ).all():
+            counts[TurnStatus(status)] = int(count)
+        data = Batch(batch_id=batch_id, total=batch.total, counts=counts, created_at=batch.created_at)
+        return _insert(orm, f"batch:{batch_id}", EventType.BATCH_COMPLETED, data.model_dump(mode="json"),
+                       org_id=org_id, url=url, now=now, turn_id=None, batch_id=batch_id)  # fmt: skip
+
+
+def _insert(
+    orm: Session,
+    key: str,
+    event: EventType,
+    data: dict[str, Any],
+    *,
+    org_id: str,
+    url: str,
+    now: datetime,
+    turn_id: str | None,
+    batch_id: str | None,
+) -> list[str]:
+    """Insert the event's delivery unless its key is recorded; the new delivery's id, if any."""
+    delivery_id = new_delivery_id()
+    values = {
+        "delivery_id": delivery_id, "event_key": key, "org_id": org_id, "event_type": event.value,
+        "turn_id": turn_id, "batch_id": batch_id, "url": url, "body": event_body(delivery_id, event, data, at=now),
+        "status": PENDING, "attempts": 0, "next_attempt_at": now, "created_at": now, "updated_at": now,
+    }  # fmt: skip
+    return list(orm.scalars(_insert_statement(orm), values))
+
+
+def _insert_statement(orm: Session) -> Insert:
+    name = orm.get_bind().dialect.name
+    statement = _INSERT.get(name)
+    if statement is None:
+        dialect = postgresql if name == "postgresql" else sqlite
+        statement = _INSERT[name] = (
+            dialect.insert(_DELIVERIES)
+            .on_conflict_do_nothing(index_elements=["event_key"])
+            .returning(_DELIVERIES.c.delivery_id)
+        )
+    return statement
