@@ -29,6 +29,7 @@ from scripted_llm import ScriptedServer
 from shared.broker import create_producer, send_step
 from shared.db import create_db_engine, session_factory
 from shared.db.turns import TurnRepository
+from shared.logging import set_process_fields
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import RedisStateStore
@@ -135,6 +136,7 @@ def worker(traced: Traced) -> Iterator[None]:
     assert started.wait(30), "the in-process worker did not start"
     yield
     controller.stop(in_sighandler=False)
+    set_process_fields(worker=None)  # the in-process worker named this process's log records
 
 
 def test_a_turn_re_driven_by_the_reconciler_stays_in_one_trace(traced: Traced, request: pytest.FixtureRequest) -> None:
