@@ -20,6 +20,7 @@ from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore, StateStore
+from shared.turn_events import RedisTurnEventLog, TurnEventLog
 
 __all__ = ["GatewayState", "connect_gateway", "utc_now"]
 
@@ -47,6 +48,8 @@ class GatewayState:
     redis: redis.Redis
     store: StateStore
     """The turn state store (cancel flags, in-flight markers, live traces), one for the process."""
+    events: TurnEventLog
+    """The turns' event logs (Redis Streams): the gateway appends ``turn.cancelled`` to them."""
     clock: Callable[[], datetime]
     metrics: GatewayMetrics
     turn_service: TurnService
@@ -101,6 +104,9 @@ def connect_gateway(settings: Settings) -> GatewayState:
         publisher=publisher,
         redis=client,
         store=store,
+        events=RedisTurnEventLog(
+            client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
+        ),
         clock=utc_now,
         metrics=metrics,
         turn_service=turn_service,

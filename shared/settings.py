@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     http_max_connections_per_client: Annotated[int, Field(ge=0)] = 64
     """Connections one client address may hold at once on a gateway process (more: 503 and closed); 0 for no
     cap, as behind a proxy, where every connection comes from the proxy's address."""
+    events_max_per_turn: PositiveInt = 10000
+    """About how many events a turn's event log keeps (Redis ``XADD MAXLEN ~``); the oldest go first, so a
+    client resuming after a trimmed event misses those."""
 
     @field_validator("api_keys")
     @classmethod
@@ -159,6 +162,11 @@ class Settings(BaseSettings):
     def effective_broker_url(self) -> str:
         """The broker URL, falling back to the Redis URL."""
         return self.broker_url or self.redis_url
+
+    @property
+    def state_ttl_seconds(self) -> int:
+        """How long Redis keeps a turn's state and event log; past the client-tool timeout the snapshot takes over."""
+        return max(86400, self.client_tool_timeout_seconds + 3600)
 
     @property
     def accepted_api_keys(self) -> dict[str, ApiKey]:
