@@ -78,6 +78,9 @@ class TurnState(BaseModel):
     mode: str | None = None
     user_input: str
     client_tools: list[ClientTool] = Field(default_factory=list)
+    stream: bool = False
+    """The request asked to stream (``TurnRequest.stream``): the model's text goes to the turn's event log
+    as ``output_text.delta`` events while it is generated."""
     history: list[dict[str, Any]] = Field(default_factory=list)
     """Conversation context: earlier turns' inputs and answers, as Responses API input items."""
     transcript: list[dict[str, Any]] = Field(default_factory=list)

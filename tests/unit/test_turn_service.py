@@ -157,6 +157,23 @@ def test_record_refuses_when_the_idempotency_key_came_with_another_request(gatew
     assert len(gateway.publisher.sent) == 1
 
 
+def test_record_keeps_the_stream_flag_only_when_the_turn_streams(gateway: Gateway) -> None:
+    plain = gateway.service.record(TurnRequest(input="hello"), org_id=ORG, user_id=USER)
+    streamed = gateway.service.record(TurnRequest(input="hello", stream=True), org_id=ORG, user_id=USER)
+
+    assert "stream" not in plain.request
+    assert streamed.request["stream"] is True
+    assert streamed.request_hash == plain.request_hash  # how the answer is delivered is not the request
+
+
+def test_record_replays_an_idempotency_key_whether_or_not_the_retry_streams(gateway: Gateway) -> None:
+    first = gateway.service.record(TurnRequest(input="hi", idempotency_key="k", stream=True), org_id=ORG, user_id=USER)
+
+    again = gateway.service.record(TurnRequest(input="hi", idempotency_key="k"), org_id=ORG, user_id=USER)
+
+    assert again.turn_id == first.turn_id
+
+
 def test_record_refuses_when_the_session_has_an_unfinished_turn(gateway: Gateway) -> None:
     session_id = gateway.session()
     gateway.service.record(TurnRequest(session_id=session_id, input="one"), org_id=ORG, user_id=USER)
