@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
-from api_gateway.turn_view import to_turn
 from shared.db import session_factory
 from shared.db.batches import BatchRecord, BatchRepository
 from shared.db.records import IDENTITY_FIELDS, TurnRecord
@@ -20,6 +19,7 @@ from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, TurnRow
 from shared.db.turns import NewTurn, TurnOutcome
 from shared.models.turn import ModeChange, TurnStatus, Usage
 from shared.state import TurnState
+from shared.turn_view import to_turn
 from tests.unit.fakes import FIXED_NOW, make_context
 from workers.context import StepContext
 from workers.steps.request_handler import initial_state
