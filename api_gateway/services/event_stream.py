@@ -12,7 +12,9 @@ the ``turn.requires_client_tools`` that ends the round the turn was in when the 
 of earlier rounds are replayed like any event. A turn whose database record says it ended (or paused)
 while its log shows no such event (the worker or gateway that ended it stopped before appending, Redis
 lost the log, the log expired) gets the event appended here, from the record, once the record is a
-few seconds old: every stream of an ended turn ends.
+few seconds old: every stream of an ended turn ends. The record is read when the stream begins and
+then, while nothing comes, at each keep-alive of a turn whose in-flight marker lapsed (a turn that
+moves has a marker ahead of now, so a stream of a running turn costs no database read).
 
 At most ``APTIX_EVENTS_MAX_STREAMS`` streams run at once in a process; one more is refused
 (``Unavailable``, 503) before anything is recorded.
@@ -34,7 +36,7 @@ from api_gateway.services.errors import InvalidRequest, NotFound, Unavailable
 from api_gateway.services.turn_service import TurnService
 from shared.db.records import TurnRecord
 from shared.models.turn import TurnStatus
-from shared.state.keys import events_key
+from shared.state.keys import INFLIGHT_KEY, events_key
 from shared.state.store import event_json
 from shared.turn_events import FINAL_EVENTS, PAUSE_EVENT, ROUND_END_EVENTS
 from shared.turn_view import to_turn, turn_json
@@ -187,9 +189,16 @@ class EventStreams:
                 continue
             if wait is not None:
                 yield b": keep-alive\n\n"
-            await self._repair(known, record.turn_id, org_id=org_id, round_=record.round)
+            if known is not None or not await self._moving(record.turn_id):
+                await self._repair(known, record.turn_id, org_id=org_id, round_=record.round)
             known = None
             wait = self._keepalive_ms
+
+    async def _moving(self, turn_id: str) -> bool:
+        """Whether the turn's in-flight marker vouches for it: a turn that moves has not ended, and its
+        record need not be read (every state save and lease renewal pushes the marker forward)."""
+        until = await self._client.zscore(INFLIGHT_KEY, turn_id)
+        return until is not None and until > self._clock().timestamp()
 
     async def _repair(self, record: TurnRecord | None, turn_id: str, *, org_id: str, round_: int) -> None:
         """Append the event that ends ``round_`` when the turn's record (read now when None) says it ended
