@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, WaitSeconds
 from api_gateway.routes.turn_events import STREAMED_OR_TURN
 from api_gateway.services import InvalidRequest
+from shared.db.records import TurnRecord
 from shared.models.trace import TurnTrace
 from shared.models.turn import ToolResultsRequest, Turn, TurnHandle, TurnStatus
 from shared.turn_view import to_turn
@@ -43,14 +44,12 @@ async def post_tool_results(
                 [{"loc": ["query", "wait"], "msg": "not with stream", "type": "value_error"}],
             )
         streams = gateway.event_streams
-        streams.reserve()
-        try:
+
+        async def start() -> tuple[TurnRecord, str | None]:
             row = await run_in_threadpool(service.resume, turn_id, body, org_id=caller.org_id)
-            after = await streams.start_of_round(turn_id, row.round)
-        except BaseException:
-            streams.release()
-            raise
-        return streams.respond(row, org_id=caller.org_id, after=after)
+            return row, await streams.start_of_round(turn_id, row.round)
+
+        return await streams.stream(start, org_id=caller.org_id)
     row = await run_in_threadpool(service.resume, turn_id, body, org_id=caller.org_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)

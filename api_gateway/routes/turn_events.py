@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.services.event_stream import check_event_id
+from shared.db.records import TurnRecord
 from shared.models.turn import Turn
 
 __all__ = ["EVENT_STREAM_RESPONSE", "STREAMED_OR_TURN", "router"]
@@ -48,11 +49,8 @@ async def turn_events(
     """Replay the turn's events after ``Last-Event-ID`` (or ``?after=``; else all), then follow them until the
     turn ends or pauses for client tools in its current round."""
     position = check_event_id(last_event_id, where="Last-Event-ID") or check_event_id(after, where="after")
-    streams = gateway.event_streams
-    streams.reserve()
-    try:
-        row = await run_in_threadpool(gateway.turn_service.get, turn_id, org_id=caller.org_id)
-    except BaseException:
-        streams.release()
-        raise
-    return streams.respond(row, org_id=caller.org_id, after=position)
+
+    async def start() -> tuple[TurnRecord, str | None]:
+        return await run_in_threadpool(gateway.turn_service.get, turn_id, org_id=caller.org_id), position
+
+    return await gateway.event_streams.stream(start, org_id=caller.org_id)

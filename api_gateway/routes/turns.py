@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, WaitSeconds
 from api_gateway.routes.turn_events import STREAMED_OR_TURN
 from api_gateway.services import InvalidRequest
+from shared.db.records import TurnRecord
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
 from shared.turn_view import to_turn
 
@@ -37,16 +38,13 @@ async def create_turn(
                 "a turn is either streamed or waited for: give ?stream or ?wait, not both",
                 [{"loc": ["query", "wait"], "msg": "not with stream", "type": "value_error"}],
             )
-        streams = gateway.event_streams
-        streams.reserve()  # before recording: a turn nobody can watch is not started
-        try:
-            row = await run_in_threadpool(
-                service.record, body.model_copy(update={"stream": True}), org_id=caller.org_id, user_id=caller.user_id
-            )
-        except BaseException:
-            streams.release()
-            raise
-        return streams.respond(row, org_id=caller.org_id, after=None)
+        streamed = body.model_copy(update={"stream": True})
+
+        async def start() -> tuple[TurnRecord, str | None]:
+            # Run once a stream place is taken: a turn nobody can watch is not recorded.
+            return await run_in_threadpool(service.record, streamed, org_id=caller.org_id, user_id=caller.user_id), None
+
+        return await gateway.event_streams.stream(start, org_id=caller.org_id)
     row = await run_in_threadpool(service.record, body, org_id=caller.org_id, user_id=caller.user_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)

@@ -17,17 +17,21 @@ then, while nothing comes, at each keep-alive of a turn whose in-flight marker l
 moves has a marker ahead of now, so a stream of a running turn costs no database read).
 
 At most ``APTIX_EVENTS_MAX_STREAMS`` streams run at once in a process; one more is refused
-(``Unavailable``, 503) before anything is recorded.
+(``Unavailable``, 503) before anything is recorded. A Redis that stops answering mid-stream ends the
+stream (the client resumes with ``Last-Event-ID``).
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -41,7 +45,9 @@ from shared.state.store import event_json
 from shared.turn_events import FINAL_EVENTS, PAUSE_EVENT, ROUND_END_EVENTS
 from shared.turn_view import to_turn, turn_json
 
-__all__ = ["EventStreams", "check_event_id"]
+__all__ = ["REPAIR_AFTER_SECONDS", "EventStreams", "check_event_id"]
+
+logger = logging.getLogger(__name__)
 
 REPAIR_AFTER_SECONDS = 5.0
 """How old a record of an ended turn must be before a stream appends the event its log lacks: the worker
@@ -52,8 +58,9 @@ _EVENT_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")
 _FINAL = tuple(name.encode() for name in sorted(FINAL_EVENTS))
 _PAUSE = PAUSE_EVENT.encode()
 _HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-# Append the event that ends a round unless the log's last event already ends it: concurrent
-# streams (on any replica) repairing the same turn append it once.
+# The id of the log's last event when it ends the round (ARGV[1], of round ARGV[3] for a pause);
+# else, when ARGV[7] allows it, append that event and return its id; else nil. Concurrent streams
+# (on any replica) repairing the same turn append it once.
 _APPEND_ONCE = """
 local last = redis.call('xrevrange', KEYS[1], '+', '-', 'COUNT', 1)
 if #last > 0 then
@@ -63,6 +70,7 @@ if #last > 0 then
   end
   if event == ARGV[1] and (ARGV[1] ~= ARGV[6] or round == ARGV[3]) then return last[1][1] end
 end
+if ARGV[7] ~= '1' then return false end
 local id = redis.call('xadd', KEYS[1], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[1], 'data', ARGV[2], 'round', ARGV[3])
 redis.call('expire', KEYS[1], ARGV[4])
 return id
@@ -121,8 +129,24 @@ class EventStreams:
         self.open = 0
         """Streams running now."""
 
-    def reserve(self) -> None:
-        """Count one more stream; each reservation is given back by the response it goes to (:meth:`respond`).
+    async def stream(
+        self, start: Callable[[], Awaitable[tuple[TurnRecord, str | None]]], *, org_id: str
+    ) -> StreamingResponse:
+        """Take one of this process's stream places, run ``start`` and answer with the events it names.
+
+        The response gives its place back when it ends, however it ends; so does a ``start`` that
+        raises. The first events are read before answering: a Redis that does not answer is a 503,
+        not a stream cut at once.
+
+        Args:
+            start: records, resumes or reads the caller's turn; returns it (as it stands when the stream
+                begins: its round is the one the stream ends with) and the id of the last event the
+                client has (None: every event).
+            org_id: the caller's organisation.
+
+        Returns:
+            The ``text/event-stream`` response, with the turn's and session's ids in ``Aptix-Turn-Id``
+            and ``Aptix-Session-Id``.
 
         Raises:
             Unavailable: this process already serves ``APTIX_EVENTS_MAX_STREAMS`` streams.
@@ -132,25 +156,16 @@ class EventStreams:
                 f"this gateway process already serves {self._max_streams} event streams (APTIX_EVENTS_MAX_STREAMS)"
             )
         self.open += 1
-
-    def release(self) -> None:
-        """Give back a reservation whose response will not be sent."""
-        self.open -= 1
-
-    def respond(self, record: TurnRecord, *, org_id: str, after: str | None) -> StreamingResponse:
-        """The ``text/event-stream`` response of ``record``'s events after ``after``, with the turn's and
-        session's ids in ``Aptix-Turn-Id`` / ``Aptix-Session-Id``; it gives back the reservation made for it
-        when it ends, however it ends.
-
-        Args:
-            record: the caller's turn, as read when the stream begins (its round is the one the stream ends with).
-            org_id: the caller's organisation.
-            after: the id of the last event the client has; None for every event.
-        """
+        try:
+            record, after = await start()
+            last = after or "0-0"
+            first = await self._read(events_key(record.turn_id), last, wait=None)
+        except BaseException:
+            self.open -= 1
+            raise
         headers = {**_HEADERS, "Aptix-Turn-Id": record.turn_id, "Aptix-Session-Id": record.session_id}
-        return _EventStreamResponse(
-            self._frames(record, org_id=org_id, after=after), headers=headers, on_end=self.release
-        )
+        frames = self._frames(record, org_id=org_id, last=last, first=first)
+        return _EventStreamResponse(frames, headers=headers, on_end=self._give_back)
 
     async def close(self) -> None:
         """Close the Redis connections (the gateway is stopping)."""
@@ -168,31 +183,42 @@ class EventStreams:
                 return str(entry_id.decode())
         return None
 
-    async def _frames(self, record: TurnRecord, *, org_id: str, after: str | None) -> AsyncIterator[bytes]:
+    async def _frames(
+        self, record: TurnRecord, *, org_id: str, last: str, first: list[Any]
+    ) -> AsyncIterator[bytes]:
         key = events_key(record.turn_id)
-        last = after or "0-0"
-        wait: int | None = None  # the replay does not wait: an ended turn whose log lacks its end is seen at once
+        entries, wait = first, None  # the replay did not wait: an ended turn whose log lacks its end is seen at once
         known: TurnRecord | None = record
-        while True:
-            reply: Any = await self._client.xread({key: last}, count=_BATCH, block=wait)
-            entries = reply[0][1] if reply else []
-            frames = []
-            for entry_id, fields in entries:
-                last = entry_id.decode()
-                frames.append(b"id: %s\nevent: %s\ndata: %s\n\n" % (entry_id, fields[b"event"], fields[b"data"]))
-                if _ends(fields, record.round):
+        try:
+            while True:
+                frames = []
+                for entry_id, fields in entries:
+                    last = entry_id.decode()
+                    frames.append(b"id: %s\nevent: %s\ndata: %s\n\n" % (entry_id, fields[b"event"], fields[b"data"]))
+                    if _ends(fields, record.round):
+                        yield b"".join(frames)
+                        return
+                if frames:
                     yield b"".join(frames)
-                    return
-            if frames:
-                yield b"".join(frames)
-            if len(entries) == _BATCH or (entries and wait is not None):
-                continue
-            if wait is not None:
-                yield b": keep-alive\n\n"
-            if known is not None or not await self._moving(record.turn_id):
-                await self._repair(known, record.turn_id, org_id=org_id, round_=record.round)
-            known = None
-            wait = self._keepalive_ms
+                if len(entries) < _BATCH and not (entries and wait is not None):
+                    if wait is not None:
+                        yield b": keep-alive\n\n"
+                    if known is not None or not await self._moving(record.turn_id):
+                        ended = await self._repair(known, record.turn_id, org_id=org_id, round_=record.round)
+                        if ended is not None and _order(ended) <= _order(last):
+                            return  # the client already has the event that ends the round: nothing more comes
+                    known, wait = None, self._keepalive_ms
+                entries = await self._read(key, last, wait=wait)
+        except (redis.RedisError, SQLAlchemyError) as exc:
+            # The client resumes after the last event it got (Last-Event-ID), on this gateway or another.
+            logger.warning("event stream of turn %s cut: %s: %s", record.turn_id, type(exc).__name__, exc)
+
+    async def _read(self, key: str, last: str, *, wait: int | None) -> list[Any]:
+        reply: Any = await self._client.xread({key: last}, count=_BATCH, block=wait)
+        return list(reply[0][1]) if reply else []
+
+    def _give_back(self) -> None:
+        self.open -= 1
 
     async def _moving(self, turn_id: str) -> bool:
         """Whether the turn's in-flight marker vouches for it: a turn that moves has not ended, and its
@@ -200,23 +226,25 @@ class EventStreams:
         until = await self._client.zscore(INFLIGHT_KEY, turn_id)
         return until is not None and until > self._clock().timestamp()
 
-    async def _repair(self, record: TurnRecord | None, turn_id: str, *, org_id: str, round_: int) -> None:
-        """Append the event that ends ``round_`` when the turn's record (read now when None) says it ended
-        and the log's last event is not that one."""
+    async def _repair(self, record: TurnRecord | None, turn_id: str, *, org_id: str, round_: int) -> str | None:
+        """The id of the event that ends ``round_`` when the turn's record (read now when None) says the round
+        ended: the log's last event when it is that one, else one appended now from the record (once the
+        record is :data:`REPAIR_AFTER_SECONDS` old); None while the round goes on."""
         if record is None:
             try:
                 record = await run_in_threadpool(self._turns.get, turn_id, org_id=org_id)
             except NotFound:
-                return
+                return None
         status = TurnStatus(record.status)
-        ended = status.is_terminal or (status is TurnStatus.REQUIRES_CLIENT_TOOLS and record.round >= round_)
-        if not ended or (self._clock() - record.updated_at).total_seconds() < REPAIR_AFTER_SECONDS:
-            return
-        data = event_json(turn_json(to_turn(record)))
+        if not (status.is_terminal or (status is TurnStatus.REQUIRES_CLIENT_TOOLS and record.round >= round_)):
+            return None
+        settled = (self._clock() - record.updated_at).total_seconds() >= REPAIR_AFTER_SECONDS
         args: list[str | int] = [
-            ROUND_END_EVENTS[status], data, record.round, self._ttl_seconds, self._max_events, PAUSE_EVENT,
+            ROUND_END_EVENTS[status], event_json(turn_json(to_turn(record))), record.round, self._ttl_seconds,
+            self._max_events, PAUSE_EVENT, "1" if settled else "0",
         ]  # fmt: skip
-        await self._append_once(keys=[events_key(turn_id)], args=args)
+        found: Any = await self._append_once(keys=[events_key(turn_id)], args=args)
+        return None if found is None else (found.decode() if isinstance(found, bytes) else str(found))
 
 
 class _EventStreamResponse(StreamingResponse):
@@ -238,3 +266,8 @@ def _ends(fields: dict[bytes, bytes], round_: int) -> bool:
     if event in _FINAL:
         return True
     return event == _PAUSE and int(fields.get(b"round", b"0")) >= round_
+
+
+def _order(event_id: str) -> tuple[int, int]:
+    millis, _, sequence = event_id.partition("-")
+    return int(millis), int(sequence or 0)

@@ -106,6 +106,9 @@ def test_a_streamed_turn_with_a_server_tool_and_a_client_pause_streams_each_roun
     assert kinds[0] == "turn_start" and "llm_call" in kinds and "tool_execution" in kinds and kinds[-1] == "committed"
     assert [event.event for event in first.events[:-1]] == ["trace"] * (len(first.events) - 1)
 
+    # And a client that already has the pause and reconnects gets nothing more in this round, at once
+    assert _events(system, turn_id, headers={"Last-Event-ID": pause.event_id}).events == []
+
     # When the client posts its results with ?stream=true
     call_id = pause.data["pending_tool_calls"][0]["call_id"]
     results = {"tool_results": [{"call_id": call_id, "output": "file text"}]}
@@ -120,14 +123,15 @@ def test_a_streamed_turn_with_a_server_tool_and_a_client_pause_streams_each_roun
     assert "file text" in turn["output_text"]
     streamed = [event.data for event in first.events + second.events if event.event == "trace"]
     assert streamed == system.trace(turn_id)
-    deltas = "".join(e.data["delta"] for e in first.events + second.events if e.event == "output_text.delta")
-    assert deltas in ("", turn["output_text"])  # the model's text, when it was streamed
+    deltas = "".join(e.data["delta"] for e in second.events if e.event == "output_text.delta")
+    assert deltas in ("", turn["output_text"])  # the model's text of the round's one call, when it was streamed
 
     # And a client that reads the turn's events afterwards gets all of them, ending at the final event
     replay = _events(system, turn_id)
     assert [(e.event_id, e.event, e.data) for e in replay.events] == [
         (e.event_id, e.event, e.data) for e in first.events + second.events
     ]
+    assert _events(system, turn_id, headers={"Last-Event-ID": final.event_id}).events == []
 
 
 def test_reconnecting_with_last_event_id_replays_exactly_the_events_missed(system: System) -> None:
