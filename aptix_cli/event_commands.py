@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aptix_cli.command_support import out, runner
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["add_event_commands", "stream_turn"]
 
 _DELTA = "output_text.delta"
+_RESET = "output_text.reset"
 
 
 def add_event_commands(
@@ -43,7 +44,7 @@ def stream_turn(api: ApiClient, request: Mapping[str, Any], *, as_json: bool) ->
     """Start a streamed turn, print its text as it arrives (unless ``as_json``), and return the turn as its
     last event shows it (None if the stream ended without one)."""
     streamed: list[str] = []
-    turn = _last_turn(api.stream_turn(request), on_delta=None if as_json else streamed.append)
+    turn = _last_turn(api.stream_turn(request), streamed=None if as_json else streamed)
     if streamed:
         sys.stdout.write("\n")
         if turn is not None and turn.get("output_text") == "".join(streamed):
@@ -66,13 +67,25 @@ def _watch(api: ApiClient, args: argparse.Namespace) -> int:
     return 1 if ended in ("turn.failed", "turn.cancelled") else 0
 
 
-def _last_turn(events: Iterable[ServerEvent], *, on_delta: Callable[[str], None] | None) -> dict[str, Any] | None:
+def _last_turn(events: Iterable[ServerEvent], *, streamed: list[str] | None) -> dict[str, Any] | None:
+    """Print each text delta and keep it in ``streamed`` (when given); the turn of the last ``turn.*`` event.
+
+    An ``output_text.reset`` withdraws the last N deltas (a model call that failed after its text began
+    and is tried again): they were printed, so a line break and a note on stderr say the text starts
+    again, and they leave ``streamed``.
+    """
     turn: dict[str, Any] | None = None
     for event in events:
-        if event.event == _DELTA and on_delta is not None and isinstance(event.data, Mapping):
-            delta = str(event.data.get("delta", ""))
-            on_delta(delta)
-            sys.stdout.write(delta)
+        if streamed is not None and isinstance(event.data, Mapping) and event.event in (_DELTA, _RESET):
+            if event.event == _DELTA:
+                delta = str(event.data.get("delta", ""))
+                streamed.append(delta)
+                sys.stdout.write(delta)
+            else:
+                count = int(event.data.get("deltas", 0))
+                del streamed[max(len(streamed) - count, 0) :]
+                sys.stdout.write("\n")
+                sys.stderr.write("(the model's answer was cut off; it starts again)\n")
             sys.stdout.flush()
         elif event.event.startswith("turn.") and isinstance(event.data, dict):
             turn = event.data

@@ -108,8 +108,10 @@ def event_line(event_id: str | None, event: str, data: Any, *, width: int | None
         seq, kind, step, worker, _round, _iteration, ms, details = _trace_row(data)
         timing = f" {ms}ms" if ms else ""
         text = f"#{seq} {kind} {step}@{worker}{timing} {details}".rstrip()
-    elif event.startswith("output_text.") and isinstance(data, Mapping):
+    elif event == "output_text.delta" and isinstance(data, Mapping):
         text = json.dumps(data.get("delta", ""), ensure_ascii=False)
+    elif event == "output_text.reset" and isinstance(data, Mapping):
+        text = f"withdraws the last {data.get('deltas')} deltas (the model call failed and is tried again)"
     elif event.startswith("turn.") and isinstance(data, Mapping):
         text = f"status={data.get('status')}"
         if isinstance(data.get("error"), Mapping):

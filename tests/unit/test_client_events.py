@@ -3,12 +3,14 @@ and the one-line rendering of ``aptix watch``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from aptix_cli.client import ApiClient, GatewayError
+from aptix_cli.event_commands import stream_turn
 from aptix_cli.rendering import event_line
 from aptix_cli.sse import ServerEvent, parse_events
 
@@ -75,7 +77,38 @@ def test_event_lines_show_what_each_event_says() -> None:
              "data": {"round": 0, "iteration": 1, "model": "m"}}  # fmt: skip
     assert event_line("5-0", "trace", trace) == "5-0  trace  #3 llm_call llm_call@w1 12.5ms model=m"
     assert event_line("6-0", "output_text.delta", {"delta": "Hel"}) == '6-0  output_text.delta  "Hel"'
+    assert "withdraws the last 2 deltas" in event_line("6-1", "output_text.reset", {"deltas": 2})
     paused = {"status": "requires_client_tools", "pending_tool_calls": [{"call_id": "c1", "name": "open_file"}]}
     assert event_line("7-0", "turn.requires_client_tools", paused).endswith("pending=c1:open_file")
     failed = {"status": "failed", "error": {"code": "llm_error", "message": "down"}}
     assert event_line("8-0", "turn.failed", failed) == "8-0  turn.failed  status=failed error=llm_error: down"
+
+
+def test_turn_stream_prints_the_text_as_it_comes_and_drops_withdrawn_deltas(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given a streamed turn whose first model call failed after two deltas and was tried again
+    turn = {"turn_id": TURN_ID, "session_id": "s", "status": "completed", "mode": "general", "output_text": "Hi there"}
+    body = b"".join(
+        [
+            _frame("1-0", "output_text.delta", '{"delta":"Hel"}'),
+            _frame("2-0", "output_text.delta", '{"delta":"lo"}'),
+            _frame("3-0", "output_text.reset", '{"deltas":2}'),
+            _frame("4-0", "output_text.delta", '{"delta":"Hi"}'),
+            _frame("5-0", "output_text.delta", '{"delta":" there"}'),
+            _frame("6-0", "turn.completed", json.dumps(turn)),
+        ]
+    )
+
+    def gateway(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"Aptix-Turn-Id": TURN_ID}, content=body)
+
+    # When it is streamed by aptix turn --stream
+    with ApiClient("http://gateway", key="k", transport=httpx.MockTransport(gateway)) as api:
+        shown = stream_turn(api, {"input": "hi"}, as_json=False)
+
+    # Then the text was printed as it came, and the summary does not repeat the answer the kept deltas make
+    printed = capsys.readouterr()
+    assert printed.out == "Hello\nHi there\n"
+    assert "starts again" in printed.err
+    assert shown is not None and shown["output_text"] is None and shown["status"] == "completed"
