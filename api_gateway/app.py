@@ -13,8 +13,10 @@ import redis
 from fastapi import FastAPI
 
 from api_gateway.body_limit import BodyLimitMiddleware
+from api_gateway.docs import install_docs
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
+from api_gateway.openapi import install_openapi
 from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
@@ -51,7 +53,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # redirect_slashes=False: Starlette builds the redirect for "/v1/turns/" from the Host header,
     # before authentication (an open redirect); a wrong path is a 404 like any other.
-    app = FastAPI(title="Aptix agent workers", version="0.1.0", lifespan=lifespan, redirect_slashes=False)
+    # docs_url=None, redoc_url=None: FastAPI's pages load their scripts from a CDN; install_docs serves
+    # Swagger UI from the installed package instead.
+    app = FastAPI(
+        title="Aptix agent workers",
+        version="0.1.0",
+        lifespan=lifespan,
+        redirect_slashes=False,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.gateway = gateway
     install_error_handlers(app)
     app.include_router(health.router)
@@ -60,6 +71,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(turn_events.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
+    install_docs(app)
+    install_openapi(app, settings)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)
     if settings.effective_broker_url.startswith("redis://"):
         broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)

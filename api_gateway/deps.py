@@ -1,8 +1,10 @@
-"""Route dependencies: the gateway state, the authenticated caller, the long-poll and the stream flag, as
-Annotated aliases.
+"""Route dependencies: the gateway state, the authenticated caller, ids, the long-poll and the stream flag,
+as Annotated aliases.
 
 ``AuthenticatedRoute`` is the route class of every router whose routes take a ``Caller``: it checks
 the key before FastAPI reads the body, so a request without a valid key is a 401 whatever its body.
+``Caller`` also carries the HTTP bearer security scheme, so the OpenAPI document (and ``/docs``'
+*Authorize*) shows how to authenticate.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import hmac
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, Query, Request, Response
+from fastapi import Depends, Path, Query, Request, Response, Security
 from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from api_gateway.errors import ApiError
@@ -20,7 +23,13 @@ from api_gateway.state import GatewayState
 from shared import strict_json
 from shared.settings import ApiKey
 
-__all__ = ["AuthenticatedRoute", "Caller", "Gateway", "StreamFlag", "WaitSeconds"]
+__all__ = ["AuthenticatedRoute", "BatchId", "Caller", "Gateway", "SessionId", "StreamFlag", "TurnId", "WaitSeconds"]
+
+_BEARER = HTTPBearer(
+    scheme_name="bearerAuth",
+    description="A key of `APTIX_API_KEYS`: `Authorization: Bearer <key>`. It stands for an organisation and a user.",
+    auto_error=False,
+)
 
 
 def _gateway(request: Request) -> GatewayState:
@@ -40,7 +49,12 @@ def _authenticate(gateway: GatewayState, request: Request) -> ApiKey:
     raise ApiError(401, "unauthorized", "the API key is not valid")
 
 
-def _caller(request: Request, gateway: Annotated[GatewayState, Depends(_gateway)]) -> ApiKey:
+def _caller(
+    request: Request,
+    gateway: Annotated[GatewayState, Depends(_gateway)],
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
+) -> ApiKey:
+    # _bearer only declares the security scheme; _authenticate reads the header as AuthenticatedRoute did.
     return _authenticate(gateway, request)
 
 
@@ -85,7 +99,26 @@ class AuthenticatedRoute(APIRoute):
 
 Gateway = Annotated[GatewayState, Depends(_gateway)]
 Caller = Annotated[ApiKey, Depends(_caller)]
-WaitSeconds = Annotated[float | None, Query(ge=0, le=60, description="Long-poll up to this many seconds.")]
+WaitSeconds = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        le=60,
+        description=(
+            "Long-poll: answer 200 with the `Turn` once it leaves `queued`/`running`, or as it stands after this "
+            "many seconds. Absent or 0: answer at once."
+        ),
+    ),
+]
+TurnId = Annotated[str, Path(description="The turn's id (`turn_…`); another organisation's turn is 404.")]
+SessionId = Annotated[str, Path(description="The session's id (`sess_…`); another organisation's session is 404.")]
+BatchId = Annotated[str, Path(description="The batch's id (`batch_…`); another organisation's batch is 404.")]
 StreamFlag = Annotated[
-    bool, Query(description="Answer with the turn's events as they happen (text/event-stream) instead.")
+    bool,
+    Query(
+        description=(
+            "Answer 200 with the turn's events as they happen (`text/event-stream`, as "
+            "`GET /v1/turns/{turn_id}/events`) instead; not with `wait`."
+        )
+    ),
 ]

@@ -19,7 +19,7 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 """Sent on every response."""
 
 _NO_STORE = (b"cache-control", b"no-store")
-_CACHEABLE_PATHS = ("/docs", "/redoc", "/openapi.json")
+_CACHEABLE_PATHS = ("/docs", "/openapi.json")  # /docs also covers /docs-assets/
 
 
 class SecurityHeadersMiddleware:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,8 +22,9 @@ from api_gateway.services import (
     TurnService,
 )
 from shared.broker import create_producer
-from shared.db import create_db_engine, session_factory
+from shared.db import session_factory
 from shared.db.batches import BatchRepository
+from shared.db.engine import ProcessKind, engine_for
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
 from shared.modes import ModeCatalog, load_catalog
@@ -81,7 +83,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
     Returns:
         The state ``create_app`` keeps for its routes.
     """
-    engine = create_db_engine(settings.database_url)
+    engine = engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname())
     db = session_factory(engine)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     sessions = SessionRepository(db)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GROUPS", "Group", "WorkerSpec", "plan", "run_group"]
+__all__ = ["GROUPS", "Group", "WorkerSpec", "node_name", "plan", "run_group"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +96,26 @@ def plan(
     return specs
 
 
+def node_name(spec: WorkerSpec, hostname: str | None, *, pid: int, grouped: bool) -> str:
+    """The Celery node name of the worker process that runs ``spec``: distinct for every process on a host.
+
+    Args:
+        spec: the process's queues and group.
+        hostname: ``aptix worker --hostname`` (Celery expands ``%h`` to the host's name), or None.
+        pid: the process id of ``aptix worker``.
+        grouped: whether it is one of several processes of one ``aptix worker``.
+
+    Returns:
+        Grouped: ``<group>.<hostname>``, by default ``<group>.<pid>@%h``. Alone: ``hostname`` as
+        given, by default ``<group>.<pid>@%h``. Never Celery's own default ``celery@<host>``, which
+        every worker on a host would share (Flower then warns ``DuplicateNodenameWarning`` and shows
+        one of them).
+    """
+    if grouped:
+        return f"{spec.group}.{hostname or f'{pid}@%h'}"
+    return hostname or f"{spec.group}.{pid}@%h"
+
+
 def run_group(
     specs: Sequence[WorkerSpec],
     *,
@@ -106,9 +126,10 @@ def run_group(
 ) -> int:
     """Run one ``aptix worker`` process per spec until one of them ends or this process is told to stop.
 
-    Each child gets node name ``<group>.<name>`` (so two groups never share a Celery node name) and
-    only the first runs a copy of the reconciler. With ``metrics_dir``, each counts its metrics in
-    that directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
+    Each child gets node name ``<group>.<name>`` (so two groups never share a Celery node name),
+    writes its heartbeat as ``<group>`` (``aptix worker-health`` checks every child), and only the
+    first runs a copy of the reconciler. With ``metrics_dir``, each counts its metrics in that
+    directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
     SIGTERM and SIGINT are passed on (Celery's warm shutdown); a child that exits stops the others,
     so the orchestrator restarts the whole worker; and the children are sent SIGTERM if this process
     dies (Linux).
@@ -116,7 +137,6 @@ def run_group(
     Returns:
         The exit code of the child that ended first (0 when stopped by a signal).
     """
-    base = hostname or f"{os.getpid()}@%h"
     children: list[subprocess.Popen[bytes]] = []
     stopping = False
 
@@ -130,9 +150,11 @@ def run_group(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for index, spec in enumerate(specs):
+        name = node_name(spec, hostname, pid=os.getpid(), grouped=True)
         argv = [
             sys.executable, "-m", "aptix_cli", "worker", "--queues", spec.queues, "--pool", spec.pool,
-            "--concurrency", str(spec.concurrency), "--hostname", f"{spec.group}.{base}", "--loglevel", loglevel,
+            "--concurrency", str(spec.concurrency), "--hostname", name, "--loglevel", loglevel,
+            "--heartbeat-name", spec.group,
         ]  # fmt: skip
         if index > 0 or not reconciler:
             argv.append("--no-reconciler")

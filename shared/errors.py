@@ -4,12 +4,14 @@
     ├── ConfigurationError      bad settings or mode catalog, refused at start-up
     ├── LlmError                the Responses API answered with an error or an unusable body
     ├── StateConflict           a concurrent writer changed turn state first
-    └── TurnNotRecorded         a message arrived before the gateway's commit of its turn was visible
+    ├── TurnNotRecorded         a message arrived before the gateway's commit of its turn was visible
+    └── TurnFailed              a step failed its turn: the step's task reports it, so Celery and
+                                Flower show that task as failed (the turn's failure is already recorded)
 """
 
 from __future__ import annotations
 
-__all__ = ["AptixError", "ConfigurationError", "LlmError", "StateConflict", "TurnNotRecorded"]
+__all__ = ["AptixError", "ConfigurationError", "LlmError", "StateConflict", "TurnFailed", "TurnNotRecorded"]
 
 
 class AptixError(Exception):
@@ -26,6 +28,35 @@ class StateConflict(AptixError):
 
 class TurnNotRecorded(AptixError):
     """The turn's row (or its latest change) is not visible yet: the gateway enqueues before it commits."""
+
+
+class TurnFailed(AptixError):
+    """A step failed its turn; raised by the step's task once the failure is recorded and sent on.
+
+    It carries only the turn's error code and message, which the turn records and its client sees
+    (model errors are redacted before they are recorded), never an exception or a traceback of the
+    step: Celery puts this exception's repr in the task-failed event Flower shows. Celery is told
+    to expect it (no traceback in the worker's log) and acknowledges the message (never retried).
+
+    Attributes:
+        code: the turn's error code (``shared.result.ErrorCode`` value).
+        message: the turn's error message, cut to :data:`MESSAGE_LIMIT` characters.
+    """
+
+    MESSAGE_LIMIT = 300
+    """Longer messages are cut: the turn keeps the whole message; this is a pointer to it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        if len(message) > self.MESSAGE_LIMIT:
+            message = message[: self.MESSAGE_LIMIT - 1] + "…"
+        # Both in args: a prefork child pickles the exception back to its parent, which rebuilds it
+        # from args.
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
 
 
 class LlmError(AptixError):

@@ -36,10 +36,12 @@ class ErrorCode(StrEnum):
 class ErrorInfo(BaseModel):
     """What went wrong: a code and a human-readable message."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     code: ErrorCode
+    """The failure's stable code."""
     message: str
+    """What went wrong, for a person."""
 
 
 class InvokeResult(BaseModel, Generic[T]):

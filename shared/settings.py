@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Annotated
 
-from pydantic import AliasChoices, Field, PositiveInt, SecretStr, field_validator
+from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
@@ -141,6 +141,18 @@ class Settings(BaseSettings):
     http_max_connections_per_client: Annotated[int, Field(ge=0)] = 64
     """Connections one client address may hold at once on a gateway process (more: 503 and closed); 0 for no
     cap, as behind a proxy, where every connection comes from the proxy's address."""
+    db_pool_size: PositiveInt | None = None
+    """Database connections a process keeps open; unset: its kind's default (``shared.db.engine.DEFAULT_POOLS``)."""
+    db_max_overflow: NonNegativeInt | None = None
+    """Connections a process may open beyond its pool under load (closed when returned); unset: its kind's default."""
+    redis_max_connections: PositiveInt = 100
+    """Connections a process's turn-state Redis client may hold; a command waits for a free one beyond that."""
+    worker_health_dir: str | None = None
+    """Where ``aptix worker`` writes its heartbeats and ``aptix worker-health`` reads them; unset: a temp folder."""
+    worker_heartbeat_stale_seconds: Annotated[float, Field(gt=0)] = 30.0
+    """A worker process whose heartbeat (or, while it is connected to the broker, event loop) is this old is hung."""
+    worker_task_stuck_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """A worker process running one task this long is hung: longer than any step may take (model call, tools)."""
     events_max_per_turn: PositiveInt = 10000
     """About how many events a turn's event log keeps (Redis ``XADD MAXLEN ~``); the oldest go first, so a
     client resuming after a trimmed event misses those."""

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 import redis
 from sqlalchemy import Engine
 
-from shared.db import create_db_engine, session_factory
+from shared.db import session_factory
+from shared.db.engine import ProcessKind, engine_for
 from shared.db.sessions import SessionRepository
 from shared.db.tool_runs import ToolRunRepository
 from shared.db.turns import TurnRepository
@@ -130,11 +131,16 @@ def breakers_on(client: redis.Redis, settings: Settings) -> Callable[[str], Brea
     return breaker
 
 
-def worker_engine(settings: Settings) -> Engine:
-    """The database engine of a worker process; its repositories' sessions come from it."""
+def worker_engine(settings: Settings, *, hostname: str = "") -> Engine:
+    """The database engine of a worker process; its repositories' sessions come from it.
+
+    Its pool is the worker kind's (``APTIX_DB_POOL_SIZE`` + ``APTIX_DB_MAX_OVERFLOW``, default 2 + 1),
+    shared by every pool thread or greenlet of the process and its reconciler thread: a prefork
+    child builds its own. PostgreSQL names its connections ``aptix-worker <hostname>``.
+    """
     # No pre-ping: a worker makes about eight transactions per turn, and a step whose connection
     # dropped is run again by the driver (an ``OperationalError`` is "later"), on a fresh pool.
-    return create_db_engine(settings.database_url, pre_ping=False)
+    return engine_for(settings, ProcessKind.WORKER, name=hostname, pre_ping=False)
 
 
 def build_context(
@@ -161,7 +167,9 @@ def build_context(
 
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
-    store = RedisStateStore.from_url(settings.redis_url, max_events=settings.events_max_per_turn)
+    store = RedisStateStore.from_url(
+        settings.redis_url, max_connections=settings.redis_max_connections, max_events=settings.events_max_per_turn
+    )
     return StepContext(
         settings=settings,
         store=store,

@@ -16,6 +16,10 @@ Every kind of "not now" ends here as the same message sent again later, with a d
 from :mod:`workers.retry`: a model that cannot answer (RetryAfter from the step), a step leased by
 another worker, a turn whose row is not visible yet, an unreachable Redis, database or broker. It is
 the only place an unexpected exception becomes ``internal_error``.
+
+A step that fails its turn still hands on a message (persist records the failure); the
+:class:`Dispatch` says the turn failed, so the task can report the failure to Celery *after* sending
+that message (Flower then shows the step's task as failed, and its Failed filter finds the turn).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared.db.retry import retry_dropped_connection
-from shared.errors import StateConflict, TurnNotRecorded
+from shared.errors import StateConflict, TurnFailed, TurnNotRecorded
 from shared.logging import log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
@@ -69,6 +73,8 @@ class Dispatch:
 
     envelope: TurnEnvelope
     countdown: float = 0.0
+    failed: ErrorInfo | None = None
+    """The error this step failed the turn with (the message then persists the failure), else None."""
 
 
 class _StepBusy(Exception):
@@ -81,6 +87,10 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     Returns:
         The message to send next (possibly this same step, later), or None when the chain ends,
         the turn is unknown, or a message is dropped.
+
+    Raises:
+        TurnFailed: the turn could not run outside any step and is now recorded as failed
+            (``internal_error``); there is nothing to send.
     """
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
         try:
@@ -161,6 +171,8 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
         dispatch = _conclude(ctx, current, state, result, tally)
         if dispatch is None or dispatch.countdown or task_name(dispatch.envelope.step) != task_name(current.step):
             return dispatch
+        if dispatch.failed is not None:  # a failed step ends its task, which reports the failure
+            return dispatch  # (a persist that raised runs again as a message of its own)
         current = dispatch.envelope
 
 
@@ -309,15 +321,17 @@ def _fail(ctx: StepContext, env: TurnEnvelope, state: TurnState, error: ErrorInf
     state.status = TurnStatus.FAILED
     state.pending_tool_calls = []
     trace(ctx, state, env, "turn_failed", code=error.code.value, message=error.message)
-    return Dispatch(env.to(StepName.PERSIST))
+    return Dispatch(env.to(StepName.PERSIST), failed=error)
 
 
 def _fail_outside_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
+    message = "the pipeline could not run this turn"
     try:
-        fail_turn(ctx, env.turn_id, "the pipeline could not run this turn")
+        fail_turn(ctx, env.turn_id, message)
     except TRANSIENT_ERRORS:
         return _later(ctx, env, retry.Reason.INFRASTRUCTURE)
-    return None
+    # from None: the bug's traceback is in the log line above, not in what Flower shows
+    raise TurnFailed(ErrorCode.INTERNAL_ERROR.value, message) from None
 
 
 def _name(exc: Exception) -> str:

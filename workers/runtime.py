@@ -68,7 +68,7 @@ class WorkerRuntime:
         # Built once: a prefork child keeps its parent's collectors (prometheus_client moves their
         # values to the child's own files when it sees the new pid).
         self._metrics = self._metrics or WorkerMetrics()
-        self._engine = worker_engine(self._settings)
+        self._engine = worker_engine(self._settings, hostname=hostname)
         self._ctx = build_context(self._settings, engine=self._engine, hostname=hostname, metrics=self._metrics)
         self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
 

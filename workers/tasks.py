@@ -3,6 +3,13 @@
 Everything else is the driver's (:func:`workers.driver.run_step`), including every retry. A message
 the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
 is recorded, so running it again only sends that next message.
+
+A task whose step failed its turn ends by raising :class:`~shared.errors.TurnFailed`, after the
+driver recorded the failure and after the next message (persist) was sent: Celery marks the task
+FAILURE, so Flower shows it red and its Failed filter finds the turn. The exception is declared
+expected (``throws``: one INFO line, no traceback, in the worker's log; the driver has already
+logged the failure at WARNING) and the message is acknowledged (``acks_on_failure``), never retried
+or redelivered. What the turn records does not change.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from celery.exceptions import Reject
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
 
+from shared.errors import TurnFailed
 from shared.models.envelope import TurnEnvelope
 from shared.task_names import LAYER_OF, Layer
 from workers.driver import run_step
@@ -37,7 +45,12 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
 
 def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
     @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
-        name=f"aptix.step.{layer.value}", bind=True, acks_late=True, ignore_result=True
+        name=f"aptix.step.{layer.value}",
+        bind=True,
+        acks_late=True,
+        acks_on_failure=True,  # a step that failed its turn is acknowledged, never run again
+        throws=(TurnFailed,),
+        ignore_result=True,
     )
     def step_task(self: Task, payload: dict[str, Any]) -> None:
         envelope = _validate(layer, payload)
@@ -53,6 +66,8 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
                 "could not send %s of turn %s (%s); requeueing", dispatch.envelope.step_key, envelope.turn_id, exc
             )
             raise Reject(exc, requeue=True) from exc
+        if dispatch.failed is not None:
+            raise TurnFailed(dispatch.failed.code.value, dispatch.failed.message)
 
 
 def _validate(layer: Layer, payload: dict[str, Any]) -> TurnEnvelope | None:

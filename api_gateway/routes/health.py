@@ -11,8 +11,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import Gateway
 from api_gateway.errors import error_response
+from api_gateway.openapi import error_responses
 from api_gateway.state import GatewayState
 from shared.db.migrate import head_revision, schema_revision
+from shared.models.health import Liveness, Readiness
 
 __all__ = ["router"]
 
@@ -21,13 +23,27 @@ logger = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
+@router.get("/healthz", response_model=Liveness, operation_id="getLiveness", summary="Liveness")
+async def healthz() -> Liveness:
     """The process is up."""
-    return {"status": "ok"}
+    return Liveness(status="ok")
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    operation_id="getReadiness",
+    summary="Readiness",
+    response_description="Every check passed.",
+    responses=error_responses(
+        specific={
+            503: (
+                "`unavailable`: a check failed; the message names it and how to fix it, `details` gives each "
+                "check's state (`ok` or `down`)."
+            )
+        }
+    ),
+)
 async def readyz(gateway: Gateway) -> JSONResponse:
     """Every dependency answers and the schema is migrated; 503 naming what is not."""
     revision, checks = await run_in_threadpool(_check_all, gateway)

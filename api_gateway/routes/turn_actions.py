@@ -6,8 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, WaitSeconds
-from api_gateway.routes.turn_events import STREAMED_OR_TURN
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
+from api_gateway.openapi import error_responses
+from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
 from api_gateway.services import InvalidRequest
 from shared.db.records import TurnRecord
 from shared.models.trace import TurnTrace
@@ -18,15 +19,44 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
+_NOT_FOUND = {404: "`not_found`: no such turn in the caller's organisation."}
+
 
 @router.post(
     "/{turn_id}/tool-results",
     status_code=202,
     response_model=TurnHandle,
-    responses=STREAMED_OR_TURN,
+    operation_id="postToolResults",
+    summary="Post client tool results",
+    response_description="The results were accepted; the turn is queued to resume (without `wait`).",
+    responses={
+        200: {
+            "model": Turn,
+            "description": (
+                "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true`: the "
+                "events of the round the results start, as `GET /v1/turns/{turn_id}/events` sends them."
+            ),
+            "content": EVENT_STREAM_CONTENT,
+        },
+        **error_responses(
+            401,
+            413,
+            422,
+            503,
+            specific={
+                **_NOT_FOUND,
+                409: (
+                    "`turn_not_awaiting_tool_results`: the turn is not in `requires_client_tools` (it never was, "
+                    "its results were posted already, or it timed out)."
+                ),
+                422: "Also `stream` with `wait`.",
+                503: STREAMS_FULL,
+            },
+        ),
+    },
 )
 async def post_tool_results(
-    turn_id: str,
+    turn_id: TurnId,
     body: ToolResultsRequest,
     caller: Caller,
     gateway: Gateway,
@@ -58,15 +88,31 @@ async def post_tool_results(
     return JSONResponse(handle.model_dump(mode="json"), status_code=202)
 
 
-@router.post("/{turn_id}/cancel", response_model=Turn)
-async def cancel_turn(turn_id: str, caller: Caller, gateway: Gateway) -> JSONResponse:
+@router.post(
+    "/{turn_id}/cancel",
+    response_model=Turn,
+    operation_id="cancelTurn",
+    summary="Cancel a turn",
+    response_description="The turn, now `cancelled`.",
+    responses=error_responses(
+        401, 503, specific={**_NOT_FOUND, 409: "`turn_finished`: the turn is already completed, failed or cancelled."}
+    ),
+)
+async def cancel_turn(turn_id: TurnId, caller: Caller, gateway: Gateway) -> JSONResponse:
     """Cancel a turn that has not finished; its session is free at once."""
     row = await run_in_threadpool(gateway.turn_service.cancel, turn_id, org_id=caller.org_id)
     return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
 
 
-@router.get("/{turn_id}/trace", response_model=TurnTrace)
-async def get_trace(turn_id: str, caller: Caller, gateway: Gateway) -> TurnTrace:
+@router.get(
+    "/{turn_id}/trace",
+    response_model=TurnTrace,
+    operation_id="getTurnTrace",
+    summary="Read a turn's trace",
+    response_description="The turn's CompositionTrace.",
+    responses=error_responses(401, 503, specific=_NOT_FOUND),
+)
+async def get_trace(turn_id: TurnId, caller: Caller, gateway: Gateway) -> TurnTrace:
     """The turn's CompositionTrace: the live one while it runs, else the committed one."""
     steps = await run_in_threadpool(gateway.turn_service.trace, turn_id, org_id=caller.org_id)
     return TurnTrace(turn_id=turn_id, steps=steps)

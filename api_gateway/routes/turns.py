@@ -1,4 +1,4 @@
-"""``/v1/turns``: start a turn, read it (with long-poll)."""
+"""``/v1/turns``: start a turn (or start it and stream its events), read it (with long-poll)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, WaitSeconds
-from api_gateway.routes.turn_events import STREAMED_OR_TURN
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
+from api_gateway.openapi import error_responses
+from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
 from api_gateway.services import InvalidRequest
 from shared.db.records import TurnRecord
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
@@ -22,7 +23,38 @@ router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=Authenticated
     "",
     status_code=202,
     response_model=TurnHandle,
-    responses=STREAMED_OR_TURN,
+    operation_id="createTurn",
+    summary="Start a turn",
+    response_description="The turn was recorded and queued (without `wait`).",
+    responses={
+        200: {
+            "model": Turn,
+            "description": (
+                "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true` (or "
+                "`\"stream\": true`): the turn's events as they happen, as `GET /v1/turns/{turn_id}/events` sends them "
+                "(the turn's id in `Aptix-Turn-Id`)."
+            ),
+            "content": EVENT_STREAM_CONTENT,
+        },
+        **error_responses(
+            401,
+            413,
+            422,
+            503,
+            specific={
+                404: "`session_not_found`: `session_id` names no session of the caller's organisation.",
+                409: (
+                    "`session_busy`: the session has a turn that is not finished. `idempotency_key_reused`: "
+                    "the key was used before with another body."
+                ),
+                422: (
+                    "Also a client tool named like a server tool, an unknown `mode` for a new session, or `stream` "
+                    "with `wait`."
+                ),
+                503: STREAMS_FULL,
+            },
+        ),
+    },
 )
 async def create_turn(
     body: TurnRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None, stream: StreamFlag = False
@@ -53,8 +85,15 @@ async def create_turn(
     return JSONResponse(handle.model_dump(mode="json"), status_code=202)
 
 
-@router.get("/{turn_id}", response_model=Turn)
-async def get_turn(turn_id: str, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
+@router.get(
+    "/{turn_id}",
+    response_model=Turn,
+    operation_id="getTurn",
+    summary="Read a turn",
+    response_description="The turn's state and result.",
+    responses=error_responses(401, 422, 503, specific={404: "`not_found`: no such turn in the caller's organisation."}),
+)
+async def get_turn(turn_id: TurnId, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
     """The turn's state and result; ``?wait=S`` long-polls until it leaves queued/running."""
     service = gateway.turn_service
     row = await run_in_threadpool(service.get, turn_id, org_id=caller.org_id)

@@ -35,8 +35,9 @@ class BatchService:
         """Record every request of the batch as its own queued turn and send their first steps, or nothing.
 
         Raises:
-            InvalidRequest: more than ``APTIX_MAX_BATCH_REQUESTS`` requests, an idempotency key, two
-                requests continuing one session, or a request :meth:`TurnService.admit` refuses.
+            InvalidRequest: more than ``APTIX_MAX_BATCH_REQUESTS`` requests, two requests continuing one
+                session, or a request :meth:`TurnService.admit` refuses (an idempotency key is refused by
+                :class:`~shared.models.batch.BatchTurnRequest` already).
             NotFound: ``session_not_found``.
             Conflict: ``session_busy``.
             Unavailable: the broker or the state store refused; nothing was recorded.
@@ -105,12 +106,6 @@ class BatchService:
 def _check_distinct_sessions(body: BatchRequest) -> None:
     seen: dict[str, int] = {}
     for index, request in enumerate(body.requests):
-        if request.idempotency_key is not None:
-            raise InvalidRequest(
-                f"requests[{index}]: idempotency_key is not supported inside a batch",
-                [{"loc": ["body", "requests", index, "idempotency_key"], "msg": "not supported",
-                  "type": "value_error"}],
-            )
         if request.session_id is None:
             continue
         if request.session_id in seen:

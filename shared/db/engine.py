@@ -1,14 +1,100 @@
-"""The SQLAlchemy engine and session factory, built from a database URL (one per process)."""
+"""The SQLAlchemy engine and session factory, built from a database URL (one per process), and the
+size of each process kind's connection pool.
+
+PostgreSQL refuses connections past ``max_connections`` (100 by default, 3 of them kept for
+superusers), and every process holds a pool of its own: a pool is sized for what the process can
+use at once, not for its concurrency. ``APTIX_DB_POOL_SIZE`` and ``APTIX_DB_MAX_OVERFLOW`` override
+the kind's default; deploy/README.md adds up what the deployment files open.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 import pydantic_core
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["create_db_engine", "normalise_database_url", "session_factory"]
+from shared.settings import Settings
+
+__all__ = [
+    "DEFAULT_POOLS",
+    "PoolSize",
+    "ProcessKind",
+    "create_db_engine",
+    "engine_for",
+    "normalise_database_url",
+    "pool_size_for",
+    "session_factory",
+]
+
+
+class ProcessKind(StrEnum):
+    """The kinds of process that open a database pool."""
+
+    GATEWAY = "gateway"
+    WORKER = "worker"
+    RECONCILER = "reconciler"
+    MIGRATION = "migration"
+
+
+class PoolSize(NamedTuple):
+    """A connection pool's bounds: connections kept open, and extra ones opened under load."""
+
+    size: int
+    overflow: int
+
+    @property
+    def most(self) -> int:
+        """The most connections the process opens at once."""
+        return self.size + self.overflow
+
+
+DEFAULT_POOLS: dict[ProcessKind, PoolSize] = {
+    # Request handlers reach the database from anyio's worker threads (40 at most), each for a
+    # short transaction: 8 connections keep thousands of transactions a second going.
+    ProcessKind.GATEWAY: PoolSize(4, 4),
+    # One Celery process: 2 pool threads and the reconciler thread at once (the `pipeline` group);
+    # more threads, or 2,000 greenlets on the `llm` queue, take turns on short transactions.
+    ProcessKind.WORKER: PoolSize(2, 1),
+    # `aptix reconciler`: one scan at a time.
+    ProcessKind.RECONCILER: PoolSize(1, 1),
+    # `aptix db upgrade` and `aptix db wait`: one connection.
+    ProcessKind.MIGRATION: PoolSize(1, 0),
+}
+"""The pool of each process kind when ``APTIX_DB_POOL_SIZE`` / ``APTIX_DB_MAX_OVERFLOW`` are unset."""
+
+
+def pool_size_for(settings: Settings, kind: ProcessKind) -> PoolSize:
+    """The pool bounds of a process of ``kind``: the settings where given, else the kind's default."""
+    default = DEFAULT_POOLS[kind]
+    return PoolSize(
+        settings.db_pool_size if settings.db_pool_size is not None else default.size,
+        settings.db_max_overflow if settings.db_max_overflow is not None else default.overflow,
+    )
+
+
+def engine_for(settings: Settings, kind: ProcessKind, *, name: str = "", pre_ping: bool = True) -> Engine:
+    """The engine of a process of ``kind``, its pool sized by :func:`pool_size_for`.
+
+    Args:
+        settings: the process's settings.
+        kind: what the process is.
+        name: what else tells this process apart in ``pg_stat_activity`` (a worker's node name).
+        pre_ping: as in :func:`create_db_engine`.
+
+    Returns:
+        The engine; PostgreSQL sees its connections as ``application_name`` ``aptix-<kind> <name>``.
+    """
+    pool = pool_size_for(settings, kind)
+    return create_db_engine(
+        settings.database_url,
+        pool_size=pool.size,
+        max_overflow=pool.overflow,
+        pre_ping=pre_ping,
+        application_name=f"aptix-{kind.value} {name}".strip(),
+    )
 
 
 def normalise_database_url(url: str) -> str:
@@ -20,12 +106,18 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
-def create_db_engine(url: str, *, pool_size: int = 10, pre_ping: bool = True) -> Engine:
+def create_db_engine(
+    url: str, *, pool_size: int = 5, max_overflow: int = 5, pre_ping: bool = True, application_name: str = ""
+) -> Engine:
     """An engine for ``url``: a bounded pool on PostgreSQL, WAL and a busy timeout on SQLite.
 
     Args:
         url: a SQLAlchemy URL.
         pool_size: connections kept open (PostgreSQL only).
+        max_overflow: connections opened beyond ``pool_size`` under load and closed when returned
+            (PostgreSQL only); the process never holds more than ``pool_size + max_overflow``.
+        application_name: how PostgreSQL names these connections (``pg_stat_activity``), at most
+            63 characters (PostgreSQL cuts the rest).
         pre_ping: test each connection with a round trip when it leaves the pool (PostgreSQL only).
             Without it a connection the server dropped fails its first statement; SQLAlchemy then
             discards every connection of the pool opened before, so the next try connects afresh.
@@ -41,7 +133,12 @@ def create_db_engine(url: str, *, pool_size: int = 10, pre_ping: bool = True) ->
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping, json_serializer=_to_json
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=pre_ping,
+        json_serializer=_to_json,
+        connect_args={"application_name": application_name[:63]} if application_name else {},
     )
 
 

@@ -1,10 +1,10 @@
 """Pydantic wire models: what crosses HTTP, the broker and Redis."""
 
 from shared.models.envelope import TurnEnvelope
+from shared.models.error import ErrorBody, ErrorDetail, ProblemDetail
 from shared.models.session import ModeHistoryEntry, Session, SessionTurnSummary
 from shared.models.turn import (
     ClientTool,
-    ErrorBody,
     ModeChange,
     PendingToolCall,
     Turn,
@@ -17,9 +17,11 @@ from shared.models.turn import (
 __all__ = [
     "ClientTool",
     "ErrorBody",
+    "ErrorDetail",
     "ModeChange",
     "ModeHistoryEntry",
     "PendingToolCall",
+    "ProblemDetail",
     "Session",
     "SessionTurnSummary",
     "Turn",

@@ -6,14 +6,27 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    StrictBool,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from pydantic.config import JsonDict
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 from shared.result import ErrorInfo
 
 __all__ = [
+    "NUL_FREE_PATTERN",
     "UNFINISHED_STATUSES",
     "ClientTool",
-    "ErrorBody",
     "JsonObject",
     "ModeChange",
     "PendingToolCall",
@@ -29,6 +42,8 @@ __all__ = [
 JsonObject = dict[str, Any]
 _MAX_JSON_DEPTH = 64
 ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+NUL_FREE_PATTERN = r"^[^\x00]*$"
+"""The JSON Schema ``pattern`` of a string that may not hold NUL (valid as ECMA-262, Python and Rust regex)."""
 
 
 def _no_nul(value: str) -> str:
@@ -36,6 +51,33 @@ def _no_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
     return value
+
+
+class _NulFree:
+    """``Annotated`` metadata: the string may not hold NUL, and its JSON Schema says so (``pattern``)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(_no_nul, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema["pattern"] = NUL_FREE_PATTERN
+        return json_schema
+
+
+_NUL_FREE = _NulFree()
+
+
+def _constrain_keys(schema: JsonDict) -> None:
+    # pydantic turns a key pattern into patternProperties, which lets keys that do not match through
+    # unconstrained; as propertyNames it refuses them, as the server does.
+    pattern_properties = schema.pop("patternProperties", None)
+    if isinstance(pattern_properties, dict):
+        ((pattern, values),) = pattern_properties.items()
+        names = schema.setdefault("propertyNames", {})
+        assert isinstance(names, dict)
+        names["pattern"] = pattern
+        schema["additionalProperties"] = values
 
 
 def _check_json_strings(value: Any) -> None:
@@ -60,7 +102,10 @@ def _check_json_strings(value: Any) -> None:
 
 def _valid_text(value: str) -> str:
     # Free-form JSON (tool parameters) is not checked by pydantic's str validation: do it here.
-    _no_nul(value)
+    return _encodable(_no_nul(value))
+
+
+def _encodable(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -123,15 +168,22 @@ UNFINISHED_STATUSES = TurnStatus.unfinished()
 
 
 class ClientTool(BaseModel):
-    """A client tool in the Responses API function-tool shape."""
+    """A client tool in the Responses API function-tool shape: the model may call it, the client runs it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     type: Literal["function"] = "function"
+    """Always `function`."""
     name: ToolName
-    description: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    """The name the model calls it by: 1 to 64 letters, digits, `_` or `-`. Unique among the request's tools,
+    and not the name of a server tool of the catalog (`GET /v1/modes` lists them): either is 422."""
+    description: Annotated[str, StringConstraints(max_length=4096), _NUL_FREE] | None = None
+    """What the tool does, for the model (at most 4096 characters)."""
     parameters: JsonObject = Field(default_factory=lambda: {"type": "object", "properties": {}})
-    strict: bool = False
+    """A JSON Schema of `type` `object` for the tool's arguments (default: no arguments). No string in it (key
+    or value) may hold NUL or a lone surrogate, and it may not nest deeper than 64 levels: each is 422."""
+    strict: bool = Field(default=False, strict=True)
+    """Whether the model must follow `parameters` exactly (Responses API strict mode); `true` or `false` only."""
 
     @field_validator("parameters")
     @classmethod
@@ -141,49 +193,48 @@ class ClientTool(BaseModel):
         _check_json_strings(value)
         return value
 
-    @field_validator("description")
-    @classmethod
-    def _description_no_nul(cls, value: str | None) -> str | None:
-        return None if value is None else _no_nul(value)
-
 
 class TurnRequest(BaseModel):
-    """``POST /v1/turns``: a new session (no ``session_id``) or a follow-up turn."""
+    """`POST /v1/turns`: a new session (no `session_id`) or a follow-up turn."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    session_id: Annotated[str, StringConstraints(max_length=128)] | None = None
-    mode: Annotated[str, StringConstraints(max_length=64)] | None = None
-    input: Annotated[str, StringConstraints(min_length=1)]
+    session_id: Annotated[str, StringConstraints(max_length=128), _NUL_FREE] | None = None
+    """The session to continue, as a `TurnHandle` returned it; absent, null or empty starts a new session. A
+    session the caller's organisation does not have is 404 `session_not_found`; one with an unfinished turn
+    is 409 `session_busy`."""
+    mode: Annotated[str, StringConstraints(max_length=64), _NUL_FREE] | None = None
+    """The mode of a new session, a name from `GET /v1/modes` (an unknown one is 422); absent: the catalog's
+    default. Ignored on a follow-up turn, where the session's persisted mode wins."""
+    input: Annotated[str, StringConstraints(min_length=1), _NUL_FREE]
+    """The user's message; not blank (only whitespace is 422)."""
     tools: Annotated[list[ClientTool], Field(max_length=128)] = Field(default_factory=list)
+    """The client's tools, at most 128, with unique names (a repeated name is 422)."""
     metadata: dict[
-        Annotated[str, StringConstraints(min_length=1, max_length=64)],
-        Annotated[str, StringConstraints(max_length=512)],
-    ] = Field(default_factory=dict, max_length=16)
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
-    stream: bool = False
-    """Answer with the turn's events (``text/event-stream``) and have the model's text streamed as it is
-    generated; ``POST /v1/turns?stream=true`` sets it. Recorded with the request only when true."""
+        Annotated[str, StringConstraints(min_length=1, max_length=64), _NUL_FREE],
+        Annotated[str, StringConstraints(max_length=512), _NUL_FREE],
+    ] = Field(default_factory=dict, max_length=16, json_schema_extra=_constrain_keys)
+    """At most 16 string values of the client's own (keys of 1 to 64, values of at most 512 characters),
+    kept with the turn's request."""
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255), _NUL_FREE] | None = None
+    """Makes a retried POST safe: the same key with the same body from the same organisation returns the
+    turn the first POST created; with another body it is 409 `idempotency_key_reused`."""
+    stream: StrictBool = False
+    """Answer with the turn's events (`text/event-stream`, as `GET /v1/turns/{turn_id}/events`) instead of a
+    `TurnHandle`, and have the model's text streamed as it is generated; `?stream=true` sets it too. Not part
+    of what an `idempotency_key` stands for."""
 
     @field_validator("input")
     @classmethod
     def _input_has_text(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("input must not be blank")
-        return _no_nul(value)
+        return value
 
     @field_validator("session_id", "mode", "idempotency_key")
     @classmethod
     def _empty_is_none(cls, value: str | None) -> str | None:
-        return _no_nul(value) or None if value is not None else None
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_no_nul(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
-            _no_nul(key)
-            _no_nul(item)
-        return value
+        return value or None
 
     @model_validator(mode="after")
     def _unique_tool_names(self) -> TurnRequest:
@@ -195,88 +246,113 @@ class TurnRequest(BaseModel):
 
 
 class TurnHandle(BaseModel):
-    """What ``POST /v1/turns`` answers at once."""
+    """What `POST /v1/turns` (and `POST /v1/turns/{turn_id}/tool-results`) answer at once: 202."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     turn_id: str
+    """The turn's id (`turn_…`): read it with `GET /v1/turns/{turn_id}`."""
     session_id: str
+    """The turn's session (`sess_…`), new or continued: send it back to continue the conversation."""
     status: TurnStatus
+    """Where the turn stands: `queued` when just created (or as an idempotent retry found it)."""
 
 
 class ModeChange(BaseModel):
     """One successful mode change inside a turn."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, use_attribute_docstrings=True)
 
     from_mode: str = Field(alias="from")
+    """The mode before the change."""
     to_mode: str = Field(alias="to")
+    """The mode after the change."""
     reason: str | None = None
+    """Why the model changed mode, as it said."""
     branch: bool = False
+    """Whether the change branched the conversation (the new mode starts without the earlier turns' history)."""
 
 
 class PendingToolCall(BaseModel):
     """A client tool call the model made; the client runs it and posts the output."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     call_id: str
+    """The call's id: post its output under this `call_id`."""
     name: str
+    """The client tool called."""
     arguments: str
+    """The arguments as a JSON string (the Responses API's `function_call.arguments`)."""
 
 
 class ToolResult(BaseModel):
     """One client tool output."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    call_id: Annotated[str, StringConstraints(min_length=1, max_length=128)]
-    output: str
+    call_id: Annotated[str, StringConstraints(min_length=1, max_length=128), _NUL_FREE]
+    """The `call_id` of the pending tool call this answers."""
+    output: Annotated[str, _NUL_FREE]
+    """The tool's output, as text for the model (no NUL, no lone surrogates)."""
 
     @field_validator("output", "call_id")
     @classmethod
     def _valid_text(cls, value: str) -> str:
         # The output goes to the model as JSON text: a lone surrogate cannot be encoded there.
-        return _valid_text(value)
+        return _encodable(value)
 
 
 class ToolResultsRequest(BaseModel):
-    """``POST /v1/turns/{turn_id}/tool-results``."""
+    """`POST /v1/turns/{turn_id}/tool-results`: the outputs of the turn's pending client tool calls."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     tool_results: Annotated[list[ToolResult], Field(max_length=128)]
+    """One output per pending call, at most 128. The gateway does not judge the set: a missing, repeated,
+    extra or unknown `call_id` fails the turn `continuation_mismatch` once a worker checks it."""
 
 
 class Usage(BaseModel):
     """Token and call counts of a turn."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     llm_calls: int = 0
+    """Model calls the turn made."""
     input_tokens: int = 0
+    """Input tokens over those calls, as the model reported them."""
     output_tokens: int = 0
+    """Output tokens over those calls, as the model reported them."""
 
 
 class Turn(BaseModel):
     """A turn's state and result."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, use_attribute_docstrings=True)
 
     turn_id: str
+    """The turn's id (`turn_…`)."""
     session_id: str
+    """The turn's session (`sess_…`)."""
     batch_id: str | None = None
+    """The batch the turn belongs to (`batch_…`), or null."""
     status: TurnStatus
+    """Where the turn stands."""
     mode: str | None
+    """The authoritative mode after this turn (the requested or default one until the turn ran); clients
+    send it back on their next turn."""
     mode_changes: list[ModeChange] = Field(default_factory=list)
+    """The mode changes the model made during the turn, in order."""
     output_text: str | None = None
+    """The final assistant text, or null (not finished, failed, or waiting for client tools)."""
     pending_tool_calls: list[PendingToolCall] = Field(default_factory=list)
+    """When `status` is `requires_client_tools`: the client tool calls to run and post results for."""
     error: ErrorInfo | None = None
+    """What went wrong when `status` is `failed` (or `cancelled`), else null."""
     usage: Usage = Field(default_factory=Usage)
+    """The turn's model calls and tokens."""
     created_at: datetime
+    """When the turn was created (ISO 8601, UTC)."""
     completed_at: datetime | None = None
-
-
-class ErrorBody(BaseModel):
-    """The one error body of the HTTP API: ``{"error": {"code", "message", "details"}}``."""
-
-    class Detail(BaseModel):
-        code: str
-        message: str
-        details: Any = None
-
-    error: Detail
+    """When the turn finished (ISO 8601, UTC), or null."""

@@ -92,9 +92,27 @@ class RedisStateStore:
         self._pop_due = client.register_script(_POP_DUE)
 
     @classmethod
-    def from_url(cls, url: str, *, max_events: int = 10000) -> RedisStateStore:
-        """A store on a new connection pool to ``url``."""
-        client = redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5)
+    def from_url(cls, url: str, *, max_connections: int = 100, max_events: int = 10000) -> RedisStateStore:
+        """A store on a new connection pool to ``url``.
+
+        Args:
+            url: the Redis URL.
+            max_connections: the most connections the pool opens (``APTIX_REDIS_MAX_CONNECTIONS``).
+                Past it a command waits up to 10 s for a free one, then raises
+                ``redis.ConnectionError`` (a step's "later"): an unbounded pool would open one
+                connection per greenlet of a 2,000-slot ``llm`` worker.
+            max_events: about how many events a turn's event log keeps (``APTIX_EVENTS_MAX_PER_TURN``).
+        """
+        pool = redis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=10,
+            health_check_interval=30,
+            socket_timeout=10,
+            socket_connect_timeout=5,
+        )
+        client = redis.Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True
         return cls(client, max_events=max_events)
 
     def load(self, turn_id: str) -> TurnState | None:

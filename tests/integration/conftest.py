@@ -17,6 +17,7 @@ from scripted_llm import ScriptedServer
 from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
+from tests.support.flower import Flower, start_flower
 from tests.support.stack import LocalStack
 
 TEST_TOOLS = [
@@ -184,6 +185,7 @@ def system(
     try:
         yield running
     finally:
+        running.http.close()  # an idle pooled connection left open is a ResourceWarning at exit
         stack.stop_all()
 
 
@@ -237,3 +239,18 @@ def task_events(system: System) -> Iterator[TaskEventRecorder]:
     recorder.start()
     yield recorder
     recorder.stop()
+
+
+@pytest.fixture(scope="session")
+def flower(system: System) -> Iterator[Flower]:
+    """Real Flower on the running system, as the README starts it (password and history bound from
+    its environment); stopped at the end of the run."""
+    import uuid
+
+    def probe() -> str:
+        turn = system.run_turn({"input": f"flower probe {uuid.uuid4().hex}"})
+        return str(turn["turn_id"])
+
+    running = start_flower(system.stack, password=uuid.uuid4().hex, probe=probe)
+    yield running
+    system.stack.stop([running.process])

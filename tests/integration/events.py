@@ -6,6 +6,7 @@ broadcast) when it starts and again every second, for workers that start later.
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 from typing import Any
@@ -14,7 +15,7 @@ from celery import Celery
 
 
 class TaskEventRecorder:
-    """Collects task-received/succeeded/failed events in a background thread."""
+    """Collects task events (received, started, succeeded, failed, ...) in a background thread."""
 
     def __init__(self, broker_url: str) -> None:
         self._app = Celery("aptix-test-events", broker=broker_url, set_as_current=False)
@@ -63,6 +64,33 @@ class TaskEventRecorder:
             and e["uuid"] in received
             and turn_id in str(received[e["uuid"]].get("args", ""))
         ]
+
+    def succeeded_hops(self, turn_id: str) -> list[str]:
+        """Names of the tasks that succeeded for ``turn_id``, one per hop of the chain, in order.
+
+        A step sent again later (a retry: the same round and hop, the next attempt) counts once, so
+        what is left is the chain's hops whatever the retries.
+        """
+        events = self.events()
+        received = {e["uuid"]: e for e in events if e["type"] == "task-received"}
+        hops: dict[tuple[int, int], str] = {}
+        for event in events:
+            task = received.get(event["uuid"]) if event["type"] == "task-succeeded" else None
+            if task is None or turn_id not in str(task.get("args", "")):
+                continue
+            (envelope,) = ast.literal_eval(str(task["args"]))
+            hops.setdefault((int(envelope.get("round", 0)), int(envelope.get("hop", 0))), str(task.get("name")))
+        return [hops[key] for key in sorted(hops)]
+
+    def task_events(self, turn_id: str) -> dict[str, list[dict[str, Any]]]:
+        """Every event of each task of ``turn_id`` so far, by task id, in the order they arrived."""
+        events = self.events()
+        ours = {e["uuid"] for e in events if e["type"] == "task-received" and turn_id in str(e.get("args", ""))}
+        tasks: dict[str, list[dict[str, Any]]] = {task_id: [] for task_id in ours}
+        for event in events:
+            if event.get("uuid") in tasks:
+                tasks[event["uuid"]].append(event)
+        return tasks
 
     def _keep_enabling(self) -> None:
         while not (self._receiver is not None and self._receiver.should_stop):

@@ -30,13 +30,14 @@ class LocalStack(ProcessGroup):
         pool: str | None = "threads",
         concurrency: int | None = 4,
         timeout: float = 60.0,
+        env: dict[str, str] | None = None,
     ) -> ManagedProcess:
         """Start ``aptix worker`` as node ``name@<host>`` and wait until it is ready.
 
         With ``pool=None`` it gets no ``--pool`` (nor ``--concurrency``): one Celery worker per queue
         group, each on its own pool (``aptix_cli.worker_group``), named ``<group>.name@<host>``; it
         is ready when all of them are. It serves its metrics on a free port of its own
-        (:attr:`metrics_urls`).
+        (:attr:`metrics_urls`). ``env`` overrides the stack's environment for this worker.
 
         Raises:
             RuntimeError: it exited or was not ready in time (with its log).
@@ -49,6 +50,6 @@ class LocalStack(ProcessGroup):
         processes = 1 if pool is not None else len(plan(queues))
         port = free_port()
         self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
-        process = self.start(name, argv, {"APTIX_WORKER_METRICS_PORT": str(port)})
+        process = self.start(name, argv, {"APTIX_WORKER_METRICS_PORT": str(port), **(env or {})})
         wait_until([process], lambda: process.log().count("ready.") >= processes, timeout)
         return process

@@ -40,3 +40,11 @@ def count_run(key: str) -> str:
     with open(os.environ["APTIX_CHAOS_TOOL_LOG"], "a", encoding="utf-8") as log:
         log.write(key + "\n")
     return f"ran {key}"
+
+
+def hold(key: str) -> str:
+    """Block until the test releases ``key`` (pushes to ``aptix:test:release:<key>``), 120 s at most:
+    a handler that hangs, for the worker health tests."""
+    client = redis.Redis.from_url(os.environ["APTIX_REDIS_URL"])
+    client.blpop([f"aptix:test:release:{key}"], timeout=120)
+    return f"released {key}"

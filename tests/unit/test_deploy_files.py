@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aptix_cli.worker_group import plan
+from aptix_cli.worker_group import node_name, plan
 from shared.settings import known_variables
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,11 @@ K8S_FILES = {
     "flower.yaml",
     "availability.yaml",
     "network-policies.yaml",
+    "autoscaling.yaml",
 }
+CRD_KINDS = {"ScaledObject"}
+"""KEDA's kinds: kubernetes-validate does not know them; tests/unit/test_deploy_scaling.py checks them
+against KEDA's CRD schema."""
 
 # shared/API.md, "Configuration (environment variables)": the contract says these never change name.
 DOCUMENTED_ENV = {
@@ -128,8 +132,15 @@ def test_k8s_manifests_are_all_there() -> None:
     assert {p.name for p in _k8s_manifests()} == K8S_FILES
 
 
+def _core_manifests() -> list[Path]:
+    """The manifests of Kubernetes' own kinds (a file that mixes in a CRD kind stays in, and fails)."""
+    return [
+        p for p in _k8s_manifests() if not {d["kind"] for d in yaml.safe_load_all(p.read_text()) if d} <= CRD_KINDS
+    ]
+
+
 def test_k8s_manifests_validate_strictly() -> None:
-    paths = _k8s_manifests()
+    paths = _core_manifests()
     result = _validate_k8s(paths)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -231,6 +242,8 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         for count in ("--concurrency", "--processes"):
             if count in options:
                 assert int(options[count]) > 0, f"{where}: {argv}"
+        # A node name per host (%h: the container's or pod's hostname), or Flower shows one worker
+        assert "%h" in options.get("--hostname", ""), f"{where}: name the worker with --hostname <name>@%h: {argv}"
         return "worker", options
     if argv == ["aptix", "db", "upgrade"]:
         return "migrate", {}
@@ -242,11 +255,12 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         return "scripted-llm", _options(argv[3:], where)
     if argv[0] == "celery" and "flower" in argv:
         at = argv.index("flower")
-        global_options = _options(argv[1:at], where)
-        assert set(global_options) == {"--broker"}, f"{where}: Flower needs only the broker: {argv}"
+        assert argv[1:at] == ["-A", "workers.app:celery_app"], f"{where}: Flower runs the project's app: {argv}"
         options = _options(argv[at + 1 :], where)
         # Its password comes from FLOWER_BASIC_AUTH in its environment (checked per file), never argv.
         assert "--basic-auth" not in options, f"{where}: the password would show in `ps`: {argv}"
+        # The task list shows each task's args: the envelope, with the turn id
+        assert "args" in options.get("--tasks_columns", "").split(","), f"{where}: show the args column: {argv}"
         return "flower", options
     raise AssertionError(f"{where}: {argv} is not a process documented in shared/API.md")
 
@@ -551,3 +565,39 @@ def test_locks_pin_every_dependency_with_hashes() -> None:
         text = (REPO / "requirements" / lock).read_text()
         assert not re.findall(r"^[A-Za-z0-9_.\-]+\s*(>=|<=|~=|>|<)", text, re.M), f"{lock}: only exact pins"
         assert len(re.findall(r"^[A-Za-z0-9_.\-]+==", text, re.M)) <= text.count("--hash=sha256:"), lock
+
+
+# Flower: every worker named apart, every Flower command with the turn id in its task list
+
+
+def test_every_worker_command_names_each_of_its_processes_apart_in_every_deploy_file_and_readme() -> None:
+    commands = {
+        "docker-compose.yml": [(name, svc["command"]) for name, svc in _our_services().items()],
+        "deploy/k8s": [(where, c["command"]) for where, pod in _pod_specs() for c in pod["containers"]],
+        "README.md": _readme_commands(REPO / "README.md"),
+        "deploy/README.md": _readme_commands(REPO / "deploy" / "README.md"),
+    }
+    for source, found in commands.items():
+        names: list[str] = []
+        for where, command in found:
+            kind, options = _process(command, f"{source} {where}")  # a worker's --hostname has %h
+            if kind == "worker":
+                concurrency = int(options["--concurrency"]) if "--concurrency" in options else None
+                processes = int(options["--processes"]) if "--processes" in options else None
+                queues = options.get("--queues", "pipeline,llm,tools")
+                specs = plan(queues, options.get("--pool"), concurrency, processes)
+                names += [node_name(s, options["--hostname"], pid=1, grouped=len(specs) > 1) for s in specs]
+        # Then no two worker processes of one deployment share a Celery node name on a host
+        assert len(names) == len(set(names)), f"{source}: {names}"
+    assert any(kind == "flower" for kind, _ in (_process(c, w) for w, c in commands["README.md"]))
+
+
+def _readme_commands(path: Path) -> list[tuple[str, str]]:
+    """The ``aptix worker`` and ``celery`` commands of a README's shell code blocks, as typed."""
+    commands = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", path.read_text(), flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = re.sub(r"\s+#.*$", "", line).strip().removesuffix("&").strip()
+            if command.startswith(("aptix worker", "celery ")):
+                commands.append((f"{path.name}: {command}", command))
+    return commands

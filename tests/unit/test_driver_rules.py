@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from shared.errors import LlmError
+from shared.errors import LlmError, TurnFailed
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode
@@ -220,11 +220,82 @@ def test_step_that_meets_an_infrastructure_error_runs_again_later() -> None:
 
 def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stranding_it() -> None:
     ctx = replace(make_context(), store=_BeginFails())
-    assert run_step(ctx, record_turn(ctx)) is None
+    # The turn is recorded failed and there is nothing to send: the driver raises for the task to report
+    with pytest.raises(TurnFailed) as raised:
+        run_step(ctx, record_turn(ctx))
+    assert raised.value.code == ErrorCode.INTERNAL_ERROR.value
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__, "the bug's traceback is logged"
     row = ctx.turns.get(TURN_ID)
     assert row is not None
     assert row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value
+
+
+# What the task reports (Flower shows a task whose step failed its turn as failed)
+
+
+def test_step_that_fails_the_turn_says_so_with_the_message_that_persists_the_failure() -> None:
+    ctx = make_context(FakeLlm(LlmError("bad request: model not found", status_code=400)))
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    dispatch = run_step(ctx, llm_step)
+    assert dispatch is not None and dispatch.envelope.step is StepName.PERSIST
+    assert dispatch.failed is not None and dispatch.failed.code is ErrorCode.LLM_ERROR
+    # The persist that records the failure succeeds: only the step that failed the turn reports it
+    assert run_step(ctx, dispatch.envelope) is None
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.error is not None
+    assert row.status == TurnStatus.FAILED.value and row.error["code"] == ErrorCode.LLM_ERROR.value
+    assert row.error["message"] == dispatch.failed.message
+
+
+def test_no_message_of_a_turn_that_completes_says_the_turn_failed() -> None:
+    ctx = make_context(FakeLlm(answer("fine")))
+    sent = drive(ctx, record_turn(ctx))
+    assert [d.envelope.step for d in sent][-1] is StepName.PERSIST
+    assert [d.failed for d in sent] == [None] * len(sent)
+
+
+def test_entry_step_that_fails_the_turn_ends_its_task_with_the_failure() -> None:
+    # Given a follow-up turn whose session does not exist (session_restorer runs inline in the entry task)
+    ctx = make_context(FakeLlm(answer("never")))
+    dispatch = run_step(ctx, record_turn(ctx, new_session=False))
+    assert dispatch is not None and dispatch.envelope.step is StepName.PERSIST
+    assert dispatch.failed is not None and dispatch.failed.code is ErrorCode.SESSION_NOT_FOUND
+
+
+def test_persist_that_raises_fails_the_turn_in_a_message_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a persist that raises once (a bug), which would otherwise run again inline in its own task
+    real = STEP_MAP[StepName.PERSIST]
+    raised: list[bool] = []
+
+    def persist_once_broken(ctx: StepContext, env: TurnEnvelope, state: Any) -> Any:
+        if not raised:
+            raised.append(True)
+            raise ValueError("a bug in persist")
+        return real.run(ctx, env, state)
+
+    monkeypatch.setitem(STEP_MAP, StepName.PERSIST, replace(real, run=persist_once_broken))
+    ctx = make_context(FakeLlm(answer("x")))
+    persist_step = drive(ctx, record_turn(ctx), until=StepName.PERSIST)[-1].envelope
+    # When it runs, the failure is reported by this task, and the retry of persist is a message of its own
+    dispatch = run_step(ctx, persist_step)
+    assert dispatch is not None and dispatch.envelope.step is StepName.PERSIST
+    assert dispatch.envelope.step_key != persist_step.step_key
+    assert dispatch.failed is not None and dispatch.failed.code is ErrorCode.INTERNAL_ERROR
+    assert run_step(ctx, dispatch.envelope) is None
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == TurnStatus.FAILED.value
+
+
+def test_turn_failed_carries_only_the_code_and_a_bounded_message_and_survives_pickling() -> None:
+    import pickle
+
+    error = TurnFailed(ErrorCode.TOOL_FAILED.value, "x" * 1000)
+    copy = pickle.loads(pickle.dumps(error))  # a prefork child sends it to its parent this way
+    assert (copy.code, copy.message) == (error.code, error.message)
+    assert copy.args == (ErrorCode.TOOL_FAILED.value, error.message)
+    assert len(error.message) == TurnFailed.MESSAGE_LIMIT and error.message.endswith("…")
+    assert str(TurnFailed("llm_error", "no")) == "llm_error: no"
 
 
 class _BeginFails(MemoryStateStore):

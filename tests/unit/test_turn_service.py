@@ -32,7 +32,7 @@ from shared.db.batches import BatchRepository
 from shared.db.sessions import SessionRepository
 from shared.db.tables import Base
 from shared.db.turns import TurnOutcome, TurnRepository
-from shared.models.batch import BatchRequest
+from shared.models.batch import BatchRequest, BatchTurnRequest
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import PendingToolCall, ToolResult, ToolResultsRequest, TurnRequest, TurnStatus, Usage
 from shared.modes import load_catalog
@@ -394,7 +394,7 @@ def test_record_frees_a_session_whose_paused_turn_is_overdue(gateway: Gateway) -
 
 
 def test_batch_record_queues_every_request_at_batch_priority(gateway: Gateway) -> None:
-    body = BatchRequest(requests=[TurnRequest(input="a"), TurnRequest(input="b")])
+    body = BatchRequest(requests=[BatchTurnRequest(input="a"), BatchTurnRequest(input="b")])
 
     batch = gateway.batches.record(body, org_id=ORG, user_id=USER)
 
@@ -404,7 +404,7 @@ def test_batch_record_queues_every_request_at_batch_priority(gateway: Gateway) -
 
 
 def test_batch_record_refuses_more_requests_than_the_limit(gateway: Gateway) -> None:
-    body = BatchRequest(requests=[TurnRequest(input=str(index)) for index in range(4)])
+    body = BatchRequest(requests=[BatchTurnRequest(input=str(index)) for index in range(4)])
 
     with pytest.raises(InvalidRequest):
         gateway.batches.record(body, org_id=ORG, user_id=USER)
@@ -416,7 +416,7 @@ def test_batch_record_records_nothing_when_the_broker_refuses(gateway: Gateway) 
     gateway.publisher.refuse = OSError("connection refused")
 
     with pytest.raises(Unavailable) as refused:
-        gateway.batches.record(BatchRequest(requests=[TurnRequest(input="a")]), org_id=ORG, user_id=USER)
+        gateway.batches.record(BatchRequest(requests=[BatchTurnRequest(input="a")]), org_id=ORG, user_id=USER)
 
     assert refused.value.message.endswith("the batch was not accepted")
     assert gateway.accepted("batch") == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aptix_cli.worker_group import WorkerSpec, plan
+from aptix_cli.worker_group import WorkerSpec, node_name, plan
 
 
 def test_no_flags_give_a_pipeline_process_and_an_llm_process_each_on_its_pool() -> None:
@@ -48,3 +48,21 @@ def test_bad_flags_are_refused_with_a_reason(queues: str, concurrency: int | Non
         plan(queues, concurrency=concurrency)
     with pytest.raises(ValueError, match="--processes"):
         plan("pipeline", processes=0)
+
+
+def test_every_process_of_aptix_worker_gets_its_own_node_name_with_or_without_hostname() -> None:
+    specs = plan("pipeline,llm,tools", processes=2)
+    for hostname in (None, "w@%h"):
+        names = [node_name(spec, hostname, pid=41, grouped=True) for spec in specs]
+        assert len(set(names)) == len(specs) == 3, names
+    assert [node_name(spec, None, pid=41, grouped=True) for spec in specs] == [
+        "pipeline1.41@%h", "pipeline2.41@%h", "llm.41@%h"
+    ]  # fmt: skip
+
+
+def test_lone_worker_is_never_named_celery_at_host_when_given_no_hostname() -> None:
+    [spec] = plan("llm")
+    # Two `aptix worker --queues llm` on one host: distinct names (their pids differ), not celery@<host>
+    assert node_name(spec, None, pid=41, grouped=False) == "llm.41@%h"
+    assert node_name(spec, None, pid=41, grouped=False) != node_name(spec, None, pid=42, grouped=False)
+    assert node_name(spec, "llm@%h", pid=41, grouped=False) == "llm@%h"

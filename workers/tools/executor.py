@@ -76,6 +76,11 @@ class ToolExecutor:
         self._lock = threading.Lock()
 
     @property
+    def max_threads(self) -> int:
+        """The pool's threads (``APTIX_TOOL_THREADS``)."""
+        return self._max_threads
+
+    @property
     def overrunning(self) -> int:
         """Handlers that overran their timeout and still hold their thread."""
         with self._lock:

@@ -22,7 +22,8 @@ def _online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_db_engine(context.config.get_main_option("sqlalchemy.url") or "")
+    url = context.config.get_main_option("sqlalchemy.url") or ""
+    engine = create_db_engine(url, pool_size=1, max_overflow=0, application_name="aptix-migration")
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()

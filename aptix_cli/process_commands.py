@@ -1,0 +1,266 @@
+"""The process commands of the public contract: ``aptix gateway``, ``worker``, ``worker-health``,
+``reconciler`` and ``db upgrade|wait`` (``aptix_cli.main`` parses their arguments).
+
+Imports are deferred into each command: ``aptix worker --pool gevent`` must let gevent patch the
+standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound work").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aptix_cli.metrics_export import MultiProcessListener
+
+__all__ = ["db_upgrade", "db_wait", "gateway", "reconciler", "warn_unknown_variables", "worker", "worker_health"]
+
+
+def warn_unknown_variables(command: str) -> None:
+    # Settings ignore what they do not know; say so at start, so a misspelled setting is seen.
+    from shared.settings import unknown_variables
+
+    for message in unknown_variables(os.environ):
+        sys.stderr.write(f"aptix {command}: warning: {message}\n")
+
+
+def gateway(args: argparse.Namespace) -> int:
+    from api_gateway.app import create_app
+    from api_gateway.server import serve
+    from shared.logging import configure_logging
+    from shared.redaction import secrets_in
+    from shared.settings import get_settings, placeholder_api_keys
+
+    warn_unknown_variables("gateway")
+    placeholders = placeholder_api_keys(get_settings())
+    if placeholders:
+        sys.stderr.write(
+            f"aptix gateway: APTIX_API_KEYS holds {len(placeholders)} published default or placeholder key(s) "
+            "(dev-key, CHANGE-ME...), which anyone who read the docs can use; set your own keys, "
+            "e.g. APTIX_API_KEYS=\"$(openssl rand -hex 24):my-org:me\" (`aptix dev` makes one for you)\n"
+        )
+        return 2
+    settings = get_settings()
+    configure_logging(secrets=secrets_in(settings))
+    # + a Redis connection per event stream, + database, Redis, broker
+    _allow_open_files(settings.http_max_connections + settings.events_max_streams + 256, command="gateway")
+    serve(create_app(settings), settings, host=args.host, port=args.port)
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    from aptix_cli.worker_group import node_name, plan, run_group
+
+    try:
+        specs = plan(args.queues, args.pool, args.concurrency, args.processes)
+    except ValueError as exc:
+        sys.stderr.write(f"aptix worker: {exc}\n")
+        return 2
+    from aptix_cli.worker_health import prepare_heartbeats
+
+    if len(specs) > 1:
+        if not prepare_heartbeats([spec.group for spec in specs]):
+            return 2
+        listener = _worker_metrics_listener("worker")
+        try:
+            return run_group(
+                specs,
+                hostname=args.hostname,
+                loglevel=args.loglevel,
+                reconciler=not args.no_reconciler,
+                metrics_dir=None if listener is None else listener.directory,
+            )
+        finally:
+            if listener is not None:
+                listener.stop()
+    spec = specs[0]
+    _allow_open_files(spec.concurrency + 512, command="worker")
+    if spec.pool == "gevent":
+        from gevent import monkey
+
+        monkey.patch_all()  # before psycopg and httpx are imported (FIELD-NOTES: the import-order trap)
+    if args.metrics_dir:  # one process of a group: the group's parent serves the metrics
+        from aptix_cli.metrics_dir import MULTIPROC_ENV
+
+        os.environ[MULTIPROC_ENV] = args.metrics_dir
+        listener = None
+    else:
+        listener = _worker_metrics_listener("worker")
+    import logging
+
+    from shared.logging import configure_logging
+    from shared.redaction import secrets_in
+    from shared.settings import get_settings
+    from workers.app import create_celery
+    from workers.liveness import limit_warnings
+
+    warn_unknown_variables("worker")
+    for message in limit_warnings(get_settings()):
+        sys.stderr.write(f"aptix worker: warning: {message}\n")
+    if args.heartbeat_name is None and not prepare_heartbeats([spec.group]):  # else `aptix worker` did
+        return 2
+    configure_logging(args.loglevel, secrets=secrets_in(get_settings()))
+    if args.loglevel.upper() != "DEBUG":
+        # Celery logs two INFO lines per task ("received", "succeeded"): ~4 % of a worker's CPU and
+        # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
+        for name in ("celery.worker.strategy", "celery.app.trace"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    app = create_celery(
+        get_settings(), reconciler=not args.no_reconciler, heartbeat=args.heartbeat_name or spec.group
+    )
+    argv = ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
+    argv += ["--loglevel", args.loglevel, "--without-gossip"]
+    argv += ["-n", node_name(spec, args.hostname, pid=os.getpid(), grouped=False)]
+    try:
+        app.worker_main(argv)
+    finally:
+        if listener is not None:
+            listener.stop()
+    return 0
+
+
+def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
+    """Count metrics in a fresh directory and serve them on ``APTIX_WORKER_METRICS_PORT`` (None when 0).
+
+    Runs before anything imports prometheus_client (``aptix_cli.metrics_dir``). A port that cannot be
+    bound stops the command with a message when ``APTIX_WORKER_METRICS_PORT`` chose it; the default
+    port taken (a second ``aptix worker``, or ``aptix reconciler``, on the same host) only costs this
+    process its metrics page, with a warning, so that following the README never fails to start.
+    """
+    from aptix_cli.metrics_dir import prepare_directory
+    from shared.settings import get_settings
+
+    settings = get_settings()
+    host, port = settings.worker_metrics_host, settings.worker_metrics_port
+    if port == 0:
+        return None
+    directory = prepare_directory()
+    from aptix_cli.metrics_export import MultiProcessListener
+
+    listener = MultiProcessListener(directory, host=host, port=port)
+    try:
+        listener.start()
+    except OSError as exc:
+        problem = f"aptix {command}: cannot serve metrics on {host}:{port} ({exc.strerror or exc})"
+        if "worker_metrics_port" in settings.model_fields_set:
+            listener.stop()
+            raise SystemExit(
+                f"{problem}; give each worker on this host its own APTIX_WORKER_METRICS_PORT, or 0 to serve none"
+            ) from exc
+        # prometheus_client already counts in the directory: keep it (the next start of a worker on
+        # this host removes it once this process is gone), and serve nothing.
+        sys.stderr.write(
+            f"{problem}: serving no metrics (the default port is taken on this host; set "
+            "APTIX_WORKER_METRICS_PORT to give this process a port of its own)\n"
+        )
+        return None
+    sys.stderr.write(f"aptix {command}: metrics on http://{host}:{port}/metrics\n")
+    return listener
+
+
+def worker_health(_args: argparse.Namespace) -> int:
+    from aptix_cli.worker_health import check_this_host
+
+    return check_this_host()
+
+
+def _allow_open_files(needed: int, *, command: str) -> None:
+    """Raise the soft limit on open files towards ``needed`` (each model call in flight, each client
+    connection is a socket; processes often start with a soft limit of 1,024 under a far higher hard limit)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < needed:
+            sys.stderr.write(f"aptix {command}: at most {target} open files (hard limit); {needed} wanted\n")
+
+
+def reconciler(args: argparse.Namespace) -> int:
+    import signal
+    import socket
+    import threading
+
+    listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
+    from shared.broker import create_producer, send_step
+    from shared.db import session_factory
+    from shared.db.engine import ProcessKind, engine_for
+    from shared.db.turns import TurnRepository
+    from shared.logging import configure_logging
+    from shared.models.envelope import TurnEnvelope
+    from shared.redaction import secrets_in
+    from shared.settings import get_settings
+    from shared.state import RedisStateStore
+    from workers.dispatcher import Dispatcher
+    from workers.metrics import WorkerMetrics
+    from workers.runtime import build_reconciler
+
+    warn_unknown_variables("reconciler")
+    settings = get_settings()
+    configure_logging(args.loglevel, secrets=secrets_in(settings))
+    producer = create_producer(settings)
+
+    def send(envelope: TurnEnvelope, countdown: float) -> None:
+        send_step(producer, envelope, countdown=countdown)
+
+    store = RedisStateStore.from_url(settings.redis_url, max_connections=settings.redis_max_connections)
+    owner = f"reconciler@{socket.gethostname()}:{os.getpid()}"
+    reconciler = build_reconciler(
+        settings,
+        turns=TurnRepository(session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))),
+        store=store,
+        dispatcher=Dispatcher.for_settings(send, store, settings),
+        owner=owner,
+        metrics=WorkerMetrics(),
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    sys.stderr.write(f"aptix reconciler running (scan every {settings.reconciler_interval_seconds:g}s); ready.\n")
+    sys.stderr.flush()
+    try:
+        reconciler.run(stop)
+    finally:
+        if listener is not None:
+            listener.stop()
+    return 0
+
+
+def db_wait(args: argparse.Namespace) -> int:
+    import time
+
+    from shared.db.engine import ProcessKind, engine_for
+    from shared.db.migrate import head_revision, schema_revision
+    from shared.settings import get_settings
+
+    warn_unknown_variables("db wait")
+    engine = engine_for(get_settings(), ProcessKind.MIGRATION)
+    required = head_revision()
+    deadline = time.monotonic() + args.timeout
+    revision: str | None = None
+    while True:
+        try:
+            revision = schema_revision(engine)
+            if revision == required:
+                sys.stdout.write(f"database schema at {required}\n")
+                return 0
+            reason = f"schema at {revision or 'nothing (never migrated)'}, {required} needed"
+        except Exception as exc:  # the database is not up yet: keep waiting
+            reason = f"database not answering ({type(exc).__name__})"
+        if time.monotonic() >= deadline:
+            sys.stderr.write(f"aptix db wait: gave up after {args.timeout:g}s: {reason}; run `aptix db upgrade`\n")
+            return 1
+        time.sleep(1.0)
+
+
+def db_upgrade(args: argparse.Namespace) -> int:
+    from shared.db.migrate import upgrade
+    from shared.settings import get_settings
+
+    warn_unknown_variables("db upgrade")
+    upgrade(get_settings().database_url, args.revision)
+    sys.stdout.write(f"database migrated to {args.revision}\n")
+    return 0
