@@ -18,7 +18,7 @@ from api_gateway.docs import install_docs
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
 from api_gateway.openapi import install_openapi
-from api_gateway.routes import batches, health, sessions, turn_actions, turns, webhooks
+from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.state import connect_gateway
@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await sweeper
             if listener is not None:
                 listener.stop()
+            await gateway.event_streams.close()
 
     # redirect_slashes=False: Starlette builds the redirect for "/v1/turns/" from the Host header,
     # before authentication (an open redirect); a wrong path is a 404 like any other.
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(turns.router)
     app.include_router(turn_actions.router)
+    app.include_router(turn_events.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
     app.include_router(webhooks.router)

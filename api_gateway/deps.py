@@ -1,4 +1,5 @@
-"""Route dependencies: the gateway state, the authenticated caller, ids and the long-poll, as Annotated aliases.
+"""Route dependencies: the gateway state, the authenticated caller, ids, the long-poll and the stream flag,
+as Annotated aliases.
 
 ``AuthenticatedRoute`` is the route class of every router whose routes take a ``Caller``: it checks
 the key before FastAPI reads the body, so a request without a valid key is a 401 whatever its body.
@@ -23,7 +24,7 @@ from api_gateway.state import GatewayState
 from shared import strict_json
 from shared.settings import ApiKey
 
-__all__ = ["AuthenticatedRoute", "BatchId", "Caller", "Gateway", "SessionId", "TurnId", "WaitSeconds"]
+__all__ = ["AuthenticatedRoute", "BatchId", "Caller", "Gateway", "SessionId", "StreamFlag", "TurnId", "WaitSeconds"]
 
 _BEARER = HTTPBearer(
     scheme_name="bearerAuth",
@@ -114,3 +115,12 @@ WaitSeconds = Annotated[
 TurnId = Annotated[str, Path(description="The turn's id (`turn_…`); another organisation's turn is 404.")]
 SessionId = Annotated[str, Path(description="The session's id (`sess_…`); another organisation's session is 404.")]
 BatchId = Annotated[str, Path(description="The batch's id (`batch_…`); another organisation's batch is 404.")]
+StreamFlag = Annotated[
+    bool,
+    Query(
+        description=(
+            "Answer 200 with the turn's events as they happen (`text/event-stream`, as "
+            "`GET /v1/turns/{turn_id}/events`) instead; not with `wait`."
+        )
+    ),
+]

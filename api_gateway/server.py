@@ -42,7 +42,9 @@ from api_gateway.errors import error_response
 from api_gateway.security_headers import SECURITY_HEADERS
 from shared.settings import Settings
 
-__all__ = ["BACKLOG", "MAX_HEAD_BYTES", "ConnectionLimits", "GuardedH11Protocol", "serve", "server_config"]
+__all__ = [
+    "BACKLOG", "DRAIN_SECONDS", "MAX_HEAD_BYTES", "ConnectionLimits", "GuardedH11Protocol", "serve", "server_config",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ BACKLOG = 2048
 """Connections the kernel queues before the gateway accepts them (capped by ``net.core.somaxconn``)."""
 MAX_HEAD_BYTES = 16 * 1024
 """Largest request line plus headers; a longer one is answered 400 (h11's incomplete-event limit)."""
+DRAIN_SECONDS = 65
+"""How long a stopping gateway lets requests in progress finish before it cuts them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,10 @@ def server_config(app: ASGIApp, settings: Settings, *, host: str, port: int) -> 
         timeout_keep_alive=settings.http_keepalive_seconds,
         backlog=BACKLOG,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        # On SIGTERM, requests in progress may finish for this long (a long-poll takes at most 60 s);
+        # then what still runs (event streams, which last as long as their turns) is cut, and their
+        # clients resume on another replica with Last-Event-ID. Inside the Deployment's 75 s grace.
+        timeout_graceful_shutdown=DRAIN_SECONDS,
         log_level="warning",
         # Our logging, not uvicorn's (log_config=None): its lines in our format; our access line
         # (api_gateway.access_log), not its.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import redis
+import redis.asyncio as aioredis
 from celery import Celery
 from sqlalchemy import Engine
 
@@ -15,6 +16,7 @@ from api_gateway.metrics import GatewayMetrics
 from api_gateway.services import (
     BatchService,
     CeleryPublisher,
+    EventStreams,
     SessionService,
     TurnPublisher,
     TurnService,
@@ -32,6 +34,7 @@ from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore, StateStore
 from shared.webhooks import WebhookConfig
+from shared.turn_events import RedisTurnEventLog, TurnEventLog
 
 __all__ = ["GatewayState", "connect_gateway", "utc_now"]
 
@@ -59,12 +62,16 @@ class GatewayState:
     redis: redis.Redis
     store: StateStore
     """The turn state store (cancel flags, in-flight markers, live traces), one for the process."""
+    events: TurnEventLog
+    """The turns' event logs (Redis Streams): the gateway appends ``turn.cancelled`` to them."""
     clock: Callable[[], datetime]
     metrics: GatewayMetrics
     turn_service: TurnService
     batch_service: BatchService
     session_service: SessionService
     webhook_service: WebhookService
+    event_streams: EventStreams
+    """Serves turns' events as Server-Sent Events (an asyncio Redis connection per stream)."""
 
 
 def utc_now() -> datetime:
@@ -94,7 +101,8 @@ def connect_gateway(settings: Settings) -> GatewayState:
     webhook_service = WebhookService(
         config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches
     )
-    store = RedisStateStore(client)
+    store = RedisStateStore(client, max_events=settings.events_max_per_turn)
+    events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
     turn_service = TurnService(
         settings=settings,
@@ -102,10 +110,26 @@ def connect_gateway(settings: Settings) -> GatewayState:
         sessions=sessions,
         catalog=catalog,
         store=store,
+        events=events,
         publisher=publisher,
         clock=utc_now,
         metrics=metrics,
         webhooks=webhook_service,
+    )
+    follower = aioredis.Redis.from_url(
+        settings.redis_url,
+        max_connections=settings.events_max_streams + 16,
+        socket_connect_timeout=2,
+        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
+    )
+    event_streams = EventStreams(
+        client=follower,
+        turns=turn_service,
+        max_streams=settings.events_max_streams,
+        keepalive_seconds=settings.events_keepalive_seconds,
+        ttl_seconds=settings.state_ttl_seconds,
+        max_events=settings.events_max_per_turn,
+        clock=utc_now,
     )
     return GatewayState(
         settings=settings,
@@ -119,6 +143,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         publisher=publisher,
         redis=client,
         store=store,
+        events=events,
         clock=utc_now,
         metrics=metrics,
         turn_service=turn_service,
@@ -131,6 +156,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         ),
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
         webhook_service=webhook_service,
+        event_streams=event_streams,
     )
 
 

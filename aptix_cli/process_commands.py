@@ -59,7 +59,8 @@ def gateway(args: argparse.Namespace) -> int:
             len(placeholders),
         )
         return 2
-    _allow_open_files(settings.http_max_connections + 256, command="gateway")  # + database, Redis, broker
+    # + a Redis connection per event stream, + database, Redis, broker
+    _allow_open_files(settings.http_max_connections + settings.events_max_streams + 256, command="gateway")
     app = create_app(settings)
     host = f"[{args.host}]" if ":" in args.host else args.host
     log_start(settings, f"http://{host}:{args.port}")

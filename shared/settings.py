@@ -175,6 +175,15 @@ class Settings(BaseSettings):
     """Comma-separated seconds to wait before each retry of a failed webhook delivery (with jitter); after
     the last, the delivery is given up. Default: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h (8 attempts over
     about a day and a quarter)."""
+    events_max_per_turn: PositiveInt = 10000
+    """About how many events a turn's event log keeps (Redis ``XADD MAXLEN ~``); the oldest go first, so a
+    client resuming after a trimmed event misses those."""
+    events_max_streams: PositiveInt = 500
+    """Event streams (``GET /v1/turns/{id}/events``, ``?stream=true``) one gateway process serves at once;
+    one more is answered 503. Each holds a client connection and a Redis connection."""
+    events_keepalive_seconds: Annotated[float, Field(gt=0)] = 15.0
+    """An event stream with nothing to send for this long sends a comment line (so proxies keep it open)
+    and checks that the turn has not ended without its event."""
 
     @field_validator("api_keys")
     @classmethod
@@ -216,6 +225,11 @@ class Settings(BaseSettings):
     def effective_broker_url(self) -> str:
         """The broker URL, falling back to the Redis URL."""
         return self.broker_url or self.redis_url
+
+    @property
+    def state_ttl_seconds(self) -> int:
+        """How long Redis keeps a turn's state and event log; past the client-tool timeout the snapshot takes over."""
+        return max(86400, self.client_tool_timeout_seconds + 3600)
 
     @property
     def accepted_api_keys(self) -> dict[str, ApiKey]:

@@ -21,6 +21,7 @@ from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import RedisStateStore, StateStore
+from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.types import LlmResponse
@@ -73,6 +74,8 @@ class StepContext:
     """The worker's settings; steps read their limits and timeouts here."""
     store: StateStore
     """The hot turn state (Redis), with its leases and in-flight markers."""
+    events: TurnEventLog
+    """The turns' event logs (Redis Streams), which clients follow live (``GET /v1/turns/{id}/events``)."""
     sessions: SessionRepository
     """Durable sessions."""
     turns: TurnRepository
@@ -103,7 +106,7 @@ class StepContext:
     @property
     def state_ttl_seconds(self) -> int:
         """How long Redis keeps a turn's state; past the client-tool timeout the snapshot takes over."""
-        return max(86400, self.settings.client_tool_timeout_seconds + 3600)
+        return self.settings.state_ttl_seconds
 
     def deadline(self) -> datetime:
         """The database deadline of a turn that moves now (``APTIX_RECONCILER_DEADLINE_SECONDS`` ahead)."""
@@ -167,10 +170,15 @@ def build_context(
 
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
-    store = RedisStateStore.from_url(settings.redis_url, max_connections=settings.redis_max_connections)
+    store = RedisStateStore.from_url(
+        settings.redis_url, max_connections=settings.redis_max_connections, max_events=settings.events_max_per_turn
+    )
     return StepContext(
         settings=settings,
         store=store,
+        events=RedisTurnEventLog(
+            store.client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
+        ),
         sessions=SessionRepository(db),
         turns=TurnRepository(db, webhooks=webhooks),
         tool_runs=ToolRunRepository(db),

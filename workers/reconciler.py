@@ -50,6 +50,7 @@ from shared.state import StateStore, TurnState
 from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
 from shared.task_names import TASK_QUEUES, StepName, task_name
 from shared.telemetry import turn_span
+from shared.turn_events import TurnEventLog, append_ended
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
@@ -106,6 +107,7 @@ class Reconciler:
         clock: Callable[[], datetime] = utc_now,
         metrics: WorkerMetrics | None = None,
         webhooks: WebhookSweeper | None = None,
+        events: TurnEventLog | None = None,
     ) -> None:
         """Build one copy.
 
@@ -120,6 +122,7 @@ class Reconciler:
             clock: the wall clock.
             metrics: counts scans, re-drives and turns given up on (a private set when None).
             webhooks: sends the due webhook deliveries at each scan; None: no webhooks here.
+            events: the turns' event logs, which get ``turn.failed`` of a turn given up on (none when None).
         """
         self._settings = settings
         self._turns = turns
@@ -131,6 +134,7 @@ class Reconciler:
         self._clock = clock
         self._metrics = metrics or WorkerMetrics()
         self._webhooks = webhooks
+        self._events = events
         self._lead_script = client.register_script(_LEAD)
         self.stats = ReconcilerStats()
 
@@ -270,6 +274,8 @@ class Reconciler:
         )
         if ended is not None:
             self._metrics.count_ended(TurnStatus.FAILED, error)
+            if self._events is not None:
+                append_ended(self._events, ended)
         self._store.forget(turn.turn_id)
         self.stats.db_calls += 1
         self.stats.redis_calls += 1

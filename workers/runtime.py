@@ -23,6 +23,7 @@ from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.settings import Settings
 from shared.state import StateStore
+from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig
 from workers.context import StepContext, build_context, utc_now, worker_engine
 from workers.dispatcher import Dispatcher, SendStep
@@ -211,6 +212,9 @@ def build_reconciler(
         broker_client=broker,
         metrics=metrics,
         webhooks=webhooks,
+        events=RedisTurnEventLog(
+            client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
+        ),
     )
 
 

@@ -12,9 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.deps import AuthenticatedRoute, BatchId, Caller, Gateway
 from api_gateway.openapi import JSON_LINES, error_responses
 from api_gateway.services import BatchService
-from api_gateway.turn_view import to_turn
 from shared.models.batch import Batch, BatchRequest
 from shared.models.turn import Turn
+from shared.turn_view import to_turn
 
 __all__ = ["router"]
 

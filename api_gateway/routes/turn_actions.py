@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, TurnId, WaitSeconds
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
 from api_gateway.openapi import error_responses
-from api_gateway.turn_view import to_turn
+from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
+from api_gateway.services import InvalidRequest
+from shared.db.records import TurnRecord
 from shared.models.trace import TurnTrace
 from shared.models.turn import ToolResultsRequest, Turn, TurnHandle, TurnStatus
+from shared.turn_view import to_turn
 
 __all__ = ["router"]
 
@@ -27,7 +30,14 @@ _NOT_FOUND = {404: "`not_found`: no such turn in the caller's organisation."}
     summary="Post client tool results",
     response_description="The results were accepted; the turn is queued to resume (without `wait`).",
     responses={
-        200: {"model": Turn, "description": "With `wait`: the turn once it left `queued`/`running`, or as it stands."},
+        200: {
+            "model": Turn,
+            "description": (
+                "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true`: the "
+                "events of the round the results start, as `GET /v1/turns/{turn_id}/events` sends them."
+            ),
+            "content": EVENT_STREAM_CONTENT,
+        },
         **error_responses(
             401,
             413,
@@ -39,15 +49,37 @@ _NOT_FOUND = {404: "`not_found`: no such turn in the caller's organisation."}
                     "`turn_not_awaiting_tool_results`: the turn is not in `requires_client_tools` (it never was, "
                     "its results were posted already, or it timed out)."
                 ),
+                422: "Also `stream` with `wait`.",
+                503: STREAMS_FULL,
             },
         ),
     },
 )
 async def post_tool_results(
-    turn_id: TurnId, body: ToolResultsRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None
-) -> JSONResponse:
-    """Client tool outputs: the same turn resumes on any worker."""
+    turn_id: TurnId,
+    body: ToolResultsRequest,
+    caller: Caller,
+    gateway: Gateway,
+    wait: WaitSeconds = None,
+    stream: StreamFlag = False,
+) -> Response:
+    """Client tool outputs: the same turn resumes on any worker.
+
+    With ``?stream=true`` the answer is the events of the round this starts (``text/event-stream``)."""
     service = gateway.turn_service
+    if stream:
+        if wait:
+            raise InvalidRequest(
+                "results are either streamed or waited for: give ?stream or ?wait, not both",
+                [{"loc": ["query", "wait"], "msg": "not with stream", "type": "value_error"}],
+            )
+        streams = gateway.event_streams
+
+        async def start() -> tuple[TurnRecord, str | None]:
+            row = await run_in_threadpool(service.resume, turn_id, body, org_id=caller.org_id)
+            return row, await streams.start_of_round(turn_id, row.round)
+
+        return await streams.stream(start, org_id=caller.org_id)
     row = await run_in_threadpool(service.resume, turn_id, body, org_id=caller.org_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)

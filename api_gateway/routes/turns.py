@@ -1,17 +1,20 @@
-"""``/v1/turns``: start a turn, read it (with long-poll)."""
+"""``/v1/turns``: start a turn (or start it and stream its events), read it (with long-poll)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from api_gateway.access_log import note_turn
-from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, TurnId, WaitSeconds
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
 from api_gateway.openapi import error_responses
+from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
+from api_gateway.services import InvalidRequest
 from api_gateway.telemetry import reserved_turn_id
-from api_gateway.turn_view import to_turn
+from shared.db.records import TurnRecord
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
+from shared.turn_view import to_turn
 
 __all__ = ["router"]
 
@@ -26,7 +29,15 @@ router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=Authenticated
     summary="Start a turn",
     response_description="The turn was recorded and queued (without `wait`).",
     responses={
-        200: {"model": Turn, "description": "With `wait`: the turn once it left `queued`/`running`, or as it stands."},
+        200: {
+            "model": Turn,
+            "description": (
+                "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true` (or "
+                "`\"stream\": true`): the turn's events as they happen, as `GET /v1/turns/{turn_id}/events` sends them "
+                "(the turn's id in `Aptix-Turn-Id`)."
+            ),
+            "content": EVENT_STREAM_CONTENT,
+        },
         **error_responses(
             401,
             413,
@@ -38,19 +49,47 @@ router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=Authenticated
                     "`session_busy`: the session has a turn that is not finished. `idempotency_key_reused`: "
                     "the key was used before with another body."
                 ),
-                422: "Also a client tool named like a server tool, or an unknown `mode` for a new session.",
+                422: (
+                    "Also a client tool named like a server tool, an unknown `mode` for a new session, or `stream` "
+                    "with `wait`."
+                ),
+                503: STREAMS_FULL,
             },
         ),
     },
 )
 async def create_turn(
-    body: TurnRequest, caller: Caller, gateway: Gateway, request: Request, wait: WaitSeconds = None
-) -> JSONResponse:
-    """Start a turn: a new session when ``session_id`` is absent, else a follow-up turn."""
+    body: TurnRequest,
+    caller: Caller,
+    gateway: Gateway,
+    request: Request,
+    wait: WaitSeconds = None,
+    stream: StreamFlag = False,
+) -> Response:
+    """Start a turn: a new session when ``session_id`` is absent, else a follow-up turn.
+
+    With ``?stream=true`` (or ``"stream": true``) the answer is the turn's events as they happen
+    (``text/event-stream``, as ``GET /v1/turns/{turn_id}/events``)."""
     service = gateway.turn_service
-    row = await run_in_threadpool(
-        service.record, body, org_id=caller.org_id, user_id=caller.user_id, turn_id=reserved_turn_id(request)
-    )
+    turn_id = reserved_turn_id(request)
+    if stream or body.stream:
+        if wait:
+            raise InvalidRequest(
+                "a turn is either streamed or waited for: give ?stream or ?wait, not both",
+                [{"loc": ["query", "wait"], "msg": "not with stream", "type": "value_error"}],
+            )
+        streamed = body.model_copy(update={"stream": True})
+
+        async def start() -> tuple[TurnRecord, str | None]:
+            # Run once a stream place is taken: a turn nobody can watch is not recorded.
+            row = await run_in_threadpool(
+                service.record, streamed, org_id=caller.org_id, user_id=caller.user_id, turn_id=turn_id
+            )
+            note_turn(request, row.turn_id, row.session_id)
+            return row, None
+
+        return await gateway.event_streams.stream(start, org_id=caller.org_id)
+    row = await run_in_threadpool(service.record, body, org_id=caller.org_id, user_id=caller.user_id, turn_id=turn_id)
     note_turn(request, row.turn_id, row.session_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)

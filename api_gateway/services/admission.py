@@ -68,8 +68,14 @@ def admit(
         session_id = body.session_id
         if not is_session_id(session_id) or sessions.get(session_id, org_id=org_id) is None:
             raise NotFound("session_not_found", f"session {session_id!r} does not exist")
-    # Without a webhook_url the request (and its idempotency hash) stays what it was before the field existed.
-    request = body.model_dump(mode="json", exclude={"idempotency_key", *(() if body.webhook_url else ("webhook_url",))})
+    # A turn that streams records ``stream: true`` (the workers read it); how the answer is delivered is
+    # not part of what the idempotency key stands for. Without a webhook_url or stream the request (and
+    # its idempotency hash) stays what it was before those fields existed.
+    excluded = {"idempotency_key", "stream", *(() if body.webhook_url else ("webhook_url",))}
+    request = body.model_dump(mode="json", exclude=excluded)
+    request_hash = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    if body.stream:
+        request["stream"] = True
     return NewTurn(
         turn_id=turn_id or new_turn_id(),
         session_id=session_id,
@@ -78,7 +84,7 @@ def admit(
         new_session=new_session,
         requested_mode=body.mode,
         request=request,
-        request_hash=hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest(),
+        request_hash=request_hash,
         idempotency_key=body.idempotency_key,
         batch_id=batch_id,
         batch_index=batch_index,

@@ -12,6 +12,7 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    StrictBool,
     StringConstraints,
     field_validator,
     model_validator,
@@ -224,6 +225,10 @@ class TurnRequest(BaseModel):
     webhook_url: Annotated[str, StringConstraints(max_length=2048), _NUL_FREE] | None = None
     """Where this turn's events (completed, failed, cancelled, paused for client tools) are POSTed,
     signed; else the organisation's default, if any."""
+    stream: StrictBool = False
+    """Answer with the turn's events (`text/event-stream`, as `GET /v1/turns/{turn_id}/events`) instead of a
+    `TurnHandle`, and have the model's text streamed as it is generated; `?stream=true` sets it too. Not part
+    of what an `idempotency_key` stands for."""
 
     @field_validator("input")
     @classmethod

@@ -10,6 +10,7 @@ __all__ = [
     "TIMERS_KEY",
     "cancel_key",
     "claim_key",
+    "events_key",
     "state_key",
     "version_key",
 ]
@@ -52,3 +53,8 @@ def claim_key(turn_id: str, step_key: str) -> str:
 def cancel_key(turn_id: str) -> str:
     """Set when a client cancelled the turn; every step checks it before it runs."""
     return f"{PREFIX}:turn:{turn_id}:cancelled"
+
+
+def events_key(turn_id: str) -> str:
+    """The turn's event log (a Redis Stream, ``shared.turn_events``): what clients watching the turn read."""
+    return f"{PREFIX}:turn:{turn_id}:events"

@@ -24,6 +24,7 @@ from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import MemoryStateStore, TurnState
 from shared.task_names import StepName
+from shared.turn_events import MemoryTurnEventLog
 from workers.context import StepContext, breakers_on, lease_renewer
 from workers.driver import Dispatch, run_step
 from workers.llm.types import FunctionCall, LlmResponse
@@ -73,10 +74,12 @@ def make_context(
     db = session_factory(engine)
     catalog = catalog or _default_catalog()
     resolved = Settings(**settings)
-    store = MemoryStateStore()
+    events = MemoryTurnEventLog()
+    store = MemoryStateStore(events)
     return StepContext(
         settings=resolved,
         store=store,
+        events=events,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),
         tool_runs=ToolRunRepository(db),

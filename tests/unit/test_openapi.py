@@ -22,6 +22,7 @@ OPERATIONS = {
     ("post", "/v1/turns/{turn_id}/tool-results"): ("postToolResults", {200, 202, 401, 404, 409, 413, 422, 503}),
     ("post", "/v1/turns/{turn_id}/cancel"): ("cancelTurn", {200, 401, 404, 409, 503}),
     ("get", "/v1/turns/{turn_id}/trace"): ("getTurnTrace", {200, 401, 404, 503}),
+    ("get", "/v1/turns/{turn_id}/events"): ("getTurnEvents", {200, 401, 404, 422, 503}),
     ("get", "/v1/sessions/{session_id}"): ("getSession", {200, 401, 404, 503}),
     ("get", "/v1/modes"): ("listModes", {200, 401}),
     ("get", "/v1/webhook-deliveries"): ("listWebhookDeliveries", {200, 401, 404, 422, 503}),
