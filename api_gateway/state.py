@@ -80,7 +80,8 @@ def connect_gateway(settings: Settings) -> GatewayState:
     catalog = load_catalog(settings.modes_file)
     producer = create_producer(settings)
     publisher = CeleryPublisher(producer)
-    store = RedisStateStore(client)
+    store = RedisStateStore(client, max_events=settings.events_max_per_turn)
+    events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
     turn_service = TurnService(
         settings=settings,
@@ -88,6 +89,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         sessions=sessions,
         catalog=catalog,
         store=store,
+        events=events,
         publisher=publisher,
         clock=utc_now,
         metrics=metrics,
@@ -104,9 +106,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         publisher=publisher,
         redis=client,
         store=store,
-        events=RedisTurnEventLog(
-            client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
-        ),
+        events=events,
         clock=utc_now,
         metrics=metrics,
         turn_service=turn_service,

@@ -1,7 +1,10 @@
 """Turn events: the ordered log of what happens in a turn, as clients watch it (``GET /v1/turns/{id}/events``).
 
 Workers append events as they happen (trace records, model text deltas, pending client tool calls,
-the final status); any gateway replica replays and follows them. In production the log is a Redis
+the final status); any gateway replica replays and follows them. The events a step's state holds
+(its trace records, its pause or final status) are appended by the state store's save, atomically
+with the state (``shared.state.store``); :meth:`TurnEventLog.append` is for the others (text deltas
+while the model writes, a cancel on the gateway). In production the log is a Redis
 Stream per turn (:class:`RedisTurnEventLog`): ordered ids a client can resume after, a bounded
 length, and the same lifetime as the turn's state. :class:`MemoryTurnEventLog` is the same log in
 one process, for unit tests.
@@ -12,16 +15,45 @@ Appending only writes (``XADD``): a slow reader never holds up the worker that a
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
 
+from shared.db.records import TurnRecord
+from shared.models.turn import TurnStatus
 from shared.state.keys import events_key
+from shared.state.store import event_json
+from shared.turn_view import to_turn, turn_json
 
-__all__ = ["MemoryTurnEventLog", "RedisTurnEventLog", "TurnEvent", "TurnEventLog", "parse_entries"]
+__all__ = [
+    "FINAL_EVENTS",
+    "PAUSE_EVENT",
+    "ROUND_END_EVENTS",
+    "MemoryTurnEventLog",
+    "RedisTurnEventLog",
+    "TurnEvent",
+    "TurnEventLog",
+    "append_ended",
+    "parse_entries",
+]
+
+logger = logging.getLogger(__name__)
+
+PAUSE_EVENT = "turn.requires_client_tools"
+"""Ends a round whose model called client tools; data: the turn, with its ``pending_tool_calls``."""
+ROUND_END_EVENTS: dict[TurnStatus, str] = {
+    TurnStatus.REQUIRES_CLIENT_TOOLS: PAUSE_EVENT,
+    TurnStatus.COMPLETED: "turn.completed",
+    TurnStatus.FAILED: "turn.failed",
+    TurnStatus.CANCELLED: "turn.cancelled",
+}
+"""The event that ends a round, by the status the turn reached; its data is the turn as ``GET`` shows it."""
+FINAL_EVENTS = frozenset(ROUND_END_EVENTS[status] for status in TurnStatus.terminal())
+"""The events after which a turn has no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +66,9 @@ class TurnEvent:
     """Its name: ``trace``, ``output_text.delta``, ``turn.requires_client_tools``, ``turn.completed``, ..."""
     data: dict[str, Any]
     """Its JSON payload."""
+    round: int | None = None
+    """The turn's round (0, then one more per tool-results re-entry) for the events a state save sent;
+    None for the others. Internal: it tells which round a ``turn.requires_client_tools`` ends."""
 
 
 class TurnEventLog(Protocol):
@@ -83,7 +118,7 @@ class RedisTurnEventLog:
     def append(self, turn_id: str, event: str, data: Mapping[str, Any]) -> str:
         key = events_key(turn_id)
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(key, {"event": event, "data": json.dumps(data)}, maxlen=self.max_events, approximate=True)
+        pipe.xadd(key, {"event": event, "data": event_json(data)}, maxlen=self.max_events, approximate=True)
         pipe.expire(key, self.ttl_seconds)
         event_id, _ = pipe.execute()
         return _text(event_id)
@@ -111,6 +146,15 @@ class MemoryTurnEventLog:
             self._changed.notify_all()
         return event_id
 
+    def extend(self, turn_id: str, events: Sequence[tuple[str, str]], *, round_: int) -> None:
+        """Append (name, JSON data) events a state save sent (``shared.state.store.EventSink``)."""
+        with self._changed:
+            for name, data in events:
+                self._sequence += 1
+                item = TurnEvent(f"{self._sequence}-0", name, json.loads(data), round_)
+                self._events.setdefault(turn_id, []).append(item)
+            self._changed.notify_all()
+
     def read(self, turn_id: str, *, after: str | None, block_ms: int, count: int) -> list[TurnEvent]:
         with self._changed:
             found = self._after(turn_id, after)
@@ -132,12 +176,29 @@ class MemoryTurnEventLog:
         return [item for item in events if _order(item.event_id) > mark]
 
 
+def append_ended(log: TurnEventLog, record: TurnRecord) -> None:
+    """Append the event of a turn ended outside the pipeline (cancelled, timed out, given up on).
+
+    The database already says how the turn ended: a Redis that does not answer only costs the event,
+    which a gateway following the turn then writes itself (``api_gateway.event_stream``).
+
+    Args:
+        log: the turns' event logs.
+        record: the turn as ``TurnRepository.finish_early`` ended it.
+    """
+    try:
+        log.append(record.turn_id, ROUND_END_EVENTS[record.status], turn_json(to_turn(record)))
+    except redis.RedisError as exc:
+        logger.warning("could not append the %s event of turn %s: %s", record.status.value, record.turn_id, exc)
+
+
 def parse_entries(entries: list[tuple[Any, dict[Any, Any]]]) -> list[TurnEvent]:
     """Turn events from Redis Stream entries (``XREAD``/``XRANGE`` replies, bytes or text)."""
     events = []
     for entry_id, fields in entries:
         values = {_text(name): _text(value) for name, value in fields.items()}
-        events.append(TurnEvent(_text(entry_id), values["event"], json.loads(values["data"])))
+        round_ = int(values["round"]) if "round" in values else None
+        events.append(TurnEvent(_text(entry_id), values["event"], json.loads(values["data"]), round_))
     return events
 
 

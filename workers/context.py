@@ -161,7 +161,7 @@ def build_context(
 
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
-    store = RedisStateStore.from_url(settings.redis_url)
+    store = RedisStateStore.from_url(settings.redis_url, max_events=settings.events_max_per_turn)
     return StepContext(
         settings=settings,
         store=store,

@@ -37,6 +37,7 @@ from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import Lease, ModelRetry, TurnState
 from shared.task_names import LAYER_OF, Layer, StepName, task_name
+from shared.turn_events import append_ended
 from workers import retry
 from workers.context import StepContext
 from workers.metrics import MessageTally
@@ -99,8 +100,10 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
 def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
     """Commit an unfinished turn as failed (``internal_error``) when the pipeline cannot carry it on."""
     error = ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message)
-    if ctx.turns.finish_early(turn_id, status=TurnStatus.FAILED, error=error, now=ctx.clock()) is not None:
+    ended = ctx.turns.finish_early(turn_id, status=TurnStatus.FAILED, error=error, now=ctx.clock())
+    if ended is not None:
         ctx.metrics.count_ended(TurnStatus.FAILED, error)
+        append_ended(ctx.events, ended)
     ctx.store.forget(turn_id)
 
 

@@ -48,6 +48,7 @@ from shared.settings import Settings
 from shared.state import StateStore, TurnState
 from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
 from shared.task_names import TASK_QUEUES, StepName, task_name
+from shared.turn_events import TurnEventLog, append_ended
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
@@ -102,6 +103,7 @@ class Reconciler:
         broker_client: redis.Redis | None = None,
         clock: Callable[[], datetime] = utc_now,
         metrics: WorkerMetrics | None = None,
+        events: TurnEventLog | None = None,
     ) -> None:
         """Build one copy.
 
@@ -115,6 +117,7 @@ class Reconciler:
             broker_client: the broker's Redis, when the broker is Redis (for the sentinel).
             clock: the wall clock.
             metrics: counts scans, re-drives and turns given up on (a private set when None).
+            events: the turns' event logs, which get ``turn.failed`` of a turn given up on (none when None).
         """
         self._settings = settings
         self._turns = turns
@@ -125,6 +128,7 @@ class Reconciler:
         self._broker = broker_client
         self._clock = clock
         self._metrics = metrics or WorkerMetrics()
+        self._events = events
         self._lead_script = client.register_script(_LEAD)
         self.stats = ReconcilerStats()
 
@@ -254,6 +258,8 @@ class Reconciler:
         )
         if ended is not None:
             self._metrics.count_ended(TurnStatus.FAILED, error)
+            if self._events is not None:
+                append_ended(self._events, ended)
         self._store.forget(turn.turn_id)
         self.stats.db_calls += 1
         self.stats.redis_calls += 1

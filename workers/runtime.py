@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from shared.db.turns import TurnRepository
 from shared.settings import Settings
 from shared.state import StateStore
+from shared.turn_events import RedisTurnEventLog
 from workers.context import StepContext, build_context, worker_engine
 from workers.dispatcher import Dispatcher, SendStep
 from workers.metrics import WorkerMetrics
@@ -154,4 +155,7 @@ def build_reconciler(
         owner=owner,
         broker_client=broker,
         metrics=metrics,
+        events=RedisTurnEventLog(
+            client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
+        ),
     )

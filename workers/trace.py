@@ -1,4 +1,9 @@
-"""Writing CompositionTrace steps (AGN-031 §9) from inside a pipeline step."""
+"""Writing CompositionTrace steps (AGN-031 §9) from inside a pipeline step.
+
+A record is final when the state that holds it is saved: that save also sends it to the turn's event
+log as a ``trace`` event (``StateStore.save``), so watchers see it as soon as it is kept, and a step
+that runs again after a failed save (and makes its records again) sends them once.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ def trace(
     duration_ms: float | None = None,
     **data: Any,
 ) -> None:
-    """Append a trace step stamped with the clock, the step and this worker's host."""
+    """Append a trace step stamped with the clock, the step and this worker's host (sent to the turn's
+    event log by the state's next save)."""
     state.record(
         kind,
         at=ctx.clock(),

@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.services import BatchService
-from api_gateway.turn_view import to_turn
 from shared.models.batch import Batch, BatchRequest
+from shared.turn_view import to_turn
 
 __all__ = ["router"]
 

@@ -7,9 +7,9 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, WaitSeconds
-from api_gateway.turn_view import to_turn
 from shared.models.trace import TurnTrace
 from shared.models.turn import ToolResultsRequest, Turn, TurnHandle, TurnStatus
+from shared.turn_view import to_turn
 
 __all__ = ["router"]
 

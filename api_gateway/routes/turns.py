@@ -7,8 +7,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, WaitSeconds
-from api_gateway.turn_view import to_turn
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
+from shared.turn_view import to_turn
 
 __all__ = ["router"]
 

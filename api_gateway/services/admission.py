@@ -66,7 +66,13 @@ def admit(
         session_id = body.session_id
         if not is_session_id(session_id) or sessions.get(session_id, org_id=org_id) is None:
             raise NotFound("session_not_found", f"session {session_id!r} does not exist")
-    request = body.model_dump(mode="json", exclude={"idempotency_key"})
+    # A turn that streams records ``stream: true`` (the workers read it); how the answer is delivered is
+    # not part of what the idempotency key stands for, and a request that does not stream is recorded
+    # and hashed exactly as before the flag existed.
+    request = body.model_dump(mode="json", exclude={"idempotency_key", "stream"})
+    request_hash = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+    if body.stream:
+        request["stream"] = True
     return NewTurn(
         turn_id=new_turn_id(),
         session_id=session_id,
@@ -75,7 +81,7 @@ def admit(
         new_session=new_session,
         requested_mode=body.mode,
         request=request,
-        request_hash=hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest(),
+        request_hash=request_hash,
         idempotency_key=body.idempotency_key,
         batch_id=batch_id,
         batch_index=batch_index,

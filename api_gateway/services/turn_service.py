@@ -37,6 +37,7 @@ from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore
 from shared.task_names import StepName
+from shared.turn_events import TurnEventLog, append_ended
 
 __all__ = ["TurnService"]
 
@@ -57,6 +58,7 @@ class TurnService:
         sessions: SessionRepository,
         catalog: ModeCatalog,
         store: StateStore,
+        events: TurnEventLog,
         publisher: TurnPublisher,
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,
@@ -66,6 +68,7 @@ class TurnService:
         self._sessions = sessions
         self._catalog = catalog
         self._store = store
+        self._events = events
         self._publisher = publisher
         self._clock = clock
         self._metrics = metrics
@@ -256,6 +259,7 @@ class TurnService:
             current = self.require(turn_id, org_id=org_id)
             raise Conflict("turn_finished", f"turn {turn_id!r} already finished ({current.status})")
         self._metrics.count_ended(TurnStatus.CANCELLED, error)
+        append_ended(self._events, cancelled)
         try:
             self._store.mark_cancelled(turn_id, ttl_seconds=_CANCEL_FLAG_SECONDS)
             self._store.forget(turn_id)
@@ -304,6 +308,7 @@ class TurnService:
             if row is not None:
                 expired += 1
                 self._metrics.count_ended(TurnStatus.FAILED, error)
+                append_ended(self._events, row)
                 logger.info("turn %s timed out waiting for client tool results", found)
         return expired
 

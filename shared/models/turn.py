@@ -161,6 +161,9 @@ class TurnRequest(BaseModel):
         Annotated[str, StringConstraints(max_length=512)],
     ] = Field(default_factory=dict, max_length=16)
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    stream: bool = False
+    """Answer with the turn's events (``text/event-stream``) and have the model's text streamed as it is
+    generated; ``POST /v1/turns?stream=true`` sets it. Recorded with the request only when true."""
 
     @field_validator("input")
     @classmethod

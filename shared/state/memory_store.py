@@ -7,16 +7,17 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shared.errors import StateConflict
-from shared.state.store import Lease, StepStart
+from shared.state.store import EventSink, Lease, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["MemoryStateStore"]
 
 
 class MemoryStateStore:
-    """A thread-safe in-memory StateStore."""
+    """A thread-safe in-memory StateStore; a save's events go to ``events`` (dropped when None)."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: EventSink | None = None) -> None:
+        self._events = events
         self._lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
@@ -53,7 +54,10 @@ class MemoryStateStore:
             if (current or 0) != state.version:
                 raise StateConflict(f"turn {state.turn_id!r} moved from version {state.version} to {current}")
             state.version += 1
+            events, _undo = take_unsent_events(state)
             self._states[state.turn_id] = state.model_dump_json()
+            if self._events is not None and events:
+                self._events.extend(state.turn_id, events, round_=state.round)
             if alive_until is None:
                 self.markers.pop(state.turn_id, None)
             else:

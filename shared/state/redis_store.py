@@ -13,8 +13,16 @@ from collections.abc import Iterable, Sequence
 import redis
 
 from shared.errors import StateConflict
-from shared.state.keys import INFLIGHT_KEY, TIMERS_KEY, cancel_key, claim_key, state_key, version_key
-from shared.state.store import Lease, StepStart
+from shared.state.keys import (
+    INFLIGHT_KEY,
+    TIMERS_KEY,
+    cancel_key,
+    claim_key,
+    events_key,
+    state_key,
+    version_key,
+)
+from shared.state.store import Lease, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore"]
@@ -23,7 +31,8 @@ __all__ = ["RedisStateStore"]
 # returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is
 # refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
 # in-flight marker and gives the step's lease back; a lease is renewed or released only by its
-# holder, and a renewal pushes the marker forward (never back).
+# holder, and a renewal pushes the marker forward (never back). A save appends the events it carries
+# (name, data pairs after ARGV[9]) to the turn's event log, with the state's TTL and round.
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
@@ -37,7 +46,13 @@ if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
 redis.call('set', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4])
 if ARGV[5] == '' then redis.call('zrem', KEYS[3], ARGV[6]) else redis.call('zadd', KEYS[3], ARGV[5], ARGV[6]) end
-if KEYS[4] and redis.call('get', KEYS[4]) == ARGV[7] then redis.call('del', KEYS[4]) end
+if KEYS[5] and redis.call('get', KEYS[5]) == ARGV[7] then redis.call('del', KEYS[5]) end
+if #ARGV > 9 then
+  for i = 10, #ARGV, 2 do
+    redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[9])
+  end
+  redis.call('expire', KEYS[4], ARGV[4])
+end
 return 1
 """
 _RENEW = """
@@ -66,8 +81,10 @@ return due
 class RedisStateStore:
     """The production state store."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, max_events: int = 10000) -> None:
+        """A store on ``client``; a turn's event log keeps about ``max_events`` events (APTIX_EVENTS_MAX_PER_TURN)."""
         self.client = client
+        self.max_events = max_events
         self._begin = client.register_script(_BEGIN)
         self._save = client.register_script(_SAVE)
         self._renew = client.register_script(_RENEW)
@@ -75,9 +92,10 @@ class RedisStateStore:
         self._pop_due = client.register_script(_POP_DUE)
 
     @classmethod
-    def from_url(cls, url: str) -> RedisStateStore:
+    def from_url(cls, url: str, *, max_events: int = 10000) -> RedisStateStore:
         """A store on a new connection pool to ``url``."""
-        return cls(redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5))
+        client = redis.Redis.from_url(url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5)
+        return cls(client, max_events=max_events)
 
     def load(self, turn_id: str) -> TurnState | None:
         raw = self.client.get(state_key(turn_id))
@@ -103,16 +121,20 @@ class RedisStateStore:
     ) -> None:
         expected = state.version
         state.version = expected + 1
-        keys = [state_key(state.turn_id), version_key(state.turn_id), INFLIGHT_KEY]
+        events, undo = take_unsent_events(state)
+        keys = [state_key(state.turn_id), version_key(state.turn_id), INFLIGHT_KEY, events_key(state.turn_id)]
         args: list[str | int] = [
             str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
             "" if alive_until is None else repr(alive_until), state.turn_id,
+            "" if release is None else release.owner, self.max_events, state.round,
         ]  # fmt: skip
         if release is not None:
             keys.append(claim_key(release.turn_id, release.step_key))
-            args.append(release.owner)
+        for name, data in events:
+            args += [name, data]
         if not self._save(keys=keys, args=args):
             state.version = expected
+            undo()
             raise StateConflict(f"turn {state.turn_id!r} was saved by someone else since version {expected}")
 
     def drop(self, turn_id: str) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from shared.state.turn_state import TurnState
 
-__all__ = ["Lease", "StateStore", "StepStart"]
+__all__ = ["EventSink", "Lease", "StateStore", "StepStart", "event_json", "take_unsent_events"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,10 @@ class StateStore(Protocol):
         self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None
     ) -> None:
         """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``.
+
+        In the same atomic write, the state's unsent events (:meth:`TurnState.unsent_events`) go to
+        the turn's event log and the state records them as sent: a step that runs again because its
+        save failed makes its trace records again, and they are sent once, with the save that keeps them.
 
         Args:
             state: the state to write.
@@ -106,3 +111,29 @@ class StateStore(Protocol):
 
     def ping(self) -> bool:
         """Whether the store answers."""
+
+
+class EventSink(Protocol):
+    """Where an in-memory store puts the events a save sends (``MemoryTurnEventLog``)."""
+
+    def extend(self, turn_id: str, events: Sequence[tuple[str, str]], *, round_: int) -> None:
+        """Append (name, JSON data) events of the turn's round ``round_``."""
+
+
+def event_json(data: Any) -> str:
+    """An event's data as its log stores it: compact JSON."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def take_unsent_events(state: TurnState) -> tuple[list[tuple[str, str]], Callable[[], None]]:
+    """The state's unsent events as (name, JSON data), the state marked as having sent them, and the
+    undo of that mark for a save that was refused."""
+    events = [(name, event_json(data)) for name, data in state.unsent_events()]
+    through, outbox = state.events_through, state.outbox
+    state.events_through = state.trace[-1].seq if state.trace else 0
+    state.outbox = []
+
+    def undo() -> None:
+        state.events_through, state.outbox = through, outbox
+
+    return events, undo

@@ -1,8 +1,9 @@
 """TurnState: everything a step of one turn may read or write, kept in Redis between hops.
 
 Holds the context providers (session- and turn-scoped, AGN-031 §5), the tool ledger, the in-flight
-mode, the iteration counter, the composed request and last LLM response, the trace, and which
-steps already ran (for idempotency under redelivery).
+mode, the iteration counter, the composed request and last LLM response, the trace, which
+steps already ran (for idempotency under redelivery), and the turn events its next save appends to
+the turn's event log (``shared.turn_events``): the trace records it has not sent yet and its outbox.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from shared.models.trace import ExitMode, TraceStep
 from shared.models.turn import ClientTool, ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.result import ErrorInfo
 
-__all__ = ["LedgerEntry", "ModelRetry", "Providers", "TurnState"]
+__all__ = ["LedgerEntry", "ModelRetry", "OutboxEvent", "Providers", "TurnState"]
 
 
 class Providers(BaseModel):
@@ -54,6 +55,13 @@ class ModelRetry(BaseModel):
     """Calls made and failed; waits while the breaker was open are not calls."""
 
 
+class OutboxEvent(BaseModel):
+    """A turn event other than a trace record (the pause, the final status), to append at the next save."""
+
+    event: str
+    data: dict[str, Any]
+
+
 class TurnState(BaseModel):
     """The whole hot state of one turn.
 
@@ -78,6 +86,9 @@ class TurnState(BaseModel):
     mode: str | None = None
     user_input: str
     client_tools: list[ClientTool] = Field(default_factory=list)
+    stream: bool = False
+    """The request asked to stream (``TurnRequest.stream``): the model's text goes to the turn's event log
+    as ``output_text.delta`` events while it is generated."""
     history: list[dict[str, Any]] = Field(default_factory=list)
     """Conversation context: earlier turns' inputs and answers, as Responses API input items."""
     transcript: list[dict[str, Any]] = Field(default_factory=list)
@@ -102,10 +113,23 @@ class TurnState(BaseModel):
     The reconciler sends it again when the turn stops moving."""
     model_retry: ModelRetry | None = None
     trace: list[TraceStep] = Field(default_factory=list)
+    events_through: int = 0
+    """The trace records up to this ``seq`` are in the turn's event log; the next save appends the others."""
+    outbox: list[OutboxEvent] = Field(default_factory=list)
+    """Events the next save appends to the turn's event log after the trace records it has not sent."""
 
     def checkpoint(self) -> dict[str, Any]:
         """The state as the database keeps it: without the conversation history, which is reloaded."""
         return self.model_dump(mode="json", exclude={"history"})
+
+    def unsent_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """The events a save of this state appends to the turn's log: the trace records not sent yet
+        (``trace``, data: the record), then the outbox, in order; as (name, data) pairs."""
+        unsent: list[tuple[str, dict[str, Any]]] = [
+            ("trace", step.model_dump(mode="json")) for step in self.trace if step.seq > self.events_through
+        ]
+        unsent += [(item.event, item.data) for item in self.outbox]
+        return unsent
 
     def record(
         self,

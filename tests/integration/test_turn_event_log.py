@@ -5,10 +5,13 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 import redis
 
+from shared.errors import StateConflict
+from shared.state import OutboxEvent, RedisStateStore, TurnState
 from shared.state.keys import events_key
 from shared.turn_events import RedisTurnEventLog, TurnEvent
 from tests.conftest import claim_redis_databases
@@ -58,3 +61,33 @@ def test_a_long_log_is_trimmed_to_about_its_bound(client: redis.Redis) -> None:
     kept = client.xlen(events_key(turn_id))
     assert 10 <= kept < 500
     assert log.read(turn_id, after=None, block_ms=0, count=1000)[-1].data == {"delta": "499"}
+
+
+def test_a_state_save_sends_its_unsent_trace_records_and_outbox_once_and_a_refused_save_none(
+    client: redis.Redis,
+) -> None:
+    store = RedisStateStore(client, max_events=100)
+    log = RedisTurnEventLog(client, ttl_seconds=60, max_events=100)
+    state = TurnState(turn_id=f"turn_{uuid.uuid4().hex}", session_id="s", org_id="o", user_id="u",
+                      new_session=True, user_input="x", round=2)  # fmt: skip
+    state.record("turn_start", at=datetime.now(UTC), step="request_handler", worker="w")
+    store.save(state, ttl_seconds=60)
+    stale = store.load(state.turn_id)
+    assert stale is not None
+
+    state.record("llm_call", at=datetime.now(UTC), step="llm_call", worker="w")
+    state.outbox.append(OutboxEvent(event="turn.completed", data={"status": "completed"}))
+    store.save(state, ttl_seconds=60)
+    stale.record("llm_call", at=datetime.now(UTC), step="llm_call", worker="other")
+    with pytest.raises(StateConflict):
+        store.save(stale, ttl_seconds=60)
+
+    events = log.read(state.turn_id, after=None, block_ms=0, count=10)
+    assert [(e.event, e.data.get("kind"), e.round) for e in events] == [
+        ("trace", "turn_start", 2), ("trace", "llm_call", 2), ("turn.completed", None, 2),
+    ]  # fmt: skip
+    assert events[1].data["worker"] == "w"
+    assert stale.events_through == 1 and not stale.outbox  # the refused save gave its events back
+    saved = store.load(state.turn_id)
+    assert saved is not None and saved.events_through == 2 and not saved.outbox
+    assert 0 < client.ttl(events_key(state.turn_id)) <= 60

@@ -74,11 +74,12 @@ def make_context(
     db = session_factory(engine)
     catalog = catalog or _default_catalog()
     resolved = Settings(**settings)
-    store = MemoryStateStore()
+    events = MemoryTurnEventLog()
+    store = MemoryStateStore(events)
     return StepContext(
         settings=resolved,
         store=store,
-        events=MemoryTurnEventLog(),
+        events=events,
         sessions=SessionRepository(db),
         turns=TurnRepository(db),
         tool_runs=ToolRunRepository(db),

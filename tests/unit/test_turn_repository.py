@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
-from api_gateway.turn_view import to_turn
 from shared.db import session_factory
 from shared.db.batches import BatchRecord, BatchRepository
 from shared.db.records import IDENTITY_FIELDS, TurnRecord
@@ -20,6 +19,7 @@ from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, TurnRow
 from shared.db.turns import NewTurn, TurnOutcome
 from shared.models.turn import ModeChange, TurnStatus, Usage
 from shared.state import TurnState
+from shared.turn_view import to_turn
 from tests.unit.fakes import FIXED_NOW, make_context
 from workers.context import StepContext
 from workers.steps.request_handler import initial_state
@@ -197,3 +197,16 @@ def test_batch_repository_takes_and_returns_records() -> None:
     read = list(batches.turns("batch_1", chunk=1))
     assert [type(turn) for turn in read] == [TurnRecord, TurnRecord]
     assert [turn.turn_id for turn in read] == [turn.turn_id for turn in turns]
+
+
+def test_a_turn_recorded_with_stream_starts_with_its_state_streaming() -> None:
+    ctx = make_context()
+    plain = _turn(ctx, 0)
+    streamed = NewTurn(
+        turn_id="turn_" + "8" * 32, session_id="sess_8", org_id="o", user_id="u", new_session=True,
+        requested_mode=None, request={"input": "q", "stream": True}, request_hash="h",
+    )  # fmt: skip
+    created, _ = ctx.turns.create(streamed, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+    record = ctx.turns.get(plain)
+    assert record is not None
+    assert initial_state(created).stream and not initial_state(record).stream

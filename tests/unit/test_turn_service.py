@@ -40,6 +40,8 @@ from shared.result import ErrorCode
 from shared.settings import Settings
 from shared.state import MemoryStateStore
 from shared.task_names import StepName
+from shared.turn_events import MemoryTurnEventLog
+from shared.turn_view import to_turn
 from tests.unit.fakes import FIXED_NOW, Clock
 
 ORG = "org_a"
@@ -70,6 +72,7 @@ class Gateway:
         self.settings = Settings(client_tool_timeout_seconds=TIMEOUT_SECONDS)
         self.clock = Clock()
         self.store = MemoryStateStore()
+        self.events = MemoryTurnEventLog()
         self.publisher = FakePublisher()
         self.metrics = GatewayMetrics()
         self.turns = TurnRepository(db)
@@ -80,6 +83,7 @@ class Gateway:
             sessions=self.sessions,
             catalog=load_catalog(),
             store=self.store,
+            events=self.events,
             publisher=self.publisher,
             clock=self.clock,
             metrics=self.metrics,
@@ -155,6 +159,23 @@ def test_record_refuses_when_the_idempotency_key_came_with_another_request(gatew
 
     assert refused.value.code == "idempotency_key_reused"
     assert len(gateway.publisher.sent) == 1
+
+
+def test_record_keeps_the_stream_flag_only_when_the_turn_streams(gateway: Gateway) -> None:
+    plain = gateway.service.record(TurnRequest(input="hello"), org_id=ORG, user_id=USER)
+    streamed = gateway.service.record(TurnRequest(input="hello", stream=True), org_id=ORG, user_id=USER)
+
+    assert "stream" not in plain.request
+    assert streamed.request["stream"] is True
+    assert streamed.request_hash == plain.request_hash  # how the answer is delivered is not the request
+
+
+def test_record_replays_an_idempotency_key_whether_or_not_the_retry_streams(gateway: Gateway) -> None:
+    first = gateway.service.record(TurnRequest(input="hi", idempotency_key="k", stream=True), org_id=ORG, user_id=USER)
+
+    again = gateway.service.record(TurnRequest(input="hi", idempotency_key="k"), org_id=ORG, user_id=USER)
+
+    assert again.turn_id == first.turn_id
 
 
 def test_record_refuses_when_the_session_has_an_unfinished_turn(gateway: Gateway) -> None:
@@ -256,6 +277,29 @@ def test_cancel_ends_an_unfinished_turn_and_flags_it_for_the_workers(gateway: Ga
     assert gateway.store.is_cancelled(row.turn_id)
     assert gateway.store.alive_until([row.turn_id]) == {}
     gateway.service.record(TurnRequest(session_id=session_id, input="next"), org_id=ORG, user_id=USER)
+
+
+def test_cancel_appends_turn_cancelled_with_the_turn_as_get_shows_it(gateway: Gateway) -> None:
+    row = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
+
+    gateway.service.cancel(row.turn_id, org_id=ORG)
+    with pytest.raises(Conflict):
+        gateway.service.cancel(row.turn_id, org_id=ORG)
+
+    shown = to_turn(gateway.service.get(row.turn_id, org_id=ORG)).model_dump(mode="json", by_alias=True)
+    assert [(e.event, e.data) for e in gateway.events.events(row.turn_id)] == [("turn.cancelled", shown)]
+
+
+def test_a_client_tool_timeout_appends_turn_failed(gateway: Gateway) -> None:
+    turn_id = gateway.paused_turn(gateway.session())
+    gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS + 1)
+
+    gateway.service.expire_overdue()
+
+    (event,) = gateway.events.events(turn_id)
+    assert (event.event, event.data["status"], event.data["error"]["code"]) == (
+        "turn.failed", "failed", "client_tool_timeout"
+    )  # fmt: skip
 
 
 def test_cancel_refuses_when_the_turn_already_finished(gateway: Gateway) -> None:

@@ -3,18 +3,26 @@
 Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (its
 ``TurnOutcome``: status, mode, output, pending tool calls, error, usage, trace), its transcript
 items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
-a paused turn when Redis lost it) and the session's last use. Next: Stop, saying which status it
-wrote (none when the turn had already ended otherwise, e.g. cancelled). Fails with: nothing (a
-database blip raises and the task is retried).
+a paused turn when Redis lost it) and the session's last use. Then, when it wrote, the turn event
+that ends the round, in the state's outbox (sent with the state's save): ``turn.requires_client_tools``
+or ``turn.completed`` / ``turn.failed``, whose data is the turn as ``GET /v1/turns/{id}`` shows it
+from now on. Next: Stop, saying which status it wrote (none when the turn had already ended
+otherwise, e.g. cancelled: whoever ended it sent its event). Fails with: nothing (a database blip
+raises and the task is retried).
 """
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
 
 from shared.db.records import TurnOutcome
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import InvokeResult, success
-from shared.state import TurnState
+from shared.state import OutboxEvent, TurnState
+from shared.turn_events import ROUND_END_EVENTS
+from shared.turn_view import committed_turn, turn_json
 from workers.context import StepContext
 from workers.next_step import Next, Stop
 from workers.trace import trace
@@ -29,7 +37,19 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     transcript: list[tuple[str, str]] = []
     if state.status is TurnStatus.COMPLETED:
         transcript = [("user", state.user_input), ("assistant", state.output_text or "")]
+    now = ctx.clock()
     wrote = ctx.turns.commit(
-        state.turn_id, TurnOutcome.of(state), transcript=transcript, snapshot=state.checkpoint(), now=ctx.clock()
+        state.turn_id, TurnOutcome.of(state), transcript=transcript, snapshot=state.checkpoint(), now=now
     )
+    event = ROUND_END_EVENTS.get(state.status)
+    if wrote and event is not None:
+        state.outbox.append(OutboxEvent(event=event, data=_committed(ctx, state, now)))
     return success(Stop(committed=state.status if wrote else None))
+
+
+def _committed(ctx: StepContext, state: TurnState, now: datetime) -> dict[str, Any]:
+    created_at = state.created_at
+    if created_at is None:  # a state from before it carried its acceptance time
+        record = ctx.turns.get(state.turn_id)
+        created_at = now if record is None else record.created_at
+    return turn_json(committed_turn(state, created_at=created_at, committed_at=now))

@@ -40,6 +40,7 @@ def initial_state(record: TurnRecord) -> TurnState:
         created_at=record.created_at,
         user_input=str(record.request["input"]),
         client_tools=[ClientTool.model_validate(tool) for tool in record.request.get("tools", [])],
+        stream=bool(record.request.get("stream", False)),
     )
 
 
