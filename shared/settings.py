@@ -144,6 +144,10 @@ class Settings(BaseSettings):
     events_max_per_turn: PositiveInt = 10000
     """About how many events a turn's event log keeps (Redis ``XADD MAXLEN ~``); the oldest go first, so a
     client resuming after a trimmed event misses those."""
+    llm_stream_flush_ms: Annotated[float, Field(ge=0)] = 20.0
+    """A turn that streams appends the model's text to its event log as it arrives, at most one
+    ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together
+    with the next one, or when their text part ends (fewer appends, coarser pieces); 0 appends each delta."""
 
     @field_validator("api_keys")
     @classmethod

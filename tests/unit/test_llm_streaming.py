@@ -55,7 +55,7 @@ def test_decoder_reads_events_split_anywhere_and_any_line_ending() -> None:
 def test_decoder_holds_an_event_without_its_blank_line() -> None:
     decoder = SseDecoder()
 
-    assert decoder.feed(b"data: {}\n\ndata: {\"half\"") == [SseEvent(None, "{}")]
+    assert decoder.feed(b'data: {}\n\ndata: {"half"') == [SseEvent(None, "{}")]
     assert decoder.partial
     assert decoder.feed(b": 1}\n") == []
     assert decoder.partial
@@ -84,6 +84,16 @@ def test_reader_returns_what_the_completed_response_parses_to(scripted: TestClie
 
         assert result == parse_response(completed["response"])
         assert "".join(deltas) == (result.output_text or "")
+
+
+def test_reader_signals_the_end_of_each_text_part_after_its_deltas(scripted: TestClient) -> None:
+    body = scripted.post("/v1/responses", json={"model": "m", "input": "two words", "stream": True}).content
+    seen: list[str] = []
+    reader = ResponseStream(seen.append, on_text_done=lambda: seen.append("<done>"))
+
+    reader.feed(body)
+
+    assert seen == ["Echo:", " two", " words", "<done>"]
 
 
 def test_reader_uses_the_streamed_items_when_the_completed_response_has_no_output(scripted: TestClient) -> None:

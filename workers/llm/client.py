@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -118,7 +119,9 @@ class ResponsesClient:
         answer = self._post(request, preload=True)
         return self._parsed_json(answer.status, answer.data)
 
-    def stream(self, request: dict[str, Any], on_text: TextSink) -> LlmResponse:
+    def stream(
+        self, request: dict[str, Any], on_text: TextSink, *, on_text_done: Callable[[], None] | None = None
+    ) -> LlmResponse:
         """POST one request with ``"stream": true``, relay its text as it is generated, and parse the answer.
 
         The body is read as it arrives; ``on_text`` gets each ``response.output_text.delta``'s text
@@ -130,6 +133,7 @@ class ResponsesClient:
         Args:
             request: the Responses API request body; it is sent with ``"stream": true`` added.
             on_text: called with each text delta. What it raises ends the call and propagates.
+            on_text_done: called when a text part is complete (``response.output_text.done``).
 
         Returns:
             The parsed response.
@@ -145,7 +149,7 @@ class ResponsesClient:
         answer = self._post({**request, "stream": True}, preload=False)
         finished = False
         try:
-            reader = ResponseStream(on_text)
+            reader = ResponseStream(on_text, on_text_done=on_text_done)
             try:
                 if not answer.headers.get("content-type", "").startswith("text/event-stream"):
                     body = answer.data

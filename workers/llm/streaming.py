@@ -42,13 +42,15 @@ TextSink = Callable[[str], None]
 class ResponseStream:
     """Reads one streamed response: feed it the body's bytes, then ask for :meth:`result`."""
 
-    def __init__(self, on_text: TextSink) -> None:
+    def __init__(self, on_text: TextSink, *, on_text_done: Callable[[], None] | None = None) -> None:
         """Start reading a stream.
 
         Args:
             on_text: called with each text delta, in order, before the next event is read.
+            on_text_done: called at each ``response.output_text.done`` (a text part is complete).
         """
         self._on_text = on_text
+        self._on_text_done = on_text_done
         self._decoder = SseDecoder()
         self._items: dict[int, dict[str, Any]] = {}
         self._result: LlmResponse | None = None
@@ -106,6 +108,9 @@ class ResponseStream:
             delta = data.get("delta")
             if isinstance(delta, str) and delta:
                 self._on_text(delta)
+        elif kind == "response.output_text.done":
+            if self._on_text_done is not None:
+                self._on_text_done()
         elif kind == "response.output_item.done":
             index, item = data.get("output_index"), data.get("item")
             if isinstance(index, int) and isinstance(item, dict):
