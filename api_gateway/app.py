@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
-from api_gateway.routes import batches, health, sessions, turn_actions, turns
+from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.state import connect_gateway
@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await sweeper
             if listener is not None:
                 listener.stop()
+            await gateway.event_streams.close()
 
     # redirect_slashes=False: Starlette builds the redirect for "/v1/turns/" from the Host header,
     # before authentication (an open redirect); a wrong path is a 404 like any other.
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(turns.router)
     app.include_router(turn_actions.router)
+    app.include_router(turn_events.router)
     app.include_router(sessions.router)
     app.include_router(batches.router)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)

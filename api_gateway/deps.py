@@ -1,4 +1,5 @@
-"""Route dependencies: the gateway state, the authenticated caller and the long-poll, as Annotated aliases.
+"""Route dependencies: the gateway state, the authenticated caller, the long-poll and the stream flag, as
+Annotated aliases.
 
 ``AuthenticatedRoute`` is the route class of every router whose routes take a ``Caller``: it checks
 the key before FastAPI reads the body, so a request without a valid key is a 401 whatever its body.
@@ -19,7 +20,7 @@ from api_gateway.state import GatewayState
 from shared import strict_json
 from shared.settings import ApiKey
 
-__all__ = ["AuthenticatedRoute", "Caller", "Gateway", "WaitSeconds"]
+__all__ = ["AuthenticatedRoute", "Caller", "Gateway", "StreamFlag", "WaitSeconds"]
 
 
 def _gateway(request: Request) -> GatewayState:
@@ -85,3 +86,6 @@ class AuthenticatedRoute(APIRoute):
 Gateway = Annotated[GatewayState, Depends(_gateway)]
 Caller = Annotated[ApiKey, Depends(_caller)]
 WaitSeconds = Annotated[float | None, Query(ge=0, le=60, description="Long-poll up to this many seconds.")]
+StreamFlag = Annotated[
+    bool, Query(description="Answer with the turn's events as they happen (text/event-stream) instead.")
+]

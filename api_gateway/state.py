@@ -7,11 +7,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import redis
+import redis.asyncio as aioredis
 from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
-from api_gateway.services import BatchService, CeleryPublisher, SessionService, TurnPublisher, TurnService
+from api_gateway.services import (
+    BatchService,
+    CeleryPublisher,
+    EventStreams,
+    SessionService,
+    TurnPublisher,
+    TurnService,
+)
 from shared.broker import create_producer
 from shared.db import create_db_engine, session_factory
 from shared.db.batches import BatchRepository
@@ -55,6 +63,8 @@ class GatewayState:
     turn_service: TurnService
     batch_service: BatchService
     session_service: SessionService
+    event_streams: EventStreams
+    """Serves turns' events as Server-Sent Events (an asyncio Redis connection per stream)."""
 
 
 def utc_now() -> datetime:
@@ -94,6 +104,21 @@ def connect_gateway(settings: Settings) -> GatewayState:
         clock=utc_now,
         metrics=metrics,
     )
+    follower = aioredis.Redis.from_url(
+        settings.redis_url,
+        max_connections=settings.events_max_streams + 16,
+        socket_connect_timeout=2,
+        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
+    )
+    event_streams = EventStreams(
+        client=follower,
+        turns=turn_service,
+        max_streams=settings.events_max_streams,
+        keepalive_seconds=settings.events_keepalive_seconds,
+        ttl_seconds=settings.state_ttl_seconds,
+        max_events=settings.events_max_per_turn,
+        clock=utc_now,
+    )
     return GatewayState(
         settings=settings,
         api_keys=settings.accepted_api_keys,
@@ -114,4 +139,5 @@ def connect_gateway(settings: Settings) -> GatewayState:
             turns=turn_service, batches=batches, max_requests=settings.max_batch_requests, clock=utc_now
         ),
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
+        event_streams=event_streams,
     )

@@ -13,11 +13,14 @@ The ``aptix`` client commands and the demo use it; it imports nothing of the ser
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import httpx
+
+from aptix_cli.sse import ServerEvent, parse_events
 
 __all__ = ["MAX_WAIT_SECONDS", "ApiClient", "ClientError", "GatewayError", "GatewayUnreachable"]
 
@@ -27,6 +30,10 @@ MAX_WAIT_SECONDS = 60.0
 _CONNECT_TIMEOUT = 10.0
 _READ_MARGIN = 30.0
 """Seconds a read may take beyond the long-poll the request asked for."""
+_STREAM_READ_TIMEOUT = 60.0
+"""Seconds an event stream may stay silent (the gateway sends a comment every 15 s) before it counts as cut."""
+_STREAM_RETRIES = 5
+"""Reconnections in a row, after a cut stream, before giving up."""
 
 
 class ClientError(Exception):
@@ -173,6 +180,57 @@ class ApiClient:
                 raise GatewayError(response.status_code, "bad_response", f"results line {number} is not an object")
             turns.append(turn)
         return turns
+
+    def stream_turn(self, request: Mapping[str, Any]) -> Iterator[ServerEvent]:
+        """``POST /v1/turns?stream=true``: start a turn and yield its events as they happen.
+
+        The stream ends after the turn's final event or its pause for client tools. A connection
+        cut before that is resumed with ``GET /v1/turns/{id}/events`` and ``Last-Event-ID``: no event
+        is lost or repeated.
+
+        Raises:
+            GatewayError: The gateway refused the request.
+            GatewayUnreachable: No answer, or the stream could not be resumed.
+        """
+        return self._events("POST", "/v1/turns", json_body=dict(request), params={"stream": "true"})
+
+    def turn_events(self, turn_id: str, *, after: str | None = None) -> Iterator[ServerEvent]:
+        """``GET /v1/turns/{turn_id}/events``: the turn's events after ``after`` (all when None), then the
+        new ones as they happen, until it ends or pauses for client tools; resumed as :meth:`stream_turn`."""
+        return self._events("GET", f"/v1/turns/{turn_id}/events", turn_id=turn_id, after=after)
+
+    def _events(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: object = None,
+        params: Mapping[str, str] | None = None,
+        turn_id: str | None = None,
+        after: str | None = None,
+    ) -> Iterator[ServerEvent]:
+        timeout = httpx.Timeout(self._timeout, connect=_CONNECT_TIMEOUT, read=_STREAM_READ_TIMEOUT)
+        retries = 0
+        while True:
+            headers = {"Last-Event-ID": after} if after else {}
+            try:
+                with self._http.stream(
+                    method, path, json=json_body, params=params, headers=headers, timeout=timeout
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        raise _gateway_error(response)
+                    turn_id = turn_id or response.headers.get("aptix-turn-id")
+                    for event in parse_events(response.iter_lines()):
+                        after, retries = event.event_id or after, 0
+                        yield event
+                return  # the gateway ended the stream: the turn ended or paused
+            except httpx.TransportError as exc:
+                retries += 1
+                if turn_id is None or retries > _STREAM_RETRIES:
+                    raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from exc
+            time.sleep(min(0.25 * 2**retries, 5.0))
+            method, path, json_body, params = "GET", f"/v1/turns/{turn_id}/events", None, None
 
     def _call(
         self, method: str, path: str, *, json_body: object = None, wait: float | None = None

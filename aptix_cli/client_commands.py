@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aptix_cli.batch_commands import add_batch_commands
-from aptix_cli.command_support import UsageError, connection_flags, out, runner
+from aptix_cli.command_support import UsageError, connection_flags, fail, out, runner
+from aptix_cli.event_commands import add_event_commands, stream_turn
 
 if TYPE_CHECKING:
     from aptix_cli.client import ApiClient
@@ -30,7 +31,8 @@ __all__ = ["add_client_commands", "check_call_ids"]
 
 
 def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``turn``, ``tool-results``, ``trace``, ``session`` and ``batch`` on ``aptix``'s subparsers."""
+    """Register ``turn``, ``tool-results``, ``trace``, ``session``, ``batch`` and ``watch`` on ``aptix``'s
+    subparsers."""
     common = connection_flags()
     raw = argparse.ArgumentParser(add_help=False)
     raw.add_argument("--json", action="store_true", help="print the raw JSON body")
@@ -43,6 +45,8 @@ def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     turn.add_argument("--session", metavar="ID", help="continue this session (default: a new one)")
     turn.add_argument("--mode", metavar="M", help="the mode of a new session")
     turn.add_argument("--tools", metavar="FILE", type=Path, help="JSON file: a list of client function tools")
+    turn.add_argument("--stream", action="store_true",
+                      help="print the model's text as it is generated (the turn's events), then the turn")  # fmt: skip
     turn.set_defaults(run=runner(_turn))
 
     results = commands.add_parser(
@@ -68,6 +72,7 @@ def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     session.set_defaults(run=runner(_session))
 
     add_batch_commands(commands, common)
+    add_event_commands(commands, common)
 
 
 def check_call_ids(turn: Mapping[str, Any], call_ids: Sequence[str]) -> str | None:
@@ -118,6 +123,11 @@ def _turn(api: ApiClient, args: argparse.Namespace) -> int:
         request["mode"] = args.mode
     if args.tools:
         request["tools"] = _read_tools(args.tools)
+    if args.stream:
+        streamed = stream_turn(api, request, as_json=args.json)
+        if streamed is None:
+            return fail("the turn's event stream ended before its last event", code=1)
+        return _show_turn(streamed, as_json=args.json)
     deadline = time.monotonic() + args.wait
     turn = api.create_turn(request, wait=args.wait)
     return _show_turn(_follow(api, turn, deadline), as_json=args.json)

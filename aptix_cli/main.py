@@ -182,7 +182,8 @@ def _gateway(args: argparse.Namespace) -> int:
         return 2
     settings = get_settings()
     configure_logging(secrets=secrets_in(settings))
-    _allow_open_files(settings.http_max_connections + 256, command="gateway")  # + database, Redis, broker
+    # + a Redis connection per event stream, + database, Redis, broker
+    _allow_open_files(settings.http_max_connections + settings.events_max_streams + 256, command="gateway")
     serve(create_app(settings), settings, host=args.host, port=args.port)
     return 0
 

@@ -19,6 +19,7 @@ __all__ = [
     "TRACE_WIDTH",
     "batch_counts_line",
     "batch_summary",
+    "event_line",
     "failed_turn_line",
     "session_lines",
     "trace_table",
@@ -89,6 +90,39 @@ def trace_table(trace: Mapping[str, Any], *, width: int | None = TRACE_WIDTH) ->
         lines.append(f"{line}  {details}".rstrip())
     lines.append(f"{len(rows) - 1} steps, turn {trace.get('turn_id', '?')}")
     return lines
+
+
+def event_line(event_id: str | None, event: str, data: Any, *, width: int | None = TRACE_WIDTH) -> str:
+    """One turn event (``aptix watch``) on one line: its id, its name and what it says.
+
+    A trace record shows its seq, kind, step, worker, time and details (as ``aptix trace`` does); a
+    text delta its text, quoted; a ``turn.*`` event the turn's status, error, pending calls or answer.
+
+    Args:
+        event_id: The event's id.
+        event: Its name.
+        data: Its data.
+        width: The longest line (None: nothing is cut).
+    """
+    if event == "trace" and isinstance(data, Mapping):
+        seq, kind, step, worker, _round, _iteration, ms, details = _trace_row(data)
+        timing = f" {ms}ms" if ms else ""
+        text = f"#{seq} {kind} {step}@{worker}{timing} {details}".rstrip()
+    elif event.startswith("output_text.") and isinstance(data, Mapping):
+        text = json.dumps(data.get("delta", ""), ensure_ascii=False)
+    elif event.startswith("turn.") and isinstance(data, Mapping):
+        text = f"status={data.get('status')}"
+        if isinstance(data.get("error"), Mapping):
+            text += f" error={data['error'].get('code')}: {data['error'].get('message')}"
+        pending = data.get("pending_tool_calls") or []
+        if pending:
+            text += " pending=" + ",".join(f"{call.get('call_id')}:{call.get('name')}" for call in pending)
+        if data.get("output_text"):
+            text += f" output_text={json.dumps(data['output_text'], ensure_ascii=False)}"
+    else:
+        text = _compact(data)
+    line = f"{event_id or '-'}  {event}  {text}"
+    return line if width is None else _clip(line, width)
 
 
 def session_lines(session: Mapping[str, Any]) -> list[str]:

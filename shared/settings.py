@@ -144,6 +144,12 @@ class Settings(BaseSettings):
     events_max_per_turn: PositiveInt = 10000
     """About how many events a turn's event log keeps (Redis ``XADD MAXLEN ~``); the oldest go first, so a
     client resuming after a trimmed event misses those."""
+    events_max_streams: PositiveInt = 500
+    """Event streams (``GET /v1/turns/{id}/events``, ``?stream=true``) one gateway process serves at once;
+    one more is answered 503. Each holds a client connection and a Redis connection."""
+    events_keepalive_seconds: Annotated[float, Field(gt=0)] = 15.0
+    """An event stream with nothing to send for this long sends a comment line (so proxies keep it open)
+    and checks that the turn has not ended without its event."""
     llm_stream_flush_ms: Annotated[float, Field(ge=0)] = 20.0
     """A turn that streams appends the model's text to its event log as it arrives, at most one
     ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, WaitSeconds
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, WaitSeconds
+from api_gateway.routes.turn_events import STREAMED_OR_TURN
+from api_gateway.services import InvalidRequest
 from shared.models.trace import TurnTrace
 from shared.models.turn import ToolResultsRequest, Turn, TurnHandle, TurnStatus
 from shared.turn_view import to_turn
@@ -16,12 +18,39 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
 
-@router.post("/{turn_id}/tool-results", status_code=202, response_model=TurnHandle, responses={200: {"model": Turn}})
+@router.post(
+    "/{turn_id}/tool-results",
+    status_code=202,
+    response_model=TurnHandle,
+    responses=STREAMED_OR_TURN,
+)
 async def post_tool_results(
-    turn_id: str, body: ToolResultsRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None
-) -> JSONResponse:
-    """Client tool outputs: the same turn resumes on any worker."""
+    turn_id: str,
+    body: ToolResultsRequest,
+    caller: Caller,
+    gateway: Gateway,
+    wait: WaitSeconds = None,
+    stream: StreamFlag = False,
+) -> Response:
+    """Client tool outputs: the same turn resumes on any worker.
+
+    With ``?stream=true`` the answer is the events of the round this starts (``text/event-stream``)."""
     service = gateway.turn_service
+    if stream:
+        if wait:
+            raise InvalidRequest(
+                "results are either streamed or waited for: give ?stream or ?wait, not both",
+                [{"loc": ["query", "wait"], "msg": "not with stream", "type": "value_error"}],
+            )
+        streams = gateway.event_streams
+        streams.reserve()
+        try:
+            row = await run_in_threadpool(service.resume, turn_id, body, org_id=caller.org_id)
+            after = await streams.start_of_round(turn_id, row.round)
+        except BaseException:
+            streams.release()
+            raise
+        return streams.respond(row, org_id=caller.org_id, after=after)
     row = await run_in_threadpool(service.resume, turn_id, body, org_id=caller.org_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)

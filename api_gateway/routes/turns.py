@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, WaitSeconds
+from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, WaitSeconds
+from api_gateway.routes.turn_events import STREAMED_OR_TURN
+from api_gateway.services import InvalidRequest
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
 from shared.turn_view import to_turn
 
@@ -15,10 +17,36 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
 
-@router.post("", status_code=202, response_model=TurnHandle, responses={200: {"model": Turn}})
-async def create_turn(body: TurnRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None) -> JSONResponse:
-    """Start a turn: a new session when ``session_id`` is absent, else a follow-up turn."""
+@router.post(
+    "",
+    status_code=202,
+    response_model=TurnHandle,
+    responses=STREAMED_OR_TURN,
+)
+async def create_turn(
+    body: TurnRequest, caller: Caller, gateway: Gateway, wait: WaitSeconds = None, stream: StreamFlag = False
+) -> Response:
+    """Start a turn: a new session when ``session_id`` is absent, else a follow-up turn.
+
+    With ``?stream=true`` (or ``"stream": true``) the answer is the turn's events as they happen
+    (``text/event-stream``, as ``GET /v1/turns/{turn_id}/events``)."""
     service = gateway.turn_service
+    if stream or body.stream:
+        if wait:
+            raise InvalidRequest(
+                "a turn is either streamed or waited for: give ?stream or ?wait, not both",
+                [{"loc": ["query", "wait"], "msg": "not with stream", "type": "value_error"}],
+            )
+        streams = gateway.event_streams
+        streams.reserve()  # before recording: a turn nobody can watch is not started
+        try:
+            row = await run_in_threadpool(
+                service.record, body.model_copy(update={"stream": True}), org_id=caller.org_id, user_id=caller.user_id
+            )
+        except BaseException:
+            streams.release()
+            raise
+        return streams.respond(row, org_id=caller.org_id, after=None)
     row = await run_in_threadpool(service.record, body, org_id=caller.org_id, user_id=caller.user_id)
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)

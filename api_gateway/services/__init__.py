@@ -2,6 +2,7 @@
 
 from api_gateway.services.batch_service import BatchService
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+from api_gateway.services.event_stream import EventStreams
 from api_gateway.services.publisher import CeleryPublisher, TurnPublisher
 from api_gateway.services.session_service import SessionService
 from api_gateway.services.turn_service import TurnService
@@ -10,6 +11,7 @@ __all__ = [
     "BatchService",
     "CeleryPublisher",
     "Conflict",
+    "EventStreams",
     "InvalidRequest",
     "NotFound",
     "ServiceError",

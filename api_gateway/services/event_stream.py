@@ -1,0 +1,240 @@
+"""EventStreams: a turn's events as Server-Sent Events, replayed and followed from its event log in Redis.
+
+Any gateway replica serves any turn: a stream reads the turn's Redis Stream (``shared.turn_events``),
+never this process's memory. It replays the events after the client's position (``Last-Event-ID``,
+else ``?after=``, else from the first), then follows new ones with ``XREAD BLOCK`` on an asyncio Redis
+connection of its own, so one stream never holds up the event loop and a slow client only holds up
+its own stream (workers only ``XADD``). Each event goes out with its log id as ``id:``; a stream
+with nothing to send for ``APTIX_EVENTS_KEEPALIVE_SECONDS`` sends a comment line so proxies keep it open.
+
+A stream ends after a final event (``turn.completed``, ``turn.failed``, ``turn.cancelled``) or after
+the ``turn.requires_client_tools`` that ends the round the turn was in when the stream began; pauses
+of earlier rounds are replayed like any event. A turn whose database record says it ended (or paused)
+while its log shows no such event (the worker or gateway that ended it stopped before appending, Redis
+lost the log, the log expired) gets the event appended here, from the record, once the record is a
+few seconds old: every stream of an ended turn ends. The record is read when the stream begins and
+then, while nothing comes, at each keep-alive of a turn whose in-flight marker lapsed (a turn that
+moves has a marker ahead of now, so a stream of a running turn costs no database read).
+
+At most ``APTIX_EVENTS_MAX_STREAMS`` streams run at once in a process; one more is refused
+(``Unavailable``, 503) before anything is recorded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from api_gateway.services.errors import InvalidRequest, NotFound, Unavailable
+from api_gateway.services.turn_service import TurnService
+from shared.db.records import TurnRecord
+from shared.models.turn import TurnStatus
+from shared.state.keys import INFLIGHT_KEY, events_key
+from shared.state.store import event_json
+from shared.turn_events import FINAL_EVENTS, PAUSE_EVENT, ROUND_END_EVENTS
+from shared.turn_view import to_turn, turn_json
+
+__all__ = ["EventStreams", "check_event_id"]
+
+REPAIR_AFTER_SECONDS = 5.0
+"""How old a record of an ended turn must be before a stream appends the event its log lacks: the worker
+that ended it commits first and appends just after."""
+_BATCH = 200
+"""Events read per ``XREAD``."""
+_EVENT_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")
+_FINAL = tuple(name.encode() for name in sorted(FINAL_EVENTS))
+_PAUSE = PAUSE_EVENT.encode()
+_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+# Append the event that ends a round unless the log's last event already ends it: concurrent
+# streams (on any replica) repairing the same turn append it once.
+_APPEND_ONCE = """
+local last = redis.call('xrevrange', KEYS[1], '+', '-', 'COUNT', 1)
+if #last > 0 then
+  local fields, event, round = last[1][2], nil, nil
+  for i = 1, #fields, 2 do
+    if fields[i] == 'event' then event = fields[i + 1] elseif fields[i] == 'round' then round = fields[i + 1] end
+  end
+  if event == ARGV[1] and (ARGV[1] ~= ARGV[6] or round == ARGV[3]) then return last[1][1] end
+end
+local id = redis.call('xadd', KEYS[1], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[1], 'data', ARGV[2], 'round', ARGV[3])
+redis.call('expire', KEYS[1], ARGV[4])
+return id
+"""
+
+
+def check_event_id(value: str | None, *, where: str) -> str | None:
+    """``value`` when it is an event id a client may resume after (``1732350000000-0``), None when absent.
+
+    Raises:
+        InvalidRequest: it is not such an id.
+    """
+    if value is None or value == "":
+        return None
+    if not _EVENT_ID.match(value):
+        raise InvalidRequest(
+            f"{where} must be the id of an event of this stream (such as 1732350000000-0), not {value[:64]!r}",
+            [{"loc": [where], "msg": "not an event id", "type": "value_error"}],
+        )
+    return value
+
+
+class EventStreams:
+    """The event streams of one gateway process: how many run, and each one's replay and follow loop."""
+
+    def __init__(
+        self,
+        *,
+        client: aioredis.Redis,
+        turns: TurnService,
+        max_streams: int,
+        keepalive_seconds: float,
+        ttl_seconds: int,
+        max_events: int,
+        clock: Callable[[], datetime],
+    ) -> None:
+        """Serve streams from ``client`` (a pool with a connection for each stream).
+
+        Args:
+            client: asyncio Redis on the state store's database.
+            turns: reads a turn's record when its log may lack the event that ends it.
+            max_streams: streams at once (``APTIX_EVENTS_MAX_STREAMS``).
+            keepalive_seconds: idle time after which a comment line goes out (``APTIX_EVENTS_KEEPALIVE_SECONDS``).
+            ttl_seconds: the lifetime of a turn's log (the turn state's), for events appended here.
+            max_events: about how many events a turn's log keeps.
+            clock: the gateway's clock.
+        """
+        self._client = client
+        self._turns = turns
+        self._max_streams = max_streams
+        self._keepalive_ms = max(1, int(keepalive_seconds * 1000))
+        self._ttl_seconds = ttl_seconds
+        self._max_events = max_events
+        self._clock = clock
+        self._append_once = client.register_script(_APPEND_ONCE)
+        self.open = 0
+        """Streams running now."""
+
+    def reserve(self) -> None:
+        """Count one more stream; each reservation is given back by the response it goes to (:meth:`respond`).
+
+        Raises:
+            Unavailable: this process already serves ``APTIX_EVENTS_MAX_STREAMS`` streams.
+        """
+        if self.open >= self._max_streams:
+            raise Unavailable(
+                f"this gateway process already serves {self._max_streams} event streams (APTIX_EVENTS_MAX_STREAMS)"
+            )
+        self.open += 1
+
+    def release(self) -> None:
+        """Give back a reservation whose response will not be sent."""
+        self.open -= 1
+
+    def respond(self, record: TurnRecord, *, org_id: str, after: str | None) -> StreamingResponse:
+        """The ``text/event-stream`` response of ``record``'s events after ``after``, with the turn's and
+        session's ids in ``Aptix-Turn-Id`` / ``Aptix-Session-Id``; it gives back the reservation made for it
+        when it ends, however it ends.
+
+        Args:
+            record: the caller's turn, as read when the stream begins (its round is the one the stream ends with).
+            org_id: the caller's organisation.
+            after: the id of the last event the client has; None for every event.
+        """
+        headers = {**_HEADERS, "Aptix-Turn-Id": record.turn_id, "Aptix-Session-Id": record.session_id}
+        return _EventStreamResponse(
+            self._frames(record, org_id=org_id, after=after), headers=headers, on_end=self.release
+        )
+
+    async def close(self) -> None:
+        """Close the Redis connections (the gateway is stopping)."""
+        await self._client.aclose()
+
+    async def start_of_round(self, turn_id: str, round_: int) -> str | None:
+        """The id of the event that ended round ``round_ - 1`` (its pause): round ``round_`` follows it.
+
+        Returns:
+            That id; None when the log does not hold it (the stream then starts from the first event).
+        """
+        entries: Any = await self._client.xrevrange(events_key(turn_id), count=_BATCH)
+        for entry_id, fields in entries:
+            if fields.get(b"event") == _PAUSE and fields.get(b"round") == str(round_ - 1).encode():
+                return str(entry_id.decode())
+        return None
+
+    async def _frames(self, record: TurnRecord, *, org_id: str, after: str | None) -> AsyncIterator[bytes]:
+        key = events_key(record.turn_id)
+        last = after or "0-0"
+        wait: int | None = None  # the replay does not wait: an ended turn whose log lacks its end is seen at once
+        known: TurnRecord | None = record
+        while True:
+            reply: Any = await self._client.xread({key: last}, count=_BATCH, block=wait)
+            entries = reply[0][1] if reply else []
+            frames = []
+            for entry_id, fields in entries:
+                last = entry_id.decode()
+                frames.append(b"id: %s\nevent: %s\ndata: %s\n\n" % (entry_id, fields[b"event"], fields[b"data"]))
+                if _ends(fields, record.round):
+                    yield b"".join(frames)
+                    return
+            if frames:
+                yield b"".join(frames)
+            if len(entries) == _BATCH or (entries and wait is not None):
+                continue
+            if wait is not None:
+                yield b": keep-alive\n\n"
+            if known is not None or not await self._moving(record.turn_id):
+                await self._repair(known, record.turn_id, org_id=org_id, round_=record.round)
+            known = None
+            wait = self._keepalive_ms
+
+    async def _moving(self, turn_id: str) -> bool:
+        """Whether the turn's in-flight marker vouches for it: a turn that moves has not ended, and its
+        record need not be read (every state save and lease renewal pushes the marker forward)."""
+        until = await self._client.zscore(INFLIGHT_KEY, turn_id)
+        return until is not None and until > self._clock().timestamp()
+
+    async def _repair(self, record: TurnRecord | None, turn_id: str, *, org_id: str, round_: int) -> None:
+        """Append the event that ends ``round_`` when the turn's record (read now when None) says it ended
+        and the log's last event is not that one."""
+        if record is None:
+            try:
+                record = await run_in_threadpool(self._turns.get, turn_id, org_id=org_id)
+            except NotFound:
+                return
+        status = TurnStatus(record.status)
+        ended = status.is_terminal or (status is TurnStatus.REQUIRES_CLIENT_TOOLS and record.round >= round_)
+        if not ended or (self._clock() - record.updated_at).total_seconds() < REPAIR_AFTER_SECONDS:
+            return
+        data = event_json(turn_json(to_turn(record)))
+        args: list[str | int] = [
+            ROUND_END_EVENTS[status], data, record.round, self._ttl_seconds, self._max_events, PAUSE_EVENT,
+        ]  # fmt: skip
+        await self._append_once(keys=[events_key(turn_id)], args=args)
+
+
+class _EventStreamResponse(StreamingResponse):
+    """A ``text/event-stream`` response that calls ``on_end`` once it is over, even if it never started."""
+
+    def __init__(self, frames: AsyncIterator[bytes], *, headers: dict[str, str], on_end: Callable[[], None]) -> None:
+        super().__init__(frames, media_type="text/event-stream", headers=headers)
+        self._on_end = on_end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_end()
+
+
+def _ends(fields: dict[bytes, bytes], round_: int) -> bool:
+    event = fields[b"event"]
+    if event in _FINAL:
+        return True
+    return event == _PAUSE and int(fields.get(b"round", b"0")) >= round_
