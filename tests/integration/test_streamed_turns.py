@@ -82,15 +82,22 @@ def _run(system: System, body: dict[str, Any], *, stream: bool, results: str | N
 
 
 def _start(system: System, body: dict[str, Any]) -> str:
-    """POST the turn. A streaming turn may be answered with its events (the stream ends when the round
-    does); the turn id is then in the round's last event, the turn as GET shows it."""
+    """POST the turn. A streaming turn may be answered with its events (once the gateway serves them;
+    the stream ends when the round does): the text they show must then be the text the model wrote."""
     with system.http.stream("POST", "/v1/turns", json=body, headers=system.headers()) as answer:
         answer.read()
         assert answer.status_code in (200, 202), answer.text
         if not answer.headers["content-type"].startswith("text/event-stream"):
             return str(answer.json()["turn_id"])
-    datas = [json.loads(line[5:]) for line in answer.text.splitlines() if line.startswith("data:")]
-    return str(next(data["turn_id"] for data in reversed(datas) if isinstance(data, dict) and "turn_id" in data))
+    named = []
+    for block in answer.text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "data" in fields:
+            named.append((fields.get("event", "message"), json.loads(fields["data"])))
+    turn = named[-1][1]
+    assert named[-1][0] in ("turn.completed", "turn.requires_client_tools"), named[-1]
+    assert _visible(named) == (turn["output_text"] or ""), named
+    return str(turn["turn_id"])
 
 
 def _recorded(system: System, engine: Engine, turn_id: str) -> dict[str, Any]:
@@ -127,16 +134,19 @@ def _requests(system: System, marker: str) -> tuple[list[dict[str, Any]], list[d
 def _relayed_text(system: System, turn_id: str) -> str | None:
     """The text a client following the turn shows (the deltas, minus those withdrawn), None without any."""
     log = RedisTurnEventLog(system.redis, ttl_seconds=600, max_events=10_000)
-    events = log.read(turn_id, after=None, block_ms=0, count=100_000)
+    events = [(event.event, event.data) for event in log.read(turn_id, after=None, block_ms=0, count=100_000)]
+    return _visible(events) if any(name == "output_text.delta" for name, _ in events) else None
+
+
+def _visible(events: list[tuple[str, Any]]) -> str:
+    """The deltas joined, the last N dropped at each ``output_text.reset``."""
     kept: list[str] = []
-    relayed = False
-    for event in events:
-        if event.event == "output_text.delta":
-            kept.append(event.data["delta"])
-            relayed = True
-        elif event.event == "output_text.reset":
-            del kept[len(kept) - event.data["deltas"] :]
-    return "".join(kept) if relayed else None
+    for name, data in events:
+        if name == "output_text.delta":
+            kept.append(data["delta"])
+        elif name == "output_text.reset":
+            del kept[len(kept) - data["deltas"] :]
+    return "".join(kept)
 
 
 def _normalised(value: Any) -> Any:
