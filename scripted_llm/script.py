@@ -1,14 +1,8 @@
 """The script of the scripted model: how one Responses API request body becomes one answer.
 
-Behaviour depends only on the request, except the ``[[fail:STATUS:N]]`` counters, which are keyed by
-the exact last user text. Directives, in the last user message:
-
-- ``[[call:NAME {json args}]]`` calls NAME (several directives, several calls); once the input holds
-  ``function_call_output`` items after the last user message, answers ``Tool results: NAME=OUTPUT; ...``.
-- ``[[loop]]`` always calls ``get_current_time`` with ``{}``.
-- ``[[fail:STATUS]]`` / ``[[fail:STATUS:N]]`` answers HTTP STATUS (only the first N times for N).
-- ``[[sleep:MS]]`` adds latency; ``[[say:TEXT]]`` answers TEXT exactly.
-- otherwise the answer is ``Echo: <last user text>``.
+Behaviour depends only on the request (its directives: :mod:`scripted_llm.directives`), except the
+``:N`` counts of ``[[fail]]``, ``[[cut]]`` and ``[[midfail]]``, which are kept per directive and
+exact last user text.
 """
 
 from __future__ import annotations
@@ -18,6 +12,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+from scripted_llm.directives import Directives, ScriptError, parse_directives
+from scripted_llm.streaming import failed_events, failed_response, stream_events
 
 __all__ = [
     "Directives",
@@ -33,20 +30,6 @@ LOOP_FUNCTION = "get_current_time"
 
 
 @dataclass(frozen=True, slots=True)
-class Directives:
-    """The directives found in one user text."""
-
-    calls: tuple[tuple[str, str], ...] = ()
-    """(name, JSON arguments string) per ``[[call:...]]``, in order."""
-    loop: bool = False
-    fail_status: int | None = None
-    fail_times: int | None = None
-    """Fail only the first N requests carrying the same text; None fails every one."""
-    sleep_ms: float = 0.0
-    say: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ScriptedAnswer:
     """What the server sends back for one request."""
 
@@ -55,17 +38,19 @@ class ScriptedAnswer:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     """Extra latency this request asked for (``[[sleep:MS]]``)."""
-
-
-class ScriptError(ValueError):
-    """The request is invalid or a directive cannot be read; answered as a 400."""
+    events: list[dict[str, Any]] | None = None
+    """The stream events to send instead of ``body`` (a request with ``"stream": true``)."""
+    event_delay_s: float = 0.0
+    """The pause between two stream events (``[[drip:MS]]``)."""
+    cut: bool = False
+    """End the connection after ``events`` without ending the stream properly (``[[cut:N]]``)."""
 
 
 class ScriptState:
-    """The per-server state of the script: the ``[[fail:STATUS:N]]`` counters."""
+    """The per-server state of the script: the ``:N`` counters of ``[[fail]]``, ``[[cut]]`` and ``[[midfail]]``."""
 
     def __init__(self) -> None:
-        self._fail_counts: Counter[str] = Counter()
+        self._fail_counts: Counter[tuple[str, str]] = Counter()
 
     def answer(self, body: object, *, seq: int) -> ScriptedAnswer:
         """Decide the answer to one request body.
@@ -84,15 +69,31 @@ class ScriptState:
         except ScriptError as exc:
             return ScriptedAnswer(400, error_body(400, str(exc)))
         delay_s = directives.sleep_ms / 1000.0
-        if directives.fail_status is not None and self._should_fail(text, directives.fail_times):
+        if directives.fail_status is not None and self._applies("fail", text, directives.fail_times):
             return _failure(directives.fail_status, delay_s)
-        return ScriptedAnswer(200, _response(request, text, directives, seq=seq), delay_s=delay_s)
+        response = _response(request, text, directives, seq=seq)
+        midfail = directives.midfail_code is not None and self._applies("midfail", text, directives.midfail_times)
+        if request.get("stream") is not True:
+            if midfail:
+                response = failed_response(response, code=str(directives.midfail_code), message="scripted failure")
+            return ScriptedAnswer(200, response, delay_s=delay_s)
+        if midfail:
+            events = failed_events(response, code=str(directives.midfail_code), message="scripted failure")
+        else:
+            events = stream_events(response)
+        cut = directives.cut_after is not None and self._applies("cut", text, directives.cut_times)
+        if cut:
+            events = events[: directives.cut_after]
+        return ScriptedAnswer(
+            200, response, delay_s=delay_s, events=events, event_delay_s=directives.drip_ms / 1000.0, cut=cut
+        )
 
-    def _should_fail(self, text: str, times: int | None) -> bool:
+    def _applies(self, directive: str, text: str, times: int | None) -> bool:
+        """Whether a directive with a ``:TIMES`` count still applies to this request (always without one)."""
         if times is None:
             return True
-        self._fail_counts[text] += 1
-        return self._fail_counts[text] <= times
+        self._fail_counts[directive, text] += 1
+        return self._fail_counts[directive, text] <= times
 
 
 def last_user_text(input_value: object) -> str:
@@ -110,46 +111,6 @@ def last_user_text(input_value: object) -> str:
         return ""
     index = _last_user_index(input_value)
     return "" if index is None else _content_text(input_value[index].get("content"))
-
-
-def parse_directives(text: str) -> Directives:
-    """Read the ``[[...]]`` directives of a user text.
-
-    Args:
-        text: the last user text.
-
-    Returns:
-        The directives; unknown ``[[...]]`` groups are plain text.
-
-    Raises:
-        ScriptError: a known directive is malformed.
-    """
-    calls: list[tuple[str, str]] = []
-    found: dict[str, Any] = {}
-    position = 0
-    while (start := text.find("[[", position)) != -1:
-        head_end = start + 2
-        while head_end < len(text) and (text[head_end].isalpha()):
-            head_end += 1
-        name = text[start + 2 : head_end]
-        if name == "call" and text.startswith(":", head_end):
-            call, position = _read_call(text, head_end + 1)
-            calls.append(call)
-            continue
-        end = text.find("]]", head_end)
-        if end == -1:
-            break
-        position = end + 2
-        argument = text[head_end + 1 : end] if text.startswith(":", head_end) else None
-        if name == "loop" and argument is None:
-            found["loop"] = True
-        elif name == "say" and argument is not None:
-            found["say"] = argument
-        elif name == "sleep" and argument is not None:
-            found["sleep_ms"] = _number(argument, "sleep")
-        elif name == "fail" and argument is not None:
-            found.update(_read_fail(argument))
-    return Directives(calls=tuple(calls), **found)
 
 
 def error_body(status_code: int, message: str) -> dict[str, Any]:
@@ -184,49 +145,6 @@ def _checked_request(body: object) -> dict[str, Any]:
 def _failure(status_code: int, delay_s: float) -> ScriptedAnswer:
     headers = {"retry-after": "0"} if status_code == 429 else {}
     return ScriptedAnswer(status_code, error_body(status_code, "scripted failure"), headers, delay_s)
-
-
-def _read_call(text: str, start: int) -> tuple[tuple[str, str], int]:
-    """Parse ``NAME {json}]]`` from ``start``; returns the call and the position after ``]]``."""
-    end = start
-    while end < len(text) and (text[end].isalnum() or text[end] in "_-."):
-        end += 1
-    name = text[start:end]
-    if not name:
-        raise ScriptError("[[call:...]] needs a function name")
-    position = end
-    while position < len(text) and text[position].isspace():
-        position += 1
-    arguments: object = {}
-    if text.startswith("{", position):
-        try:
-            arguments, position = json.JSONDecoder().raw_decode(text, position)
-        except ValueError as exc:
-            raise ScriptError(f"[[call:{name} ...]] arguments are not valid JSON: {exc}") from exc
-        while position < len(text) and text[position].isspace():
-            position += 1
-    if not text.startswith("]]", position):
-        raise ScriptError(f"[[call:{name} ...]] is not closed by ']]'")
-    return (name, json.dumps(arguments)), position + 2
-
-
-def _read_fail(argument: str) -> dict[str, Any]:
-    status_text, _, times_text = argument.partition(":")
-    status = int(_number(status_text, "fail"))
-    if not 400 <= status <= 599:
-        raise ScriptError(f"[[fail:{argument}]] needs a status from 400 to 599")
-    times = int(_number(times_text, "fail")) if times_text else None
-    return {"fail_status": status, "fail_times": times}
-
-
-def _number(text: str, directive: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ScriptError(f"[[{directive}:{text}]] needs a number") from None
-    if value < 0:
-        raise ScriptError(f"[[{directive}:{text}]] needs a non-negative number")
-    return value
 
 
 def _last_user_index(items: list[Any]) -> int | None:
@@ -327,7 +245,7 @@ def _response(request: dict[str, Any], text: str, directives: Directives, *, seq
         "text": {"format": {"type": "text"}},
         "usage": {
             "input_tokens": input_words,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": output_words,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_words + output_words,

@@ -6,12 +6,14 @@ import asyncio
 import json
 import logging
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from scripted_llm.script import ScriptState, error_body
+from scripted_llm.script import ScriptedAnswer, ScriptState, error_body
+from scripted_llm.streaming import SSE_MEDIA_TYPE, encode_event
 
 __all__ = ["create_app"]
 
@@ -54,11 +56,12 @@ def create_app(*, latency_ms: float = 0.0, journal_size: int = 2000) -> FastAPI:
         and ``GET /__scripted/healthz``.
     """
     app = FastAPI(title="Aptix scripted LLM", docs_url=None, redoc_url=None, openapi_url=None)
+    logging.getLogger("uvicorn.error").addFilter(_not_a_cut)  # a cut on purpose is no server error to log
     journal = _Journal(journal_size)
     script = ScriptState()
     base_delay_s = max(latency_ms, 0.0) / 1000.0
 
-    async def create_response(request: Request) -> JSONResponse:
+    async def create_response(request: Request) -> Response:
         raw = await request.body()
         try:
             body: Any = json.loads(raw)
@@ -71,6 +74,8 @@ def create_app(*, latency_ms: float = 0.0, journal_size: int = 2000) -> FastAPI:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         logger.debug("scripted answer %d to request %d", answer.status_code, seq)
+        if answer.events is not None:
+            return StreamingResponse(_sent(answer), answer.status_code, media_type=SSE_MEDIA_TYPE)
         return JSONResponse(answer.body, answer.status_code, headers=answer.headers)
 
     app.add_api_route("/v1/responses", create_response, methods=["POST"])
@@ -90,3 +95,28 @@ def create_app(*, latency_ms: float = 0.0, journal_size: int = 2000) -> FastAPI:
         return {"ok": True}
 
     return app
+
+
+class _Cut(Exception):
+    """Raised inside a streamed answer to end its connection without the stream's end (``[[cut:N]]``)."""
+
+
+async def _sent(answer: ScriptedAnswer) -> AsyncIterator[bytes]:
+    """The answer's stream events as SSE bytes, paced by ``[[drip:MS]]``; a cut answer ends by raising."""
+    assert answer.events is not None
+    for number, event in enumerate(answer.events):
+        if number and answer.event_delay_s > 0:
+            await asyncio.sleep(answer.event_delay_s)
+        yield encode_event(event)
+    if answer.cut:
+        # The server then closes the connection without the final chunk: the client sees a cut
+        # connection, not a stream that ended cleanly.
+        raise _Cut("scripted cut")
+
+
+def _not_a_cut(record: logging.LogRecord) -> bool:
+    """False for uvicorn's "Exception in ASGI application" record of a ``[[cut:N]]`` (added once: same function)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return not isinstance(exc, _Cut)

@@ -184,6 +184,10 @@ class Settings(BaseSettings):
     events_keepalive_seconds: Annotated[float, Field(gt=0)] = 15.0
     """An event stream with nothing to send for this long sends a comment line (so proxies keep it open)
     and checks that the turn has not ended without its event."""
+    llm_stream_flush_ms: Annotated[float, Field(ge=0)] = 20.0
+    """A turn that streams appends the model's text to its event log as it arrives, at most one
+    ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together
+    with the next one, or when their text part ends (fewer appends, coarser pieces); 0 appends each delta."""
 
     @field_validator("api_keys")
     @classmethod

@@ -22,9 +22,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.responses_conformance import request_problems, response_problems
+from tests.support.responses_conformance import request_problems, response_problems, stream_problems
 
-__all__ = ["FIXTURES_ENV", "fixtures_dir", "load_fixture", "validate_request_bodies", "validate_response_bodies"]
+__all__ = [
+    "FIXTURES_ENV",
+    "fixtures_dir",
+    "load_fixture",
+    "validate_request_bodies",
+    "validate_response_bodies",
+    "validate_stream_bodies",
+]
 
 FIXTURES_ENV = "APTIX_FIXTURES_DIR"
 NOT_RUN = (
@@ -83,6 +90,21 @@ def validate_response_bodies(bodies: list[dict[str, Any]]) -> None:
     _validate(bodies, ["--kind", "response", "--lenient"])
 
 
+def validate_stream_bodies(bodies: list[bytes]) -> None:
+    """Check event-stream bodies: the SDK's ``ResponseStreamEvent`` and the stream protocol, then
+    validate.py (``--kind stream``) on each when the fixtures are configured.
+
+    Raises:
+        AssertionError: a stream breaks the SDK's types or the protocol, with what and where.
+    """
+    assert bodies, "nothing to validate"
+    found = {index: problems for index, body in enumerate(bodies) if (problems := stream_problems(body))}
+    assert not found, "\n".join(
+        f"stream {index}: {'; '.join(problems)}\n  {bodies[index].decode()[:2000]}" for index, problems in found.items()
+    )
+    _validate_files([(f"stream_{index:03d}.sse", body) for index, body in enumerate(bodies)], ["--kind", "stream"])
+
+
 def _check(bodies: list[dict[str, Any]], problems_of: Any) -> None:
     assert bodies, "nothing to validate"
     found = {index: problems for index, body in enumerate(bodies) if (problems := problems_of(body))}
@@ -93,14 +115,21 @@ def _check(bodies: list[dict[str, Any]], problems_of: Any) -> None:
 
 
 def _validate(bodies: list[dict[str, Any]], options: list[str]) -> None:
+    _validate_files(
+        [(f"body_{index:03d}.json", json.dumps(body).encode()) for index, body in enumerate(bodies)], options
+    )
+
+
+def _validate_files(named: list[tuple[str, bytes]], options: list[str]) -> None:
+    """Run validate.py with ``options`` on each (file name, content), when the fixtures are configured."""
     directory = configured_dir()
     if directory is None:
         return
     with tempfile.TemporaryDirectory(prefix="aptix-validate-") as tmp:
         files = []
-        for index, body in enumerate(bodies):
-            path = Path(tmp) / f"body_{index:03d}.json"
-            path.write_text(json.dumps(body), encoding="utf-8")
+        for name, content in named:
+            path = Path(tmp) / name
+            path.write_bytes(content)
             files.append(str(path))
         result = subprocess.run(
             [sys.executable, str(directory / "validate.py"), *options, "-q", *files],
@@ -110,7 +139,9 @@ def _validate(bodies: list[dict[str, Any]], options: list[str]) -> None:
             check=False,
         )
         if result.returncode != 0:
-            dumped = "\n".join(f"{path}: {json.dumps(body)[:2000]}" for path, body in zip(files, bodies, strict=True))
+            dumped = "\n".join(
+                f"{path}: {content.decode()[:2000]}" for path, (_, content) in zip(files, named, strict=True)
+            )
             raise AssertionError(
                 f"validate.py {' '.join(options)} exited {result.returncode}:\n"
                 f"{result.stdout}{result.stderr}\nbodies:\n{dumped}"

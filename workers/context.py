@@ -42,10 +42,21 @@ __all__ = [
 
 
 class LlmPort(Protocol):
-    """The one thing steps need from the LLM client."""
+    """What steps need from the LLM client: one call, read whole or streamed."""
 
     def create(self, request: dict[str, Any]) -> LlmResponse:
         """Send one Responses API request."""
+
+    def stream(
+        self,
+        request: dict[str, Any],
+        on_text: Callable[[str], None],
+        *,
+        on_text_done: Callable[[], None] | None = None,
+    ) -> LlmResponse:
+        """Send one Responses API request with ``"stream": true``; ``on_text`` gets each text delta as it
+        arrives, ``on_text_done`` the end of each text part, and the result is what :meth:`create`
+        returns for the same answer."""
 
 
 class BreakerPort(Protocol):

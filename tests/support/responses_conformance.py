@@ -7,8 +7,16 @@ bodies again when ``APTIX_FIXTURES_DIR`` is set. A request body is walked strict
 discriminator, a key the SDK does not declare is an error (the API answers 400 "Unknown
 parameter"), a required key must be there, and no lax coercion is accepted ("1" for an int). Then
 the protocol rules real traffic taught us: ``model`` is set, ``function_call.arguments`` is a JSON
-string, and every ``function_call_output`` follows the ``function_call`` it answers. A response
-body must validate as the SDK's ``Response`` model.
+string, and every ``function_call_output`` follows the ``function_call`` it answers. A request with
+``"stream": true`` is walked over ``ResponseCreateParamsStreaming`` instead. A response body must
+validate as the SDK's ``Response`` model.
+
+A streamed answer (a ``text/event-stream`` body) is split into its events; each event's data must
+validate as the SDK's ``ResponseStreamEvent`` (the union is discriminated on ``type``), and the
+stream must keep the protocol recorded streams keep: ``event:`` names the data's ``type``,
+``sequence_number`` counts 0, 1, 2, ..., ``response.created`` comes first and one terminal event
+last, the text and argument deltas join to their ``.done`` values, and a terminal response is a
+valid ``Response`` whose items are the ``output_item.done`` items.
 """
 
 from __future__ import annotations
@@ -19,12 +27,15 @@ import types
 import typing
 from typing import Any, NotRequired, Required, get_args, get_origin
 
-from openai.types.responses import Response
-from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
-from pydantic import ValidationError
+from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.response_create_params import (
+    ResponseCreateParamsNonStreaming,
+    ResponseCreateParamsStreaming,
+)
+from pydantic import TypeAdapter, ValidationError
 from typing_extensions import ReadOnly, get_type_hints, is_typeddict
 
-__all__ = ["request_problems", "response_problems"]
+__all__ = ["request_problems", "response_problems", "stream_events", "stream_problems"]
 
 _WRAPPERS = {Required, NotRequired, ReadOnly, typing.Annotated}
 _LISTS = {list, collections.abc.Iterable, collections.abc.Sequence}
@@ -32,7 +43,8 @@ _LISTS = {list, collections.abc.Iterable, collections.abc.Sequence}
 
 def request_problems(body: dict[str, Any]) -> list[str]:
     """Every way ``body`` (a ``POST /responses`` body) breaks the SDK's types or the protocol."""
-    problems = _walk(body, ResponseCreateParamsNonStreaming, "")
+    params = ResponseCreateParamsStreaming if body.get("stream") is True else ResponseCreateParamsNonStreaming
+    problems = _walk(body, params, "")
     if not body.get("model"):
         problems.append("model: missing (the API requires it)")
     if not body.get("previous_response_id") and not body.get("conversation"):
@@ -56,6 +68,81 @@ def response_problems(body: dict[str, Any]) -> list[str]:
             if not (error["type"] == "missing" and where in _LENIENT_MISSING)
         ]
     return []
+
+
+def stream_events(body: bytes) -> list[tuple[str | None, dict[str, Any]]]:
+    """The ``(event: name, data)`` pairs of an event-stream body (events end with a blank line; LF line ends)."""
+    events = []
+    for block in body.decode("utf-8").split("\n\n"):
+        lines = [line for line in block.split("\n") if line and not line.startswith(":")]
+        if not lines:
+            continue
+        name = next((line.removeprefix("event:").strip() for line in lines if line.startswith("event:")), None)
+        data = "\n".join(line.removeprefix("data:").removeprefix(" ") for line in lines if line.startswith("data:"))
+        events.append((name, json.loads(data)))
+    return events
+
+
+def stream_problems(body: bytes) -> list[str]:
+    """Every way an event-stream body breaks the SDK's ``ResponseStreamEvent`` types or the stream protocol."""
+    events = stream_events(body)
+    if not events:
+        return ["the stream holds no event"]
+    problems = []
+    for number, (name, data) in enumerate(events):
+        where = f"events.{number} ({data.get('type')})"
+        try:
+            _STREAM_EVENT.validate_python(data)
+        except ValidationError as exc:
+            problems += [f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        if name != data.get("type"):
+            problems.append(f"{where}: event: {name!r} is not its type")
+        if data.get("sequence_number") != number:
+            problems.append(f"{where}: sequence_number {data.get('sequence_number')!r}, expected {number}")
+    return problems + _stream_protocol([data for _, data in events])
+
+
+_STREAM_EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
+_TERMINAL = ("response.completed", "response.failed", "response.incomplete")
+
+
+def _stream_protocol(events: list[dict[str, Any]]) -> list[str]:
+    problems = []
+    if events[0].get("type") != "response.created":
+        problems.append(f"events.0: the stream starts with {events[0].get('type')!r}, not response.created")
+    terminal = events[-1]
+    if terminal.get("type") not in _TERMINAL:
+        problems.append(f"the stream ends with {terminal.get('type')!r}, not a terminal event")
+    texts: dict[tuple[Any, Any], str] = {}
+    arguments: dict[Any, str] = {}
+    done_items: dict[int, Any] = {}
+    for number, event in enumerate(events):
+        kind = event.get("type")
+        if kind in _TERMINAL and number != len(events) - 1:
+            problems.append(f"events.{number}: {kind} before the end of the stream")
+        if kind == "response.output_text.delta":
+            key = (event.get("item_id"), event.get("content_index"))
+            texts[key] = texts.get(key, "") + event["delta"]
+        elif kind == "response.output_text.done":
+            key = (event.get("item_id"), event.get("content_index"))
+            if texts.get(key, "") != event.get("text"):
+                problems.append(
+                    f"events.{number}: the deltas join to {texts.get(key, '')!r}, not {event.get('text')!r}"
+                )
+        elif kind == "response.function_call_arguments.delta":
+            arguments[event.get("item_id")] = arguments.get(event.get("item_id"), "") + event["delta"]
+        elif kind == "response.function_call_arguments.done":
+            joined = arguments.get(event.get("item_id"), "")
+            if joined != event.get("arguments"):
+                problems.append(f"events.{number}: the deltas join to {joined!r}, not {event.get('arguments')!r}")
+        elif kind == "response.output_item.done":
+            done_items[event["output_index"]] = event.get("item")
+    final = terminal.get("response")
+    if terminal.get("type") == "response.completed" and isinstance(final, dict):
+        problems += [f"the final response: {problem}" for problem in response_problems(final)]
+        if [done_items[index] for index in sorted(done_items)] != final.get("output"):
+            problems.append("the output_item.done items are not the final response's output")
+    return problems
 
 
 _LENIENT_MISSING = frozenset(

@@ -4,6 +4,7 @@ and builders of envelopes, recorded turns and model answers."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -43,12 +44,30 @@ class FakeLlm:
     def __init__(self, *answers: LlmResponse | Exception) -> None:
         self.answers = list(answers)
         self.requests: list[dict[str, Any]] = []
+        self.streamed = 0
+        """How many of the requests were streamed."""
 
     def create(self, request: dict[str, Any]) -> LlmResponse:
         self.requests.append(request)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
+        return answer
+
+    def stream(
+        self,
+        request: dict[str, Any],
+        on_text: Callable[[str], None],
+        *,
+        on_text_done: Callable[[], None] | None = None,
+    ) -> LlmResponse:
+        """As :meth:`create`, streamed: an answer's text goes to ``on_text`` word by word first."""
+        self.streamed += 1
+        answer = self.create(request)
+        for word in re.findall(r"\s*\S+", answer.output_text or ""):
+            on_text(word)
+        if answer.output_text and on_text_done is not None:
+            on_text_done()
         return answer
 
 
@@ -173,11 +192,14 @@ def record_turn(
     new_session: bool = True,
     tools: list[dict[str, Any]] | None = None,
     created_at: datetime = FIXED_NOW,
+    stream: bool = False,
 ) -> TurnEnvelope:
     """Record a queued turn as the gateway does (at ``created_at``); returns its first message."""
     request: dict[str, Any] = {"input": text}
     if tools is not None:
         request["tools"] = tools
+    if stream:
+        request["stream"] = True
     ctx.turns.create(
         NewTurn(turn_id=turn_id, session_id=session_id, org_id="o", user_id="u", new_session=new_session,
                 requested_mode=None, request=request, request_hash="h"),

@@ -360,3 +360,71 @@ def test_remote_hosts_allowed_without_guard(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("APTIX_LLM_LOCAL_ONLY", raising=False)
 
     ResponsesClient(base_url="https://api.openai.com/v1", api_key=KEY).close()
+
+
+def _sse_body(*events: dict[str, Any]) -> bytes:
+    return b"".join(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events)
+
+
+_TEXT_EVENTS = (
+    {"type": "response.created", "response": {**RESPONSE, "status": "in_progress", "output": []}},
+    {"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0, "delta": "hel"},
+    {"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0, "delta": "lo"},
+    {"type": "response.completed", "response": RESPONSE},
+)
+
+
+def test_stream_sends_stream_true_and_relays_each_delta(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    # Given a server that answers with an event stream of known length (not chunked)
+    llm.handler = lambda _seen: Reply(body=_sse_body(*_TEXT_EVENTS), headers={"Content-Type": "text/event-stream"})
+    client = make_client()
+    deltas: list[str] = []
+
+    # When the client streams twice
+    first = client.stream(REQUEST, deltas.append)
+    second = client.stream(REQUEST, deltas.append)
+
+    # Then it asked to stream, relayed the deltas, returned what create() returns, on one connection
+    assert json.loads(llm.seen[0].body) == {**REQUEST, "stream": True}
+    assert deltas == ["hel", "lo", "hel", "lo"]
+    llm.handler = lambda _seen: Reply()
+    assert first == second == client.create(REQUEST)
+    assert len({seen.client_port for seen in llm.seen}) == 1
+
+
+def test_stream_reads_a_json_answer_when_the_server_does_not_stream(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    deltas: list[str] = []
+
+    parsed = make_client().stream(REQUEST, deltas.append)
+
+    assert (parsed.output_text, deltas) == ("hello", [])
+
+
+def test_stream_raises_an_error_answer_before_relaying_anything(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    body = {"error": {"message": "slow down", "type": "requests", "param": None, "code": "rate_limit_exceeded"}}
+    llm.handler = lambda _seen: Reply(429, body, headers={"Retry-After": "2"})
+    deltas: list[str] = []
+
+    with pytest.raises(LlmError) as caught:
+        make_client().stream(REQUEST, deltas.append)
+
+    assert (caught.value.status_code, caught.value.retryable, caught.value.retry_after) == (429, True, 2.0)
+    assert deltas == []
+
+
+def test_stream_that_ends_without_its_terminal_event_is_a_retryable_transport_failure(
+    llm: FakeLlm, make_client: Callable[..., ResponsesClient]
+) -> None:
+    llm.handler = lambda _seen: Reply(body=_sse_body(*_TEXT_EVENTS[:2]), headers={"Content-Type": "text/event-stream"})
+    deltas: list[str] = []
+
+    with pytest.raises(LlmError, match=r"ended before its response\.completed") as caught:
+        make_client().stream(REQUEST, deltas.append)
+
+    assert (caught.value.status_code, caught.value.retryable, deltas) == (0, True, ["hel"])

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from tests.support.responses_conformance import request_problems, response_problems
+from tests.support.responses_conformance import request_problems, response_problems, stream_problems
 
 _TOOL = {"type": "function", "name": "open_file", "parameters": {"type": "object", "properties": {}}, "strict": False}
 
@@ -52,3 +53,35 @@ def test_a_request_without_a_model_is_refused() -> None:
 def test_a_response_missing_its_output_is_refused() -> None:
     problems = response_problems({"id": "resp_1", "object": "response", "created_at": 1, "model": "m"})
     assert any(problem.startswith("output:") for problem in problems), problems
+
+
+def test_a_streaming_request_is_walked_over_the_streaming_params() -> None:
+    assert request_problems(_request(stream=True)) == []
+    assert request_problems(_request(stream=False)) == []
+    assert request_problems(_request(stream="yes")) == ["stream: 'yes' is not one of (False,)"]
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    numbered = [{**event, "sequence_number": n} for n, event in enumerate(events)]
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in numbered)
+
+
+def test_a_stream_whose_deltas_do_not_join_or_that_never_ends_is_refused() -> None:
+    response = {"id": "r", "object": "response", "created_at": 1, "model": "m", "output": [], "status": "in_progress",
+                "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}  # fmt: skip
+    where = {"item_id": "m1", "output_index": 0, "content_index": 0, "logprobs": []}
+    body = _sse(
+        {"type": "response.created", "response": response},
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": {"id": "m1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}},
+        {"type": "response.output_text.delta", **where, "delta": "Hel"},
+        {"type": "response.output_text.done", **where, "text": "Hello"},
+    )  # fmt: skip
+
+    assert stream_problems(body) == [
+        "the stream ends with 'response.output_text.done', not a terminal event",
+        "events.3: the deltas join to 'Hel', not 'Hello'",
+    ]
+    assert stream_problems(body.replace(b'"sequence_number": 2', b'"sequence_number": 5'))[0] == (
+        "events.2 (response.output_text.delta): sequence_number 5, expected 2"
+    )

@@ -61,7 +61,7 @@ def test_answers_echo_of_last_user_text(client: TestClient) -> None:
     assert body["tools"] == TOOLS
     assert body["usage"] == {
         "input_tokens": 5,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": 3,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 8,

@@ -1,4 +1,5 @@
-"""ResponsesClient: one POST to ``{base_url}/responses`` per call, over a shared urllib3 connection pool.
+"""ResponsesClient: one POST to ``{base_url}/responses`` per call, over a shared urllib3 connection pool,
+read whole (:meth:`ResponsesClient.create`) or as an event stream (:meth:`ResponsesClient.stream`).
 
 Why urllib3 and not httpx (``benchmarks/llm_inflight.py``, FIELD-NOTES "I/O-bound work"): the
 ``llm`` queue runs ``-P gevent -c 2000``, so one process keeps ~2,000 calls in flight. httpx's pool
@@ -12,6 +13,7 @@ import json
 import logging
 import os
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +22,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from shared.errors import LlmError
 from workers.llm.parsing import parse_error, parse_response
+from workers.llm.streaming import ResponseStream, TextSink
 from workers.llm.types import LlmResponse
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "LOCAL_ONLY_ENV", "ResponsesClient"]
@@ -37,6 +40,8 @@ them busy waits for one (up to ``timeout``) rather than opening an extra one.
 """
 
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+_READ_SIZE = 65536
+"""At most this many bytes per read of a streamed body; a read returns what has arrived, never waits for more."""
 
 
 class ResponsesClient:
@@ -111,6 +116,71 @@ class ResponsesClient:
                 (``status_code`` 0, retryable), or a body that is not a usable response.
             ValueError: the request is not JSON-serialisable (e.g. holds NaN).
         """
+        answer = self._post(request, preload=True)
+        return self._parsed_json(answer.status, answer.data)
+
+    def stream(
+        self, request: dict[str, Any], on_text: TextSink, *, on_text_done: Callable[[], None] | None = None
+    ) -> LlmResponse:
+        """POST one request with ``"stream": true``, relay its text as it is generated, and parse the answer.
+
+        The body is read as it arrives; ``on_text`` gets each ``response.output_text.delta``'s text
+        before the next event is read. The result is built from the terminal ``response.completed``
+        event by the same parser as :meth:`create` (:mod:`workers.llm.streaming`), so it is what the
+        same call without streaming returns. A server that answers with JSON instead of an event
+        stream is read as :meth:`create` reads it (and relays nothing).
+
+        Args:
+            request: the Responses API request body; it is sent with ``"stream": true`` added.
+            on_text: called with each text delta. What it raises ends the call and propagates.
+            on_text_done: called when a text part is complete (``response.output_text.done``).
+
+        Returns:
+            The parsed response.
+
+        Raises:
+            LlmError: as :meth:`create` (an error status is answered before any event, so nothing
+                was relayed); and mid-stream: an ``error`` or ``response.failed`` event (retryable
+                for ``server_error`` and ``rate_limit_exceeded``), ``response.incomplete``, a body
+                that ends or breaks before its terminal event or a read timeout (``status_code`` 0,
+                retryable).
+            ValueError: the request is not JSON-serialisable.
+        """
+        answer = self._post({**request, "stream": True}, preload=False)
+        finished = False
+        try:
+            reader = ResponseStream(on_text, on_text_done=on_text_done)
+            try:
+                if not answer.headers.get("content-type", "").startswith("text/event-stream"):
+                    body = answer.data
+                    finished = True
+                    return self._parsed_json(answer.status, body)
+                while not reader.finished and (chunk := answer.read1(_READ_SIZE)):
+                    reader.feed(chunk)
+            except Urllib3Error as exc:
+                logger.warning("LLM stream from %s broke after %d event(s): %s", self._url, reader.events, _name(exc))
+                raise LlmError(
+                    f"LLM stream broke after {reader.events} event(s) ({_name(exc)})", status_code=0, retryable=True
+                ) from exc
+            result = reader.result()
+            # The body ends right after the terminal event; reading its end lets the connection be reused.
+            # A server that keeps the body open instead costs one read timeout here, and its connection.
+            try:
+                finished = not answer.read1(_READ_SIZE)
+            except Urllib3Error:
+                finished = False
+            return result
+        finally:
+            if not finished:
+                answer.close()  # a half-read body cannot be reused: drop the connection
+            answer.release_conn()
+
+    def _post(self, request: dict[str, Any], *, preload: bool) -> urllib3.BaseHTTPResponse:
+        """Send the request; the answer when its status is 2xx (its body read when ``preload``).
+
+        Raises:
+            LlmError: a transport failure, or an answer whose status is not 2xx.
+        """
         payload = json.dumps(request, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         try:
             answer = self._http.request(
@@ -121,27 +191,39 @@ class ResponsesClient:
                 redirect=False,
                 retries=False,
                 pool_timeout=self._pool_timeout,
+                preload_content=preload,
             )
         except Urllib3Error as exc:
-            logger.warning("LLM request to %s failed: %s", self._url, type(exc).__name__)
+            logger.warning("LLM request to %s failed: %s", self._url, _name(exc))
             raise LlmError(
-                f"LLM request failed before an answer ({type(exc).__name__})", status_code=0, retryable=True
+                f"LLM request failed before an answer ({_name(exc)})", status_code=0, retryable=True
             ) from exc
         if not 200 <= answer.status < 300:
-            error = parse_error(answer.status, answer.data, answer.headers, secrets=self._secrets)
+            try:
+                body = answer.data  # read now when not preloaded
+            except Urllib3Error:
+                body = b""
+            finally:
+                answer.release_conn()
+            error = parse_error(answer.status, body, answer.headers, secrets=self._secrets)
             logger.warning("LLM answered %d (retryable=%s)", answer.status, error.retryable)
             raise error
+        return answer
+
+    def _parsed_json(self, status: int, data: bytes) -> LlmResponse:
         try:
-            body = json.loads(answer.data)
+            body = json.loads(data)
         except ValueError as exc:
-            raise LlmError(
-                f"LLM server answered {answer.status} with a body that is not JSON", status_code=answer.status
-            ) from exc
+            raise LlmError(f"LLM server answered {status} with a body that is not JSON", status_code=status) from exc
         return parse_response(body)
 
     def close(self) -> None:
         """Close the idle pooled connections; busy ones close when their call ends."""
         self._http.clear()
+
+
+def _name(exc: Exception) -> str:
+    return type(exc).__name__
 
 
 def _is_loopback(base_url: str) -> bool:

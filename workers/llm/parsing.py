@@ -21,7 +21,7 @@ from shared.errors import LlmError
 from shared.redaction import redact
 from workers.llm.types import FunctionCall, LlmResponse
 
-__all__ = ["parse_error", "parse_response", "replay_items"]
+__all__ = ["failed_error", "parse_error", "parse_response", "replay_items"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def parse_response(body: object) -> LlmResponse:
         raise LlmError(f"LLM response is not a JSON object (got {type(body).__name__})")
     status = body.get("status")
     if status == "failed":
-        raise _failed_error(body.get("error"))
+        raise failed_error(body.get("error"))
     if status == "incomplete":
         details = body.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
@@ -149,8 +149,16 @@ def replay_items(response: LlmResponse) -> list[dict[str, Any]]:
     return cleaned
 
 
-def _failed_error(error: object) -> LlmError:
-    """The LlmError for a 200 response with ``status: "failed"``."""
+def failed_error(error: object) -> LlmError:
+    """The LlmError for a generation the server reports failed after a 200 (``status: "failed"``, a
+    stream's ``error`` event).
+
+    Args:
+        error: the ``error`` object (``{"code", "message"}``), if any.
+
+    Returns:
+        The error, retryable for ``server_error`` and ``rate_limit_exceeded``.
+    """
     code = message = None
     if isinstance(error, dict):
         code = _str_or_none(error.get("code"))

@@ -1,8 +1,11 @@
 """LLM Call (AGN-027 layer C): exactly one call to the model, normalised.
 
-Reads: ``state.pending_request``; the model's shared circuit breaker. Writes: ``state.last_response``,
-usage, the ``llm_call`` trace step (``llm_error`` for a failed call); the breaker's count; the
-call's latency, outcome and tokens in the worker's metrics, as it returns. Next:
+Reads: ``state.pending_request``, ``state.stream``; the model's shared circuit breaker. Writes:
+``state.last_response``, usage, the ``llm_call`` trace step (``llm_error`` for a failed call); the
+breaker's count; the call's latency, outcome and tokens in the worker's metrics, as it returns; for a
+turn that streams, the model's text to the turn's event log while it is generated
+(:mod:`workers.text_relay`: ``output_text.delta``, and ``output_text.reset`` when a call fails after
+some of its text went out). The recorded response is the same either way. Next:
 reasoner. When the model cannot answer now (429, 5xx, timeout, connection error, or its breaker is
 open so no call is made) it returns RetryAfter, and the driver's retry policy sends the step again
 later, holding no worker slot meanwhile, until the budget (``APTIX_LLM_RETRY_BUDGET_SECONDS``,
@@ -25,6 +28,7 @@ from shared.task_names import StepName
 from workers.context import BreakerPort, StepContext
 from workers.llm.types import response_to_dict
 from workers.next_step import Continue, Next, RetryAfter
+from workers.text_relay import TextRelay
 from workers.trace import trace
 
 __all__ = ["run"]
@@ -45,12 +49,18 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         ctx.metrics.count_breaker_open(model)
         reason = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
         return success(RetryAfter(ErrorInfo(code=ErrorCode.LLM_ERROR, message=reason), hint=wait, called=False))
+    relay = TextRelay(ctx.events, state.turn_id, flush_seconds=ctx.settings.llm_stream_flush_ms / 1000)
     started = time.perf_counter()
     try:
-        response = ctx.llm.create(request)
+        response = ctx.llm.stream(request, relay, on_text_done=relay.flush) if state.stream else ctx.llm.create(request)
     except LlmError as exc:
+        relay.withdraw()
         ctx.metrics.count_model_call(model, seconds=time.perf_counter() - started, error=exc)
         return _on_error(ctx, env, state, exc, breaker)
+    except Exception:
+        relay.withdraw()  # the step fails or runs again: its text so far is not the answer
+        raise
+    relay.finish()
     seconds = time.perf_counter() - started
     ctx.metrics.count_model_call(
         model, seconds=seconds, input_tokens=response.input_tokens, output_tokens=response.output_tokens
