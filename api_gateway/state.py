@@ -33,8 +33,8 @@ from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore, StateStore
-from shared.webhooks import WebhookConfig
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
+from shared.webhooks import WebhookConfig
 
 __all__ = ["GatewayState", "connect_gateway", "utc_now"]
 
