@@ -81,7 +81,8 @@ def test_gateway_answers_only_what_its_openapi_document_says_when_fuzzed(
     report = json.loads(_one(tmp_path / "report", "json-*.json").read_text())
     assert report["exit_code"] == 0 == done.returncode, output
     assert report["failures"] == [] and report["errors"] == [], output
-    assert report["operations"]["tested"] == report["operations"]["total"] == 13, output
+    operations = sum(1 for item in document["paths"].values() for method in item if method in _METHODS)
+    assert report["operations"]["tested"] == report["operations"]["total"] == operations, output
     # And every answer it got is documented for its operation, and no operation only ever failed
     entries = json.loads(_one(tmp_path / "report", "har-*.json").read_text())["log"]["entries"]
     assert len(entries) >= 300, f"a bounded but real run: {len(entries)} requests"
@@ -92,6 +93,9 @@ def test_gateway_answers_only_what_its_openapi_document_says_when_fuzzed(
     # And every JSON Lines body it got is one Turn per line
     _assert_json_lines_are_turns(document, entries)
     _wait_until_its_turns_settled(system, entries)
+
+
+_METHODS = frozenset({"get", "post", "put", "patch", "delete"})
 
 
 def _paused_turn(system: System) -> str:

@@ -31,12 +31,13 @@ def test_handler_that_overruns_its_timeout_fails_the_call_and_is_counted_until_i
 
 def test_calls_fail_instead_of_starting_threads_when_every_slot_is_held_by_an_overrun() -> None:
     release = threading.Event()
+    before = threading.active_count()  # other tests of this process may have threads of their own
     executor = ToolExecutor(2)
     for _ in range(2):
         executor.run(_tool(lambda: release.wait(5)), {}, _CONTEXT)
     result = executor.run(_tool(lambda: "quick"), {}, _CONTEXT)
     assert result.error is not None and "all 2 tool threads" in result.error.message
-    assert threading.active_count() < 20
+    assert threading.active_count() <= before + 2  # the two held threads, no third
     release.set()
 
 
