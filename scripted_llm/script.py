@@ -6,7 +6,8 @@ the exact last user text. Directives, in the last user message:
 - ``[[call:NAME {json args}]]`` calls NAME (several directives, several calls); once the input holds
   ``function_call_output`` items after the last user message, answers ``Tool results: NAME=OUTPUT; ...``.
 - ``[[loop]]`` always calls ``get_current_time`` with ``{}``.
-- ``[[fail:STATUS]]`` / ``[[fail:STATUS:N]]`` answers HTTP STATUS (only the first N times for N).
+- ``[[fail:STATUS]]`` / ``[[fail:STATUS:N]]`` answers HTTP STATUS (only the first N times for N);
+  a 429 carries ``Retry-After: 0``, or ``Retry-After: S`` with ``[[retryafter:S]]``.
 - ``[[sleep:MS]]`` adds latency; ``[[say:TEXT]]`` answers TEXT exactly.
 - otherwise the answer is ``Echo: <last user text>``.
 """
@@ -44,6 +45,8 @@ class Directives:
     """Fail only the first N requests carrying the same text; None fails every one."""
     sleep_ms: float = 0.0
     say: str | None = None
+    retry_after: str = "0"
+    """The ``Retry-After`` header of a scripted 429 (``[[retryafter:S]]``), in seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,7 @@ class ScriptState:
             return ScriptedAnswer(400, error_body(400, str(exc)))
         delay_s = directives.sleep_ms / 1000.0
         if directives.fail_status is not None and self._should_fail(text, directives.fail_times):
-            return _failure(directives.fail_status, delay_s)
+            return _failure(directives.fail_status, delay_s, retry_after=directives.retry_after)
         return ScriptedAnswer(200, _response(request, text, directives, seq=seq), delay_s=delay_s)
 
     def _should_fail(self, text: str, times: int | None) -> bool:
@@ -149,6 +152,8 @@ def parse_directives(text: str) -> Directives:
             found["sleep_ms"] = _number(argument, "sleep")
         elif name == "fail" and argument is not None:
             found.update(_read_fail(argument))
+        elif name == "retryafter" and argument is not None:
+            found["retry_after"] = f"{_number(argument, 'retryafter'):g}"
     return Directives(calls=tuple(calls), **found)
 
 
@@ -181,8 +186,8 @@ def _checked_request(body: object) -> dict[str, Any]:
     return body
 
 
-def _failure(status_code: int, delay_s: float) -> ScriptedAnswer:
-    headers = {"retry-after": "0"} if status_code == 429 else {}
+def _failure(status_code: int, delay_s: float, *, retry_after: str = "0") -> ScriptedAnswer:
+    headers = {"retry-after": retry_after} if status_code == 429 else {}
     return ScriptedAnswer(status_code, error_body(status_code, "scripted failure"), headers, delay_s)
 
 

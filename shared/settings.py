@@ -153,6 +153,17 @@ class Settings(BaseSettings):
     """A worker process whose heartbeat (or, while it is connected to the broker, event loop) is this old is hung."""
     worker_task_stuck_seconds: Annotated[float, Field(gt=0)] = 600.0
     """A worker process running one task this long is hung: longer than any step may take (model call, tools)."""
+    llm_rpm: PositiveInt | None = None
+    """Requests per minute the configured model (``llm_model``) may get from all workers together; unset: no
+    limit. The mode catalog's ``models`` section sets other models' limits and overrides this one's."""
+    llm_tpm: PositiveInt | None = None
+    """Tokens per minute (input + output) the configured model may use across all workers; unset: no limit.
+    Each call reserves an estimate first and settles with the answer's ``usage``."""
+
+    @field_validator("llm_rpm", "llm_tpm", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_keys")
     @classmethod
