@@ -254,7 +254,7 @@ def _conclude(
         dispatch = _fail(ctx, env, state, result.error)
     elif isinstance(result.value, RetryAfter):
         dispatch = _retry_model(ctx, env, state, result.value)
-        if dispatch.envelope.step_key == env.step_key:
+        if dispatch.envelope.step_key == env.step_key and not result.value.paced:  # a slot is no model failure
             tally.model_retry = env.step
     else:
         dispatch = _dispatch_for(env, result.value)
