@@ -116,10 +116,11 @@ def test_only_one_of_twenty_simultaneous_callers_goes_on_the_servers_clock(
     with ThreadPoolExecutor(max_workers=len(callers)) as pool:
         answers = list(pool.map(ask, callers))
 
-    # Then exactly one goes, and the others are told distinct slots a minute apart
+    # Then exactly one goes, and the others are told distinct slots a minute apart (each wait is its
+    # slot less the server's time when that caller's script ran, a little later for each)
     assert sum(1 for answer in answers if answer.wait == 0) == 1
     waits = sorted(answer.wait for answer in answers if answer.wait > 0)
-    assert all(later - earlier == pytest.approx(60.0, abs=0.01) for earlier, later in itertools.pairwise(waits))
+    assert all(59.0 < later - earlier <= 60.0 + 1e-6 for earlier, later in itertools.pairwise(waits)), waits
     assert {answer.reason for answer in answers if answer.wait > 0} == {"requests"}
 
 
