@@ -5,6 +5,7 @@
 - ``[[loop]]`` always calls ``get_current_time`` with ``{}``.
 - ``[[fail:STATUS]]`` / ``[[fail:STATUS:N]]`` answers HTTP STATUS (only the first N times for N).
 - ``[[sleep:MS]]`` adds latency; ``[[say:TEXT]]`` answers TEXT exactly.
+- ``[[retryafter:S]]``: a scripted 429 carries ``Retry-After: S`` (else 0).
 - otherwise the answer is ``Echo: <last user text>``.
 
 With ``"stream": true`` the answer is a stream of events (:mod:`scripted_llm.streaming`), and:
@@ -49,6 +50,8 @@ class Directives:
     midfail_code: str | None = None
     """Fail the generation after its first output item, with this error code."""
     midfail_times: int | None = None
+    retry_after: str = "0"
+    """The ``Retry-After`` header of a scripted 429 (``[[retryafter:S]]``), in seconds."""
 
 
 class ScriptError(ValueError):
@@ -90,6 +93,8 @@ def parse_directives(text: str) -> Directives:
             found["say"] = argument
         elif name == "sleep" and argument is not None:
             found["sleep_ms"] = _number(argument, "sleep")
+        elif name == "retryafter" and argument is not None:
+            found["retry_after"] = f"{_number(argument, 'retryafter'):g}"
         elif name == "fail" and argument is not None:
             found.update(_read_fail(argument))
         elif name == "drip" and argument is not None:

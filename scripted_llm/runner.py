@@ -98,7 +98,8 @@ class ScriptedServer:
         self._server = self._thread = self._socket = None
 
     def requests(self, contains: str | None = None) -> list[dict[str, Any]]:
-        """The journal: ``[{"seq", "body"}]`` of received requests whose JSON contains ``contains``.
+        """The journal: ``[{"seq", "at", "body"}]`` of received requests whose JSON contains ``contains``
+        (``at``: when it arrived, Unix time).
 
         Args:
             contains: a substring of the request JSON; all requests when None.

@@ -70,7 +70,7 @@ class ScriptState:
             return ScriptedAnswer(400, error_body(400, str(exc)))
         delay_s = directives.sleep_ms / 1000.0
         if directives.fail_status is not None and self._applies("fail", text, directives.fail_times):
-            return _failure(directives.fail_status, delay_s)
+            return _failure(directives.fail_status, delay_s, retry_after=directives.retry_after)
         response = _response(request, text, directives, seq=seq)
         midfail = directives.midfail_code is not None and self._applies("midfail", text, directives.midfail_times)
         if request.get("stream") is not True:
@@ -142,8 +142,8 @@ def _checked_request(body: object) -> dict[str, Any]:
     return body
 
 
-def _failure(status_code: int, delay_s: float) -> ScriptedAnswer:
-    headers = {"retry-after": "0"} if status_code == 429 else {}
+def _failure(status_code: int, delay_s: float, *, retry_after: str = "0") -> ScriptedAnswer:
+    headers = {"retry-after": retry_after} if status_code == 429 else {}
     return ScriptedAnswer(status_code, error_body(status_code, "scripted failure"), headers, delay_s)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,21 +22,22 @@ logger = logging.getLogger(__name__)
 
 
 class _Journal:
-    """The last request bodies received, newest last, each with its sequence number."""
+    """The last request bodies received, newest last, each with its sequence number and arrival time
+    (``at``: Unix time, taken as the body has been read, before any scripted latency)."""
 
     def __init__(self, size: int) -> None:
-        self._entries: deque[tuple[int, Any]] = deque(maxlen=size)
+        self._entries: deque[tuple[int, float, Any]] = deque(maxlen=size)
         self._seq = 0
 
     def record(self, body: Any) -> int:
         self._seq += 1
-        self._entries.append((self._seq, body))
+        self._entries.append((self._seq, time.time(), body))
         return self._seq
 
     def select(self, contains: str | None) -> list[dict[str, Any]]:
         return [
-            {"seq": seq, "body": body}
-            for seq, body in self._entries
+            {"seq": seq, "at": at, "body": body}
+            for seq, at, body in self._entries
             if contains is None or contains in json.dumps(body, ensure_ascii=False)
         ]
 

@@ -188,6 +188,17 @@ class Settings(BaseSettings):
     """A turn that streams appends the model's text to its event log as it arrives, at most one
     ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together
     with the next one, or when their text part ends (fewer appends, coarser pieces); 0 appends each delta."""
+    llm_rpm: PositiveInt | None = None
+    """Requests per minute the configured model (``llm_model``) may get from all workers together; unset: no
+    limit. The mode catalog's ``models`` section sets other models' limits and overrides this one's."""
+    llm_tpm: PositiveInt | None = None
+    """Tokens per minute (input + output) the configured model may use across all workers; unset: no limit.
+    Each call reserves an estimate first and settles with the answer's ``usage``."""
+
+    @field_validator("llm_rpm", "llm_tpm", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_keys")
     @classmethod

@@ -24,6 +24,7 @@ from shared.state import RedisStateStore, StateStore
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
+from workers.llm.limiter import Admission, RateLimiter, Unlimited, limiter_keys, limits_for
 from workers.llm.types import LlmResponse
 from workers.metrics import WorkerMetrics
 from workers.tools.executor import ToolExecutor
@@ -31,11 +32,13 @@ from workers.tools.registry import ToolRegistry
 
 __all__ = [
     "BreakerPort",
+    "LimiterPort",
     "LlmPort",
     "StepContext",
     "breakers_on",
     "build_context",
     "lease_renewer",
+    "limiters_on",
     "utc_now",
     "worker_engine",
 ]
@@ -70,6 +73,19 @@ class BreakerPort(Protocol):
 
     def record_failure(self, now: float) -> None:
         """The call failed (transport error, timeout, 5xx)."""
+
+
+class LimiterPort(Protocol):
+    """A model's shared rate limits (``workers.llm.limiter``): asked before each call, told after."""
+
+    def admit(self, request: dict[str, Any]) -> Admission:
+        """Let the call go now (and charge it), or say how long to wait."""
+
+    def settle(self, admission: Admission, *, used: int, called: bool = True) -> None:
+        """Correct the call's charge: the tokens it used, or nothing at all when it was not made."""
+
+    def pause(self, seconds: float) -> float:
+        """Stop every worker's calls to the model for ``seconds`` (a 429's Retry-After)."""
 
 
 def utc_now() -> datetime:
@@ -113,6 +129,8 @@ class StepContext:
     """Jitter for retry delays; tests fix it."""
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     """The process's Prometheus collectors (:mod:`workers.metrics`); a private set when not given (tests)."""
+    limiter: Callable[[str], LimiterPort] = field(default=lambda model: Unlimited())
+    """The shared rate limiter of a model, by model name; none limits anything when not given (tests)."""
 
     @property
     def state_ttl_seconds(self) -> int:
@@ -141,6 +159,18 @@ def breakers_on(client: redis.Redis, settings: Settings) -> Callable[[str], Brea
         )
 
     return breaker
+
+
+def limiters_on(client: redis.Redis, settings: Settings, catalog: ModeCatalog) -> Callable[[str], LimiterPort]:
+    """One shared rate limiter per model name, on ``client``, with the limits of ``settings`` and ``catalog``."""
+
+    @lru_cache(maxsize=64)
+    def limiter(model: str) -> LimiterPort:
+        name, pause_name = limiter_keys(settings.llm_base_url, model)
+        limits = limits_for(model, settings=settings, catalog=catalog)
+        return RateLimiter(client, name=name, pause_name=pause_name, limits=limits)
+
+    return limiter
 
 
 def worker_engine(settings: Settings, *, hostname: str = "") -> Engine:
@@ -206,6 +236,7 @@ def build_context(
         leases=lease_renewer(store, settings),
         hostname=hostname,
         metrics=metrics or WorkerMetrics(),
+        limiter=limiters_on(store.client, settings, catalog),
     )
 
 

@@ -259,7 +259,7 @@ def _conclude(
         dispatch = _fail(ctx, env, state, result.error)
     elif isinstance(result.value, RetryAfter):
         dispatch = _retry_model(ctx, env, state, result.value)
-        if dispatch.envelope.step_key == env.step_key:
+        if dispatch.envelope.step_key == env.step_key and not result.value.paced:  # a slot is no model failure
             tally.model_retry = env.step
     else:
         dispatch = _dispatch_for(env, result.value)
@@ -284,6 +284,8 @@ def _dispatch_for(env: TurnEnvelope, next_step: Next | None) -> Dispatch | None:
 
 
 def _retry_model(ctx: StepContext, env: TurnEnvelope, state: TurnState, later: RetryAfter) -> Dispatch:
+    if later.paced and later.hint is not None:  # a slot of the model's rate limit: no failure, no jitter
+        return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=later.hint)
     now = ctx.clock()
     tries = state.model_retry
     if tries is None or tries.step_key != env.step_key:

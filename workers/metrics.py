@@ -108,6 +108,10 @@ class WorkerMetrics:
             "aptix_model_breaker_open", "Model calls not made because the model's circuit breaker was open.",
             ["model"], registry=self.registry,
         )  # fmt: skip
+        self.model_rate_limited = Counter(
+            "aptix_model_rate_limited", "Model calls held back by the model's shared rate limits, by reason "
+            "(requests, tokens, paused: a 429's Retry-After).", ["model", "reason"], registry=self.registry,
+        )  # fmt: skip
         self.reconciler_scans = Counter(
             "aptix_reconciler_scans", "Scans for overdue turns by the active reconciler.", registry=self.registry
         )
@@ -167,6 +171,10 @@ class WorkerMetrics:
     def count_breaker_open(self, model: str) -> None:
         """Count a model call not made because ``model``'s breaker was open."""
         self.model_breaker_open.labels(model).inc()
+
+    def count_rate_limited(self, model: str, reason: str) -> None:
+        """Count a model call held back by ``model``'s shared rate limits (``requests``, ``tokens``, ``paused``)."""
+        self.model_rate_limited.labels(model, reason).inc()
 
     def count_scan(self) -> None:
         """Count one scan of the active reconciler."""

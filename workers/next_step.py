@@ -31,7 +31,8 @@ class Stop:
 class RetryAfter:
     """The model cannot answer now: run this same step again later, holding no worker slot meanwhile.
 
-    The driver's retry policy (``workers.retry``) picks the delay and keeps the budget.
+    The driver's retry policy (``workers.retry``) picks the delay and keeps the budget (a paced wait
+    has neither).
     """
 
     failure: ErrorInfo
@@ -40,6 +41,9 @@ class RetryAfter:
     """Seconds the server (Retry-After) or the model's breaker asked to wait."""
     called: bool = True
     """Whether this try made a call (counts against ``APTIX_LLM_MAX_ATTEMPTS``)."""
+    paced: bool = False
+    """The wait is this call's slot in the model's shared rate limit (``workers.llm.limiter``), not a
+    failure: the step is sent again after exactly ``hint`` seconds, spending no attempt and no budget."""
 
 
 Next = Continue | Stop | RetryAfter

@@ -2,10 +2,13 @@
 
 Each reason, with the delay before the next try, its budget, and what happens when it is spent:
 
-- ``MODEL`` (429, 5xx, timeout, connection error, breaker open). Delay: the server's Retry-After
-  or the breaker's wait; else 1 s x 2^(calls-1), at most 30 s; with jitter. Budget:
-  ``APTIX_LLM_RETRY_BUDGET_SECONDS`` since the first failure, and ``APTIX_LLM_MAX_ATTEMPTS`` calls
-  (breaker waits make no call). Spent: the turn fails ``llm_rate_limited`` / ``llm_error``.
+- ``MODEL`` (429, 5xx, timeout, connection error, breaker open, a model paused by a 429's
+  Retry-After). Delay: the server's Retry-After or the breaker's or pause's wait; else
+  1 s x 2^(calls-1), at most 30 s; with jitter. Budget: ``APTIX_LLM_RETRY_BUDGET_SECONDS`` since the
+  first failure, and ``APTIX_LLM_MAX_ATTEMPTS`` calls (breaker waits make no call). Spent: the turn
+  fails ``llm_rate_limited`` / ``llm_error``. A call held back by the model's own rate limits
+  (``APTIX_LLM_RPM``/``TPM``: ``RetryAfter.paced``) is no failure: it runs again after exactly the
+  limiter's wait (its slot), without jitter and without budget.
 - ``STEP_BUSY`` (another worker holds the step's lease). Delay: half the lease, at least 1 s.
   Budget: none; the holder finishes, or its lease lapses when it stops heartbeating.
 - ``TURN_NOT_RECORDED`` (the gateway's commit is not visible yet). Delay: 10 ms x 2^attempt, at

@@ -5,8 +5,17 @@ from shared.modes.catalog import (
     CHANGE_MODE_TOOL,
     Mode,
     ModeCatalog,
+    ModelLimits,
     OperatorTool,
     load_catalog,
 )
 
-__all__ = ["BUILTIN_TOOL_NAMES", "CHANGE_MODE_TOOL", "Mode", "ModeCatalog", "OperatorTool", "load_catalog"]
+__all__ = [
+    "BUILTIN_TOOL_NAMES",
+    "CHANGE_MODE_TOOL",
+    "Mode",
+    "ModeCatalog",
+    "ModelLimits",
+    "OperatorTool",
+    "load_catalog",
+]

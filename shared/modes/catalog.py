@@ -1,7 +1,8 @@
 """Mode catalog loading and validation (format in API.md, "Mode catalog").
 
-A catalog that names an unknown tool, repeats a name or lacks its default mode is refused at
-start-up with a :class:`~shared.errors.ConfigurationError`. Whether an operator tool's handler
+A catalog that names an unknown tool, repeats a name, lacks its default mode or has a ``models``
+entry without a positive ``rpm`` or ``tpm`` is refused at start-up with a
+:class:`~shared.errors.ConfigurationError`. Whether an operator tool's handler
 imports is checked by the workers, which are the only ones that import handlers.
 """
 
@@ -12,11 +13,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StringConstraints, ValidationError, model_validator
 
 from shared.errors import ConfigurationError
 
-__all__ = ["BUILTIN_TOOL_NAMES", "CHANGE_MODE_TOOL", "Mode", "ModeCatalog", "OperatorTool", "load_catalog"]
+__all__ = [
+    "BUILTIN_TOOL_NAMES",
+    "CHANGE_MODE_TOOL",
+    "Mode",
+    "ModeCatalog",
+    "ModelLimits",
+    "OperatorTool",
+    "load_catalog",
+]
 
 CHANGE_MODE_TOOL = "agent_change_mode"
 """The mode change tool (TUL-007), offered in every mode."""
@@ -61,6 +70,23 @@ class Mode(BaseModel):
         return (*names, CHANGE_MODE_TOOL)
 
 
+class ModelLimits(BaseModel):
+    """One model's shared rate limits (``models:`` in the catalog); a limit left out is the environment's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: PositiveInt | None = None
+    """Requests per minute, across every worker; None: ``APTIX_LLM_RPM`` for the configured model, else none."""
+    tpm: PositiveInt | None = None
+    """Tokens per minute (input + output), across every worker; None: ``APTIX_LLM_TPM`` likewise."""
+
+    @model_validator(mode="after")
+    def _sets_a_limit(self) -> ModelLimits:
+        if self.rpm is None and self.tpm is None:
+            raise ValueError("a models entry needs rpm, tpm or both")
+        return self
+
+
 class ModeCatalog(BaseModel):
     """The whole catalog."""
 
@@ -69,6 +95,10 @@ class ModeCatalog(BaseModel):
     default_mode: _Name = "general"
     tools: tuple[OperatorTool, ...] = ()
     modes: tuple[Mode, ...]
+    models: dict[Annotated[str, StringConstraints(min_length=1, max_length=200)], ModelLimits] = Field(
+        default_factory=dict
+    )
+    """Per-model rate limits by model name (the name a request carries: ``APTIX_LLM_MODEL`` or a mode's ``model``)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ModeCatalog:

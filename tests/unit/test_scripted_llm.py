@@ -157,6 +157,15 @@ def test_fail_429_is_a_rate_limit_with_retry_after(client: TestClient) -> None:
     assert answer.json()["error"]["type"] == "requests"
 
 
+def test_retryafter_sets_the_retry_after_of_a_scripted_429(client: TestClient) -> None:
+    answer = client.post("/v1/responses", json={"model": "m", "input": "[[fail:429:1]] [[retryafter:2]]"})
+    again = client.post("/v1/responses", json={"model": "m", "input": "[[fail:429:1]] [[retryafter:2]]"})
+
+    assert answer.status_code == 429
+    assert answer.headers["retry-after"] == "2"
+    assert again.status_code == 200
+
+
 def test_fail_with_count_fails_only_first_requests_of_that_text(client: TestClient) -> None:
     statuses = [
         client.post("/v1/responses", json={"model": "m", "input": "a [[fail:503:2]]"}).status_code for _ in range(3)
@@ -203,6 +212,8 @@ def test_journal_records_and_filters_requests(client: TestClient) -> None:
 
     assert [entry["body"]["input"] for entry in everything] == ["alpha one", "beta two", "alpha [[fail:500]]"]
     assert [entry["seq"] for entry in everything] == sorted(entry["seq"] for entry in everything)
+    stamps = [entry["at"] for entry in everything]
+    assert stamps == sorted(stamps) and abs(stamps[-1] - time.time()) < 60  # arrival times, Unix seconds
     assert [entry["body"]["input"] for entry in alphas] == ["alpha one", "alpha [[fail:500]]"]
 
 

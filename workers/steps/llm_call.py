@@ -1,12 +1,15 @@
 """LLM Call (AGN-027 layer C): exactly one call to the model, normalised.
 
-Reads: ``state.pending_request``, ``state.stream``; the model's shared circuit breaker. Writes:
-``state.last_response``, usage, the ``llm_call`` trace step (``llm_error`` for a failed call); the
-breaker's count; the call's latency, outcome and tokens in the worker's metrics, as it returns; for a
-turn that streams, the model's text to the turn's event log while it is generated
-(:mod:`workers.text_relay`: ``output_text.delta``, and ``output_text.reset`` when a call fails after
-some of its text went out). The recorded response is the same either way. Next:
-reasoner. When the model cannot answer now (429, 5xx, timeout, connection error, or its breaker is
+Reads: ``state.pending_request``, ``state.stream``; the model's shared rate limits and circuit
+breaker. Writes: ``state.last_response``, usage, the ``llm_call`` trace step (``llm_error`` for a
+failed call); the breaker's count; the rate limiter's charge (settled with the answer's usage; a
+429's Retry-After pauses the model for every worker); the call's latency, outcome and tokens in the
+worker's metrics, as it returns; for a turn that streams, the model's text to the turn's event log
+while it is generated (:mod:`workers.text_relay`: ``output_text.delta``, and ``output_text.reset``
+when a call fails after some of its text went out). The recorded response is the same either way.
+Next: reasoner. A call the model's rate limits (``APTIX_LLM_RPM``/``TPM``) hold back is not made: it
+returns a paced RetryAfter, and the driver sends the step again when its slot comes. When the model
+cannot answer now (429, 5xx, timeout, connection error, a pause, or its breaker is
 open so no call is made) it returns RetryAfter, and the driver's retry policy sends the step again
 later, holding no worker slot meanwhile, until the budget (``APTIX_LLM_RETRY_BUDGET_SECONDS``,
 ``APTIX_LLM_MAX_ATTEMPTS``) is spent. Fails with: ``llm_rate_limited`` / ``llm_error`` (through that
@@ -25,7 +28,8 @@ from shared.models.envelope import TurnEnvelope
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure, success
 from shared.state import TurnState
 from shared.task_names import StepName
-from workers.context import BreakerPort, StepContext
+from workers.context import BreakerPort, LimiterPort, StepContext
+from workers.llm.limiter import Admission
 from workers.llm.types import response_to_dict
 from workers.next_step import Continue, Next, RetryAfter
 from workers.text_relay import TextRelay
@@ -42,9 +46,14 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if request is None:
         return failure(ErrorCode.INTERNAL_ERROR, f"llm_call {env.iteration} found no composed request")
     model = str(request.get("model") or ctx.settings.llm_model)
+    limiter = ctx.limiter(model)
+    admission = limiter.admit(request)
+    if admission.wait > 0:
+        return _held_back(ctx, state, model, admission)
     breaker = ctx.breaker(model)
     wait = breaker.before_call(ctx.clock().timestamp())
     if wait > 0:
+        limiter.settle(admission, used=0, called=False)
         logger.info("turn %s: the model's circuit breaker is open; trying again in %.1fs", state.turn_id, wait)
         ctx.metrics.count_breaker_open(model)
         reason = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
@@ -56,12 +65,15 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     except LlmError as exc:
         relay.withdraw()
         ctx.metrics.count_model_call(model, seconds=time.perf_counter() - started, error=exc)
+        _settle_error(limiter, admission, exc)
         return _on_error(ctx, env, state, exc, breaker)
     except Exception:
         relay.withdraw()  # the step fails or runs again: its text so far is not the answer
         raise
     relay.finish()
     seconds = time.perf_counter() - started
+    used = response.input_tokens + response.output_tokens
+    limiter.settle(admission, used=used or admission.tokens)  # an answer without usage: the estimate stands
     ctx.metrics.count_model_call(
         model, seconds=seconds, input_tokens=response.input_tokens, output_tokens=response.output_tokens
     )
@@ -98,3 +110,27 @@ def _on_error(
     if exc.retryable:
         return success(RetryAfter(ErrorInfo(code=code, message=exc.message), hint=exc.retry_after))
     return failure(code, exc.message)
+
+
+def _held_back(ctx: StepContext, state: TurnState, model: str, admission: Admission) -> InvokeResult[Next]:
+    """The call may not go now: a paused model waits like a 429, a rate limit's slot is no failure."""
+    reason = admission.reason or "paused"
+    ctx.metrics.count_rate_limited(model, reason)
+    logger.info("turn %s: model %s held back (%s); trying again in %.2fs", state.turn_id, model, reason, admission.wait)
+    if reason == "paused":
+        message = "the model did not answer: it asked every caller to wait (429 with Retry-After)"
+    else:
+        message = f"the model's shared rate limit ({reason} per minute) held the call back"
+    info = ErrorInfo(code=ErrorCode.LLM_RATE_LIMITED, message=message)
+    return success(RetryAfter(info, hint=admission.wait, called=False, paced=reason != "paused"))
+
+
+def _settle_error(limiter: LimiterPort, admission: Admission, exc: LlmError) -> None:
+    """An error answer used no tokens; a 429 with Retry-After pauses the model for every worker.
+
+    A call that got no answer (timeout, connection error) keeps its reservation: the model may have run it.
+    """
+    if exc.status_code == 429 and exc.retry_after:
+        limiter.pause(exc.retry_after)
+    if exc.status_code:
+        limiter.settle(admission, used=0)
