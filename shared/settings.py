@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.webhooks.config import parse_default_urls, parse_retry_schedule, parse_secrets
+from shared.webhooks.parsing import parse_default_urls, parse_retry_schedule, parse_secrets
 
 __all__ = [
     "OTHER_VARIABLES",

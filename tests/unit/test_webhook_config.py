@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from shared.redaction import secrets_in
 from shared.settings import Settings
-from shared.webhooks.config import WebhookConfig, parse_default_urls, parse_secrets
+from shared.webhooks.config import WebhookConfig
+from shared.webhooks.parsing import parse_default_urls, parse_secrets
 
 KEY = b"k" * 24
 SECRET = "whsec_" + base64.b64encode(KEY).decode()

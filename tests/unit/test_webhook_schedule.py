@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from shared.settings import Settings
-from shared.webhooks.config import parse_retry_schedule
+from shared.webhooks.parsing import parse_retry_schedule
 from workers.webhooks.schedule import JITTER, Decision, Verdict, decide, retry_delay
 
 DELAYS = (5.0, 300.0, 1800.0)
