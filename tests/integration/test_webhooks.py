@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import redis
 from sqlalchemy import insert
@@ -28,7 +27,7 @@ from shared.db import create_db_engine
 from shared.db.tables import WebhookDeliveryRow
 from tests.conftest import API_KEYS, KEY_A, KEY_B, ORG_A, claim_redis_databases
 from tests.integration.conftest import OPEN_FILE, System, redis_urls_base, system_env
-from tests.services_check import database_admin_url
+from tests.support.databases import fresh_database
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 from tests.support.webhook_receiver import Received, WebhookReceiver
@@ -78,17 +77,8 @@ class WebhookSystem:
 @pytest.fixture(scope="module")
 def webhook_database(services: None) -> Iterator[str]:
     """A migrated PostgreSQL database of this module's own."""
-    from shared.db.migrate import upgrade
-
-    name = f"aptix_test_wh_{uuid.uuid4().hex[:12]}"
-    admin = database_admin_url()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = admin.rsplit("/", 1)[0] + "/" + name
-    upgrade(url)
-    yield url
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database("aptix_test_wh") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
