@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--no-reconciler", action="store_true", help="do not run a copy of the reconciler in this worker"
     )
+    worker.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="do not run a copy of the admission scheduler in this worker (run `aptix scheduler` instead)",
+    )
     # Given by the parent of a group of worker processes: count metrics in its directory, serve none.
     worker.add_argument("--metrics-dir", default=None, help=argparse.SUPPRESS)
     # Set by `aptix worker` on each process it starts: the name of the process's heartbeat file.
@@ -81,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     reconciler.add_argument("--loglevel", default="INFO")
     reconciler.set_defaults(run=processes.reconciler)
+
+    scheduler = commands.add_parser(
+        "scheduler",
+        help="run the admission scheduler apart from the workers (releases batch turns round-robin across "
+        "organisations)",
+    )
+    scheduler.add_argument("--loglevel", default="INFO")
+    scheduler.set_defaults(run=processes.scheduler)
 
     db = commands.add_parser("db", help="database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True)
