@@ -156,6 +156,11 @@ def _parser() -> argparse.ArgumentParser:
         help="instead of the scenarios: p95 latency of single turns, idle and under a batch of --turns turns",
     )
     bench.add_argument(
+        "--two-orgs",
+        action="store_true",
+        help="instead of the scenarios: two organisations' batches of --turns turns side by side (fair admission)",
+    )
+    bench.add_argument(
         "--rss", action="store_true", help="print the workers' summed RSS after the warm-up and each batch"
     )
     bench.add_argument(
@@ -240,6 +245,7 @@ def _bench(args: argparse.Namespace) -> int:
         redis_url=args.redis_url or DEFAULT_REDIS_URL,
         database_url=args.database_url or DEFAULT_DATABASE_URL,
         interactive=args.interactive,
+        two_orgs=args.two_orgs,
         rss=args.rss,
         task_events=args.task_events,
     )
