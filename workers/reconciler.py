@@ -25,6 +25,11 @@ not for the queued window. But a worker killed while it takes a message from a R
 can lose it (the transport pops the message and records it as unacknowledged in two steps): so when
 the first step's queue is empty, a turn still queued past its deadline is not waiting in it, and is
 re-driven whatever its marker says.
+
+A batch turn not yet started may be held for admission (``shared.state.admission``): such a turn is
+waiting, not stalled, and its deadline moves up; one that is neither held nor released (Redis
+restarted empty) is held again, at the back of its organisation's queue, rather than sent past the
+organisation's limit. A released one is judged like any other turn.
 """
 
 from __future__ import annotations
