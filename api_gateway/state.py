@@ -33,6 +33,7 @@ from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore, StateStore
+from shared.state.admission import AdmissionQueue
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from shared.webhooks import WebhookConfig
 
@@ -115,6 +116,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         clock=utc_now,
         metrics=metrics,
         webhooks=webhook_service,
+        admission=AdmissionQueue(client),
     )
     follower = aioredis.Redis.from_url(
         settings.redis_url,

@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--no-reconciler", action="store_true", help="do not run a copy of the reconciler in this worker"
     )
+    worker.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="do not run a copy of the admission scheduler in this worker (run `aptix scheduler` instead)",
+    )
     # Given by the parent of a group of worker processes: count metrics in its directory, serve none.
     worker.add_argument("--metrics-dir", default=None, help=argparse.SUPPRESS)
     # Set by `aptix worker` on each process it starts: the name of the process's heartbeat file.
@@ -81,6 +86,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     reconciler.add_argument("--loglevel", default="INFO")
     reconciler.set_defaults(run=processes.reconciler)
+
+    scheduler = commands.add_parser(
+        "scheduler",
+        help="run the admission scheduler apart from the workers (releases batch turns round-robin across "
+        "organisations)",
+    )
+    scheduler.add_argument("--loglevel", default="INFO")
+    scheduler.set_defaults(run=processes.scheduler)
 
     db = commands.add_parser("db", help="database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True)
@@ -141,6 +154,11 @@ def _parser() -> argparse.ArgumentParser:
         "--interactive",
         action="store_true",
         help="instead of the scenarios: p95 latency of single turns, idle and under a batch of --turns turns",
+    )
+    bench.add_argument(
+        "--two-orgs",
+        action="store_true",
+        help="instead of the scenarios: two organisations' batches of --turns turns side by side (fair admission)",
     )
     bench.add_argument(
         "--rss", action="store_true", help="print the workers' summed RSS after the warm-up and each batch"
@@ -227,6 +245,7 @@ def _bench(args: argparse.Namespace) -> int:
         redis_url=args.redis_url or DEFAULT_REDIS_URL,
         database_url=args.database_url or DEFAULT_DATABASE_URL,
         interactive=args.interactive,
+        two_orgs=args.two_orgs,
         rss=args.rss,
         task_events=args.task_events,
     )

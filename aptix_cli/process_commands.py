@@ -1,5 +1,5 @@
 """The process commands of the public contract: ``aptix gateway``, ``worker``, ``worker-health``,
-``reconciler`` and ``db upgrade|wait`` (``aptix_cli.main`` parses their arguments).
+``reconciler``, ``scheduler`` and ``db upgrade|wait`` (``aptix_cli.main`` parses their arguments).
 
 Imports are deferred into each command: ``aptix worker --pool gevent`` must let gevent patch the
 standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound work").
@@ -14,9 +14,13 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from aptix_cli.metrics_export import MultiProcessListener
 
-__all__ = ["db_upgrade", "db_wait", "gateway", "reconciler", "warn_unknown_variables", "worker", "worker_health"]
+__all__ = [
+    "db_upgrade", "db_wait", "gateway", "reconciler", "scheduler", "warn_unknown_variables", "worker", "worker_health",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +93,7 @@ def worker(args: argparse.Namespace) -> int:
                 hostname=args.hostname,
                 loglevel=args.loglevel,
                 reconciler=not args.no_reconciler,
+                scheduler=not args.no_scheduler,
                 metrics_dir=None if listener is None else listener.directory,
             )
         finally:
@@ -122,7 +127,12 @@ def worker(args: argparse.Namespace) -> int:
         # 22 lines per turn. Flower and the turn's trace show every task; DEBUG brings them back.
         for name in ("celery.worker.strategy", "celery.app.trace"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    app = create_celery(settings, reconciler=not args.no_reconciler, heartbeat=args.heartbeat_name or spec.group)
+    app = create_celery(
+        settings,
+        reconciler=not args.no_reconciler,
+        scheduler=not args.no_scheduler,
+        heartbeat=args.heartbeat_name or spec.group,
+    )
     # --quiet (before the sub-command): in JSON, no start-up banner, which is many lines of text, not a record.
     argv = ["--quiet"] if settings.log_format == "json" else []
     argv += ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]
@@ -247,6 +257,49 @@ def reconciler(args: argparse.Namespace) -> int:
     logger.info("aptix reconciler running (scan every %gs); ready.", settings.reconciler_interval_seconds)
     try:
         reconciler.run(stop)
+    finally:
+        if listener is not None:
+            listener.stop()
+    return 0
+
+
+def scheduler(args: argparse.Namespace) -> int:
+    import signal
+    import socket
+    import threading
+
+    _start_logging(args.loglevel, "scheduler")
+    listener = _worker_metrics_listener("scheduler")  # before prometheus_client is imported
+    from shared.broker import create_producer, send_step
+    from shared.db import session_factory
+    from shared.db.engine import ProcessKind, engine_for
+    from shared.db.turns import TurnRepository
+    from shared.models.envelope import TurnEnvelope
+    from shared.settings import get_settings
+    from shared.state import RedisStateStore
+    from workers.metrics import WorkerMetrics
+    from workers.runtime import build_scheduler
+
+    settings = get_settings()
+    producer = create_producer(settings)
+
+    def publish(envelopes: Sequence[TurnEnvelope]) -> None:
+        with producer.producer_or_acquire() as pooled:
+            for envelope in envelopes:
+                send_step(producer, envelope, producer=pooled)
+
+    store = RedisStateStore.from_url(settings.redis_url, max_connections=8)
+    owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
+    db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
+    scheduler = build_scheduler(
+        settings, turns=TurnRepository(db), store=store, publish=publish, owner=owner, metrics=WorkerMetrics()
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    logger.info("aptix scheduler running; ready.")
+    try:
+        scheduler.run(stop)
     finally:
         if listener is not None:
             listener.stop()

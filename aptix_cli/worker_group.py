@@ -126,14 +126,15 @@ def run_group(
     hostname: str | None,
     loglevel: str,
     reconciler: bool,
+    scheduler: bool = True,
     metrics_dir: Path | None = None,
 ) -> int:
     """Run one ``aptix worker`` process per spec until one of them ends or this process is told to stop.
 
     Each child gets node name ``<group>.<name>`` (so two groups never share a Celery node name),
     writes its heartbeat as ``<group>`` (``aptix worker-health`` checks every child), and only the
-    first runs a copy of the reconciler. With ``metrics_dir``, each counts its metrics in that
-    directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
+    first runs a copy of the reconciler and of the admission scheduler. With ``metrics_dir``, each
+    counts its metrics in that directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
     SIGTERM and SIGINT are passed on (Celery's warm shutdown); a child that exits stops the others,
     so the orchestrator restarts the whole worker; and the children are sent SIGTERM if this process
     dies (Linux).
@@ -162,6 +163,8 @@ def run_group(
         ]  # fmt: skip
         if index > 0 or not reconciler:
             argv.append("--no-reconciler")
+        if index > 0 or not scheduler:
+            argv.append("--no-scheduler")
         if metrics_dir is not None:
             argv += ["--metrics-dir", str(metrics_dir)]
         children.append(subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent))

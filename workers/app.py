@@ -37,12 +37,15 @@ __all__ = ["create_celery"]
 logger = logging.getLogger(__name__)
 
 
-def create_celery(settings: Settings, *, reconciler: bool = True, heartbeat: str | None = None) -> Celery:
+def create_celery(
+    settings: Settings, *, reconciler: bool = True, scheduler: bool = True, heartbeat: str | None = None
+) -> Celery:
     """The worker app for ``settings``, with every step task registered.
 
     Args:
         settings: the worker's settings.
         reconciler: whether the worker runs a copy of the reconciler (``aptix worker --no-reconciler``).
+        scheduler: whether the worker runs a copy of the admission scheduler (``aptix worker --no-scheduler``).
         heartbeat: the process's name for its heartbeat file in ``APTIX_WORKER_HEALTH_DIR``
             (``aptix worker``); None writes no heartbeat.
     """
@@ -59,10 +62,12 @@ def create_celery(settings: Settings, *, reconciler: bool = True, heartbeat: str
     def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
         send_webhook(app, delivery_id, attempt=attempt, countdown=countdown)
 
-    runtime = WorkerRuntime(settings, send, reconciler=reconciler, send_webhook=send_attempt)
+    runtime = WorkerRuntime(settings, send, reconciler=reconciler, scheduler=scheduler, send_webhook=send_attempt)
     register_tasks(app, runtime)
     _connect_signals(app, runtime, settings)
     _connect_log_context(settings)
+    if scheduler:
+        app.steps["worker"].add(_scheduler_step(runtime))
     if heartbeat is not None:
         app.steps["worker"].add(_liveness_step(settings, runtime, heartbeat))
     return app
@@ -102,6 +107,25 @@ def _liveness_step(settings: Settings, runtime: WorkerRuntime, name: str) -> typ
                 self.heartbeat.stop()
 
     return Liveness
+
+
+def _scheduler_step(runtime: WorkerRuntime) -> type:
+    """A worker bootstep that runs the admission scheduler in the worker's main process.
+
+    A bootstep, not ``worker_ready``: an embedded worker (``aptix dev``'s ``WorkController``) starts
+    its bootsteps but never sends ``worker_ready``, and batch turns wait for the scheduler.
+    """
+
+    class Scheduler(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+        label = "AdmissionScheduler"
+
+        def start(self, worker: Any) -> None:
+            runtime.start_scheduler()
+
+        def stop(self, worker: Any) -> None:
+            runtime.stop_scheduler()
+
+    return Scheduler
 
 
 def _running_tasks() -> list[RunningTask]:

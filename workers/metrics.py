@@ -9,6 +9,8 @@
 - The ``llm_call`` step counts each model call as it returns (latency, outcome, tokens): a call
   made twice was paid for twice.
 - The reconciler counts its scans, its re-drives by source, and the turns it gives up on.
+- The active admission scheduler (``workers.scheduler``) counts the turns it released or sent again
+  after a scheduler died, and shows each organisation's turns held and in flight.
 
 How ``aptix worker`` exports them (:mod:`aptix_cli.metrics_export`): one ``aptix worker`` may be
 several Celery processes (one per group of queues, ``aptix_cli.worker_group``), each running tasks
@@ -33,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import urllib3
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shared.errors import LlmError
 from shared.metrics import finished_labels, turns_finished_counter
@@ -119,7 +121,32 @@ class WorkerMetrics:
             "aptix_reconciler_redrives", "Stalled turns the reconciler sent on again, by where their message "
             "came from (redis, checkpoint, start).", ["source"], registry=self.registry,
         )  # fmt: skip
+        self.admission_turns = Gauge(
+            "aptix_admission_turns", "Turns of each organisation held for admission or in flight (state: held, "
+            "in_flight), as the active admission scheduler last saw them.", ["org", "state"],
+            registry=self.registry, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.admission_released = Counter(
+            "aptix_admission_released", "Held batch turns whose first message the admission scheduler sent, by "
+            "kind (released; republished: sent again after a scheduler died between release and send).",
+            ["kind"], registry=self.registry,
+        )  # fmt: skip
         self._create_known_series()
+
+    def count_released(self, kind: str, turns: int) -> None:
+        """Count ``turns`` held turns sent on (``released``, or ``republished`` after a scheduler died)."""
+        self.admission_released.labels(kind).inc(turns)
+
+    def show_admission(self, counts: dict[str, tuple[int, int]], *, shown: set[str]) -> set[str]:
+        """Set each organisation's held and in-flight gauges; an organisation in ``shown`` but not in ``counts``
+        goes to 0. Returns the organisations shown now."""
+        for org in shown - counts.keys():
+            self.admission_turns.labels(org, "held").set(0)
+            self.admission_turns.labels(org, "in_flight").set(0)
+        for org, (held, in_flight) in counts.items():
+            self.admission_turns.labels(org, "held").set(held)
+            self.admission_turns.labels(org, "in_flight").set(in_flight)
+        return set(counts)
 
     def count_message(self, tally: MessageTally) -> None:
         """Count what one message's steps did; the driver calls it once their outcome is saved."""
@@ -196,6 +223,8 @@ class WorkerMetrics:
         self.step_retries.labels(Reason.MODEL.value, StepName.LLM_CALL.value)
         for source in _REDRIVE_SOURCES:
             self.reconciler_redrives.labels(source)
+        for kind in ("released", "republished"):
+            self.admission_released.labels(kind)
 
 
 def model_outcome(error: LlmError | None) -> str:

@@ -25,6 +25,11 @@ not for the queued window. But a worker killed while it takes a message from a R
 can lose it (the transport pops the message and records it as unacknowledged in two steps): so when
 the first step's queue is empty, a turn still queued past its deadline is not waiting in it, and is
 re-driven whatever its marker says.
+
+A batch turn not yet started may be held for admission (``shared.state.admission``): such a turn is
+waiting, not stalled, and its deadline moves up; one that is neither held nor released (Redis
+restarted empty) is held again, at the back of its organisation's queue, rather than sent past the
+organisation's limit. A released one is judged like any other turn.
 """
 
 from __future__ import annotations
@@ -42,12 +47,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from shared.broker import queue_depth
 from shared.db.turns import InFlightTurn, TurnRepository
-from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
+from shared.models.envelope import TurnEnvelope, first_step
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore, TurnState
+from shared.state.admission import AdmissionQueue
 from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
+from shared.state.leader import LeaderLease
 from shared.task_names import TASK_QUEUES, StepName, task_name
 from shared.telemetry import turn_span
 from shared.turn_events import TurnEventLog, append_ended
@@ -63,12 +70,6 @@ logger = logging.getLogger(__name__)
 _BATCH = 500
 _MAX_BATCHES_PER_SCAN = 20
 _PRUNE_AFTER_SECONDS = 86400.0
-_LEAD = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end
-if not holder then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
-return 0
-"""
 _ERRORS = (redis.RedisError, SQLAlchemyError, BrokerError, OSError)
 
 
@@ -108,6 +109,7 @@ class Reconciler:
         metrics: WorkerMetrics | None = None,
         webhooks: WebhookSweeper | None = None,
         events: TurnEventLog | None = None,
+        admission: AdmissionQueue | None = None,
     ) -> None:
         """Build one copy.
 
@@ -123,6 +125,8 @@ class Reconciler:
             metrics: counts scans, re-drives and turns given up on (a private set when None).
             webhooks: sends the due webhook deliveries at each scan; None: no webhooks here.
             events: the turns' event logs, which get ``turn.failed`` of a turn given up on (none when None).
+            admission: the admission sets: a batch turn held there is waiting, not stalled, and one
+                that is neither held nor released is held again (None: no admission control).
         """
         self._settings = settings
         self._turns = turns
@@ -135,7 +139,8 @@ class Reconciler:
         self._metrics = metrics or WorkerMetrics()
         self._webhooks = webhooks
         self._events = events
-        self._lead_script = client.register_script(_LEAD)
+        self._admission = admission
+        self._lease = LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner)
         self.stats = ReconcilerStats()
 
     def run(self, stop: threading.Event) -> None:
@@ -158,9 +163,8 @@ class Reconciler:
 
     def lead(self) -> bool:
         """Take or keep the leader lease; whether this copy is the active one."""
-        ttl_ms = int(max(3 * self._settings.reconciler_interval_seconds, 10.0) * 1000)
         self.stats.redis_calls += 1
-        return bool(self._lead_script(keys=[RECONCILER_LEADER_KEY], args=[self._owner, ttl_ms]))
+        return self._lease.hold(max(3 * self._settings.reconciler_interval_seconds, 10.0))
 
     def release_due(self) -> int:
         """Send the parked messages that are due."""
@@ -226,6 +230,7 @@ class Reconciler:
         self.stats.redis_calls += 1 if overdue else 0
         self.stats.checked += len(overdue)
         moving: dict[str, datetime] = {}
+        overdue = self._waiting_admission(overdue, now, moving)
         for turn in overdue:
             until = alive.get(turn.turn_id)
             vouched = until is not None and until > now.timestamp()
@@ -241,6 +246,37 @@ class Reconciler:
             self.stats.db_calls += 1
             self.stats.moving += len(moving)
         return len(overdue)
+
+    def _waiting_admission(
+        self, overdue: list[InFlightTurn], now: datetime, moving: dict[str, datetime]
+    ) -> list[InFlightTurn]:
+        """The overdue turns left to judge once those waiting for admission are set aside in ``moving``.
+
+        A batch turn not yet started that is held is waiting its turn; one neither held nor released
+        (Redis restarted empty) is held again, at the back of its organisation's queue, rather than
+        sent past the admission limit. A released one is judged like any other turn.
+        """
+        if self._admission is None:
+            return overdue
+        waiting = [t for t in overdue if t.status is TurnStatus.QUEUED and t.batch_id is not None and t.round == 0]
+        by_org: dict[str, list[str]] = {}
+        for turn in waiting:
+            by_org.setdefault(turn.org_id, []).append(turn.turn_id)
+        set_aside: set[str] = set()
+        until = now + timedelta(seconds=self._deadline())
+        for org_id, turn_ids in by_org.items():
+            places = self._admission.where(org_id, turn_ids)
+            lost = [turn_id for turn_id in turn_ids if places.get(turn_id) is None]
+            if lost:
+                logger.warning("holding %d batch turn(s) of %s again (not held, not released)", len(lost), org_id)
+                self._store.mark_alive(lost, until=now.timestamp() + self._settings.reconciler_queued_seconds)
+                self._admission.hold(org_id, lost)
+            self.stats.redis_calls += 2 if lost else 1
+            for turn_id in turn_ids:
+                if places.get(turn_id) != "in_flight":
+                    moving[turn_id] = until
+                    set_aside.add(turn_id)
+        return [turn for turn in overdue if turn.turn_id not in set_aside]
 
     def redrive(self, turn: InFlightTurn, now: datetime) -> None:
         """Send the turn's frontier message again (from Redis, else its checkpoint, else its first step)."""
@@ -277,6 +313,8 @@ class Reconciler:
             if self._events is not None:
                 append_ended(self._events, ended)
         self._store.forget(turn.turn_id)
+        if self._admission is not None and turn.org_id:
+            self._admission.finished(turn.org_id, [turn.turn_id])
         self.stats.db_calls += 1
         self.stats.redis_calls += 1
         self.stats.failed += 1
@@ -319,10 +357,4 @@ def frontier(turn: InFlightTurn, state: TurnState | None, checkpoint: TurnState 
             options.append((envelope, source))
     if options:
         return max(options, key=lambda option: (option[0].hop, option[1] == "redis"))
-    if turn.batch_id is None:
-        priority = INTERACTIVE_PRIORITY
-    else:
-        priority = BATCH_START_PRIORITY if turn.round == 0 else BATCH_PRIORITY
-    return TurnEnvelope(
-        turn_id=turn.turn_id, step=StepName.REQUEST_HANDLER, round=turn.round, priority=priority
-    ), "start"
+    return first_step(turn.turn_id, batch=turn.batch_id is not None, round_=turn.round), "start"

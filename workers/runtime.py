@@ -1,9 +1,10 @@
 """WorkerRuntime: what one worker process builds once, at start: its database engine, its step
 context, its dispatcher, its metrics, its webhook deliverer, and (in the worker's main process) its
-copy of the reconciler.
+copies of the reconciler and of the admission scheduler.
 
 ``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
-each prefork child (``worker_process_init``), and starts the reconciler on ``worker_ready``.
+each prefork child (``worker_process_init``), starts the reconciler on ``worker_ready`` and the
+admission scheduler from a worker bootstep (which an embedded worker, ``aptix dev``'s, starts too).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 import random
 import threading
+from collections.abc import Sequence
 
 import httpx
 import redis
@@ -21,18 +23,21 @@ from shared.db import session_factory
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import StateStore
+from shared.state.admission import AdmissionQueue
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig
 from workers.context import StepContext, build_context, utc_now, worker_engine
 from workers.dispatcher import Dispatcher, SendStep
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
+from workers.scheduler import AdmissionScheduler, Publish
 from workers.webhooks import WebhookDeliverer, WebhookSweeper
 from workers.webhooks.delivery import SendAttempt, http_client
 
-__all__ = ["WorkerRuntime", "build_reconciler", "webhook_outbox"]
+__all__ = ["WorkerRuntime", "build_reconciler", "build_scheduler", "webhook_outbox"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ class WorkerRuntime:
         send: SendStep,
         *,
         reconciler: bool = True,
+        scheduler: bool = True,
         metrics: WorkerMetrics | None = None,
         send_webhook: SendAttempt | None = None,
     ) -> None:
@@ -55,6 +61,7 @@ class WorkerRuntime:
             settings: the worker's settings.
             send: publishes one step message with a countdown.
             reconciler: whether this worker runs a copy of the reconciler.
+            scheduler: whether this worker runs a copy of the admission scheduler.
             metrics: the collectors the steps, the driver and the reconciler count on; built at
                 :meth:`start` when None.
             send_webhook: publishes one webhook delivery attempt with a countdown; None: this
@@ -73,6 +80,9 @@ class WorkerRuntime:
         self._dispatcher: Dispatcher | None = None
         self._stop = threading.Event()
         self._reconciler_thread: threading.Thread | None = None
+        self._with_scheduler = scheduler
+        self._scheduler_stop = threading.Event()
+        self._scheduler_thread: threading.Thread | None = None
 
     def start(self, hostname: str) -> None:
         """Build the step context and the dispatcher of this process (worker node ``hostname``).
@@ -167,6 +177,39 @@ class WorkerRuntime:
         self._reconciler_thread.start()
         logger.info("reconciler started in worker %s", ctx.hostname)
 
+    def start_scheduler(self) -> None:
+        """Start this worker's copy of the admission scheduler in a daemon thread (unless turned off)."""
+        if not self._with_scheduler or self._scheduler_thread is not None:
+            return
+        ctx = self.context
+        send = self._send
+
+        def publish(envelopes: Sequence[TurnEnvelope]) -> None:
+            for envelope in envelopes:
+                send(envelope, 0.0)
+
+        scheduler = build_scheduler(
+            self._settings,
+            turns=ctx.turns,
+            store=ctx.store,
+            publish=publish,
+            owner=f"{ctx.hostname}:{os.getpid()}",
+            metrics=ctx.metrics,
+        )
+        self._scheduler_stop.clear()
+        self._scheduler_thread = threading.Thread(
+            target=scheduler.run, args=(self._scheduler_stop,), name="aptix-scheduler", daemon=True
+        )
+        self._scheduler_thread.start()
+        logger.info("admission scheduler started in worker %s", ctx.hostname)
+
+    def stop_scheduler(self) -> None:
+        """Stop this worker's admission scheduler thread."""
+        self._scheduler_stop.set()
+        thread, self._scheduler_thread = self._scheduler_thread, None
+        if thread is not None:
+            thread.join(timeout=5)
+
     def _sweeper(self) -> WebhookSweeper | None:
         enabled = WebhookConfig.from_settings(self._settings).enabled
         if self._send_webhook is None or self._engine is None or not enabled:
@@ -215,6 +258,25 @@ def build_reconciler(
         events=RedisTurnEventLog(
             client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
         ),
+        admission=AdmissionQueue(client),
+    )
+
+
+def build_scheduler(
+    settings: Settings,
+    *,
+    turns: TurnRepository,
+    store: StateStore,
+    publish: Publish,
+    owner: str,
+    metrics: WorkerMetrics | None = None,
+) -> AdmissionScheduler:
+    """An admission scheduler on a process's ports (``store`` must be the Redis state store)."""
+    client = getattr(store, "client", None)
+    if not isinstance(client, redis.Redis):
+        raise TypeError("the admission scheduler needs the Redis state store")
+    return AdmissionScheduler(
+        settings=settings, admission=AdmissionQueue(client), turns=turns, publish=publish, owner=owner, metrics=metrics
     )
 
 

@@ -84,7 +84,7 @@ class BatchService:
                 now=now,
                 deadline_at=self._turns.deadline(),
                 before_commit=lambda: self._turns.publish_new(
-                    [turn.turn_id for turn in turns], batch=True, refused="the batch was not accepted"
+                    [turn.turn_id for turn in turns], batch=True, refused="the batch was not accepted", org_id=org_id
                 ),
             )
         except SessionBusy as exc:

@@ -26,18 +26,17 @@ from api_gateway.services.admission import admit
 from api_gateway.services.errors import Conflict, NotFound, Unavailable
 from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
 from api_gateway.services.webhook_service import WebhookService
-from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
 from shared.db.records import TurnRecord
 from shared.db.sessions import SessionRepository
 from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnRepository
-from shared.models.envelope import TurnEnvelope
+from shared.models.envelope import first_step
 from shared.models.trace import TraceStep
 from shared.models.turn import ToolResultsRequest, TurnRequest, TurnStatus
 from shared.modes import ModeCatalog
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore
-from shared.task_names import StepName
+from shared.state.admission import AdmissionQueue
 from shared.turn_events import TurnEventLog, append_ended
 
 __all__ = ["TurnService"]
@@ -64,8 +63,10 @@ class TurnService:
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,
         webhooks: WebhookService | None = None,
+        admission: AdmissionQueue | None = None,
     ) -> None:
         self._settings = settings
+        self._admission = admission
         self._webhooks = webhooks
         self._turns = turns
         self._sessions = sessions
@@ -101,7 +102,7 @@ class TurnService:
                 now=self._clock(),
                 deadline_at=self.deadline(),
                 before_commit=lambda: self.publish_new(
-                    [turn.turn_id], batch=False, refused="the turn was not accepted"
+                    [turn.turn_id], batch=False, refused="the turn was not accepted", org_id=org_id
                 ),
             )
         except SessionBusy as exc:
@@ -147,34 +148,61 @@ class TurnService:
             self.expire_overdue(session_id=turn.session_id)
         return turn
 
-    def publish_new(self, turn_ids: list[str], *, batch: bool, refused: str) -> None:
-        """Send each new turn's first step, and mark the turns in flight for the reconciler.
+    def publish_new(self, turn_ids: list[str], *, batch: bool, refused: str, org_id: str) -> None:
+        """Send each new interactive turn's first step, or hold a batch's turns for admission; mark them
+        in flight for the reconciler.
 
-        A first message may wait in the broker behind a backlog: the marker says so for
+        A batch's turns go to ``org_id``'s admission queue (``shared.state.admission``): the admission
+        scheduler sends their first steps as the organisation's turns in flight drop below
+        ``APTIX_ORG_MAX_IN_FLIGHT``, round-robin across organisations. An interactive turn is never
+        held: its first step is sent at once, and it counts in the organisation's turns in flight.
+        Without an admission queue (``admission=None``) every turn is sent at once.
+
+        A first message may wait behind a backlog (held, or in the broker): the marker says so for
         ``APTIX_RECONCILER_QUEUED_SECONDS``, so the reconciler does not send it twice meanwhile (a
         broker that loses its messages loses the markers with them, or the reconciler notices and
-        drops them).
+        drops them; a held turn that Redis lost is held again by the reconciler).
 
         Args:
             turn_ids: the turns, just written and not yet committed.
-            batch: whether they are a batch's (a lower priority than interactive turns).
+            batch: whether they are a batch's (held for admission, then sent at a lower priority).
             refused: what the client is told was not accepted when this fails ("the turn was not accepted").
+            org_id: the turns' organisation.
 
         Raises:
             Unavailable: the broker or the state store refused (the caller's transaction then rolls back).
         """
-        priority = BATCH_START_PRIORITY if batch else INTERACTIVE_PRIORITY
-        envelopes = [
-            TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, priority=priority) for turn_id in turn_ids
-        ]
-        until = self._clock().timestamp() + self._settings.reconciler_queued_seconds
+        now = self._clock().timestamp()
+        until = now + self._settings.reconciler_queued_seconds
         try:
             self._store.mark_alive(turn_ids, until=until)
-            self._publisher.publish(envelopes)
+            if batch and self._admission is not None:
+                self._admission.hold(org_id, turn_ids)
+            else:
+                if self._admission is not None:
+                    self._admission.admit_now(org_id, turn_ids, now=now)
+                self._publisher.publish([first_step(turn_id, batch=batch) for turn_id in turn_ids])
         except PUBLISH_ERRORS as exc:
             logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
             raise _unavailable(refused) from exc
         self._metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))
+
+    def withdraw(self, turn_ids: list[str], *, org_id: str) -> None:
+        """Take ``org_id``'s held turns out of the admission queue: they will not be sent (batch cancel).
+
+        Turns already released are untouched (their cancel flag stops them); a turn not held is
+        ignored. Without an admission queue, nothing is held and this does nothing.
+
+        Raises:
+            Unavailable: Redis refused.
+        """
+        if self._admission is None or not turn_ids:
+            return
+        try:
+            self._admission.withdraw(org_id, turn_ids)
+        except RedisError as exc:
+            logger.error("could not withdraw %d held turn(s): %s", len(turn_ids), exc)
+            raise _unavailable("the turns were not withdrawn") from exc
 
     def deadline(self) -> datetime:
         """The reconciler deadline of a turn accepted or resumed now."""
@@ -243,7 +271,7 @@ class TurnService:
             results=[result.model_dump() for result in body.tool_results],
             now=self._clock(),
             deadline_at=self.deadline(),
-            before_commit=lambda round_: self._publish_reentry(turn_id, round_=round_, batch=batch),
+            before_commit=lambda round_: self._publish_reentry(turn_id, round_=round_, batch=batch, org_id=org_id),
         )
         if round_ is None:
             current = self.require(turn_id, org_id=org_id)
@@ -274,6 +302,9 @@ class TurnService:
         try:
             self._store.mark_cancelled(turn_id, ttl_seconds=_CANCEL_FLAG_SECONDS)
             self._store.forget(turn_id)
+            if self._admission is not None:  # held: never sent; in flight: a slot free for the next
+                self._admission.withdraw(org_id, [turn_id])
+                self._admission.finished(org_id, [turn_id])
         except RedisError:
             # The database already says cancelled and the commit point will not overwrite it; the
             # flag only stops the remaining steps early.
@@ -323,13 +354,15 @@ class TurnService:
                 logger.info("turn %s timed out waiting for client tool results", found)
         return expired
 
-    def _publish_reentry(self, turn_id: str, *, round_: int, batch: bool) -> None:
-        priority = BATCH_PRIORITY if batch else INTERACTIVE_PRIORITY
-        envelope = TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)
+    def _publish_reentry(self, turn_id: str, *, round_: int, batch: bool, org_id: str) -> None:
+        envelope = first_step(turn_id, batch=batch, round_=round_)
         # A re-entry is a running turn: its marker covers the usual deadline, not a batch backlog.
-        until = self._clock().timestamp() + self._settings.reconciler_deadline_seconds
+        now = self._clock().timestamp()
+        until = now + self._settings.reconciler_deadline_seconds
         try:
             self._store.mark_alive([turn_id], until=until)
+            if self._admission is not None:  # never held: it runs again at once, and counts in flight
+                self._admission.admit_now(org_id, [turn_id], now=now)
             self._publisher.publish([envelope])
         except PUBLISH_ERRORS as exc:
             logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)

@@ -35,5 +35,7 @@ class BenchOptions:
     """Measure interactive turns' p95 latency idle and under a batch, instead of the scenarios."""
     rss: bool = False
     """Print the workers' summed RSS after the warm-up and after each run."""
+    two_orgs: bool = False
+    """Two organisations' batches of ``turns`` side by side, instead of the scenarios (fair admission)."""
     task_events: bool = False
     """Turn the workers' Celery task events on, as Flower does when it watches (they start off)."""

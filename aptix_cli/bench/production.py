@@ -9,7 +9,8 @@ A run, all on a scratch PostgreSQL database and two scratch Redis databases (:mo
 3. stop the Aptix processes, start bare-chain Celery workers with the same pool plan, and run as
    many chains as turns over each scenario's hops, queue for queue (:mod:`.bare_chain`);
 4. print the comparison. With ``--interactive``, steps 2-4 are replaced by the p95 latency of
-   single turns on the idle system and under a batch of ``--turns`` turns.
+   single turns on the idle system and under a batch of ``--turns`` turns; with ``--two-orgs``, by
+   two organisations' batches side by side (:mod:`.two_orgs`).
 
 Every process is stopped by its pid and the scratch data is removed at the end, also after Ctrl-C,
 SIGTERM or a failure (the processes' logs are kept then, and their folder is printed).
@@ -42,6 +43,7 @@ from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import SCENARIOS
 from aptix_cli.bench.services import Scratch, ScratchServices
 from aptix_cli.bench.stats import percentile
+from aptix_cli.bench.two_orgs import run_two_orgs
 from aptix_cli.client import ApiClient, ClientError
 from aptix_cli.launcher import ManagedProcess, free_port
 from shared.models.turn import TurnStatus
@@ -131,6 +133,11 @@ class _Run:
             if self.options.interactive:
                 self._interactive(api)
                 return self.ok
+            if self.options.two_orgs:
+                with ApiClient(url, key=f"{api_key}-b", timeout=900) as api_b:
+                    self.ok = run_two_orgs(api, api_b, turns=self.options.turns, dsn=self.scratch.dsn,
+                                           report=self.report) and self.ok  # fmt: skip
+                return self.ok
             results = [(name, self._scenario(api, name, meter, workers)) for name in self.options.scenarios]
         self.processes.stop([*workers, gateway])
         self._bare_chains(results)
@@ -139,6 +146,8 @@ class _Run:
     def _header(self) -> None:
         options = self.options
         what = "interactive latency" if options.interactive else f"{options.turns} turns per scenario"
+        if options.two_orgs:
+            what = f"two organisations' batches of {options.turns} turns"
         args = " " + " ".join(self.worker.args) if self.worker.args else " (no flags)"
         self.report.line(f"aptix bench: the production shape, {what}, model latency {options.llm_latency_ms:g} ms")
         self.report.field("machine", describe_machine())
@@ -308,7 +317,7 @@ def _environment(options: BenchOptions, scratch: Scratch, api_key: str, model_po
         "APTIX_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
         "APTIX_LLM_API_KEY": "bench",
         "APTIX_LLM_MODEL": "scripted-model",
-        "APTIX_API_KEYS": f"{api_key}:bench-org:bench-user",
+        "APTIX_API_KEYS": f"{api_key}:bench-org:bench-user,{api_key}-b:bench-org-b:bench-user",
         # A batch of --turns turns is one request: let the gateway take it.
         "APTIX_MAX_BATCH_REQUESTS": str(max(options.turns, 1000)),
         "APTIX_MAX_BODY_BYTES": str(_BODY_LIMIT),

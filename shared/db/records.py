@@ -134,6 +134,8 @@ class InFlightTurn:
     round: int
     batch_id: str | None
     redrives: int
+    org_id: str = ""
+    """The turn's organisation (its admission sets, ``shared.state.admission``)."""
 
 
 _OUTCOME_FIELDS = tuple(field.name for field in fields(TurnOutcome))

@@ -63,7 +63,7 @@ SET_DEADLINE: Update = (
 """The reconciler's move of a turn still moving (one executemany per scan batch: hence no ``IN``,
 which SQLAlchemy expands per call)."""
 OVERDUE = (
-    select(_TURNS.c.turn_id, _TURNS.c.status, _TURNS.c.round, _TURNS.c.batch_id, _TURNS.c.redrives)
+    select(_TURNS.c.turn_id, _TURNS.c.status, _TURNS.c.round, _TURNS.c.batch_id, _TURNS.c.redrives, _TURNS.c.org_id)
     .where(_TURNS.c.status.in_(IN_FLIGHT), _TURNS.c.deadline_at < bindparam("p_now"))
     .order_by(_TURNS.c.deadline_at)
     .limit(bindparam("p_limit"))

@@ -120,11 +120,19 @@ class TurnRepository:
             sql.upsert_snapshot(orm, turn_id, state, now=now)
             orm.execute(sql.PUSH_DEADLINE, {"p_turn_id": turn_id, "p_deadline": deadline_at, "p_now": now})
 
+    def statuses(self, turn_ids: list[str]) -> dict[str, TurnStatus]:
+        """The status of each of ``turn_ids`` that exists (one query; the admission scheduler's sweep)."""
+        if not turn_ids:
+            return {}
+        with self._db() as orm:
+            rows = orm.execute(select(TurnRow.turn_id, TurnRow.status).where(TurnRow.turn_id.in_(turn_ids))).all()
+        return {row.turn_id: TurnStatus(row.status) for row in rows}
+
     def overdue(self, *, now: datetime, limit: int = 500) -> list[InFlightTurn]:
         """Queued or running turns whose deadline passed, the most overdue first."""
         with self._db() as orm:
             rows = orm.execute(sql.OVERDUE, {"p_now": now, "p_limit": limit}).all()
-        return [InFlightTurn(r.turn_id, TurnStatus(r.status), r.round, r.batch_id, r.redrives) for r in rows]
+        return [InFlightTurn(r.turn_id, TurnStatus(r.status), r.round, r.batch_id, r.redrives, r.org_id) for r in rows]
 
     def set_deadlines(self, deadlines: dict[str, datetime]) -> None:
         """Move the deadlines of turns that are still in flight (one transaction)."""

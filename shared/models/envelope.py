@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.task_names import StepName
 
-__all__ = ["BATCH_PRIORITY", "BATCH_START_PRIORITY", "INTERACTIVE_PRIORITY", "TurnEnvelope"]
+__all__ = ["BATCH_PRIORITY", "BATCH_START_PRIORITY", "INTERACTIVE_PRIORITY", "TurnEnvelope", "first_step"]
 
 # Message priorities (Redis transport: 0 is served first; kombu's default steps are 0, 3, 6, 9).
 # Every step of an interactive turn outranks every batch message, so a batch never starves a
@@ -119,3 +119,17 @@ class TurnEnvelope(BaseModel):
             iteration=self.iteration if iteration is None else iteration,
             priority=min(self.priority, BATCH_PRIORITY),
         )
+
+
+def first_step(turn_id: str, *, batch: bool, round_: int = 0) -> TurnEnvelope:
+    """The message that starts round ``round_`` of a turn: its ``request_handler``, at the turn's priority.
+
+    The gateway sends it for a new turn and a re-entry, the admission scheduler for a released batch
+    turn, the reconciler for a stalled turn with no recorded next step. An interactive turn's is
+    ``INTERACTIVE_PRIORITY``; a batch turn's first round ``BATCH_START_PRIORITY`` (behind batch turns
+    already started), its later rounds ``BATCH_PRIORITY``.
+    """
+    priority = BATCH_START_PRIORITY if round_ == 0 else BATCH_PRIORITY
+    if not batch:
+        priority = INTERACTIVE_PRIORITY
+    return TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, round=round_, priority=priority)

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 __all__ = [
+    "ADMISSION_CURSOR_KEY",
+    "ADMISSION_NUDGE_KEY",
+    "ADMISSION_ORGS_KEY",
+    "ADMISSION_ORG_PREFIX",
+    "ADMISSION_RELEASING_KEY",
+    "ADMISSION_SEQUENCE_KEY",
     "BROKER_EPOCH_SEEN_KEY",
     "BROKER_SENTINEL_KEY",
     "INFLIGHT_KEY",
     "RECONCILER_LEADER_KEY",
+    "SCHEDULER_LEADER_KEY",
     "TIMERS_KEY",
     "cancel_key",
     "claim_key",
     "events_key",
+    "held_key",
+    "in_flight_key",
     "state_key",
     "version_key",
 ]
@@ -27,6 +36,28 @@ in the broker, where a countdown longer than the visibility timeout is delivered
 
 RECONCILER_LEADER_KEY = f"{PREFIX}:reconciler:leader"
 """The lease of the one active reconciler."""
+
+SCHEDULER_LEADER_KEY = f"{PREFIX}:scheduler:leader"
+"""The lease of the one active admission scheduler (``workers.scheduler``)."""
+
+ADMISSION_ORGS_KEY = f"{PREFIX}:admission:orgs"
+"""Set: the organisations with turns held or in flight (``shared.state.admission``)."""
+
+ADMISSION_CURSOR_KEY = f"{PREFIX}:admission:cursor"
+"""The organisation the last release round served last: the next round starts after it."""
+
+ADMISSION_SEQUENCE_KEY = f"{PREFIX}:admission:sequence"
+"""Counter: the order in which held turns were accepted (their score in the held set)."""
+
+ADMISSION_RELEASING_KEY = f"{PREFIX}:admission:releasing"
+"""Hash: release id -> ``{"at": time, "turns": [...]}``, turns moved to in flight whose first
+messages may not be sent yet; deleted once they are, re-sent by any scheduler when older than 5 s."""
+
+ADMISSION_NUDGE_KEY = f"{PREFIX}:admission:nudge"
+"""List of at most one item, pushed when turns are held or a turn in flight ends: wakes the scheduler."""
+
+ADMISSION_ORG_PREFIX = f"{PREFIX}:admission:org:"
+"""Prefix of an organisation's held and in-flight sets (:func:`held_key`, :func:`in_flight_key`)."""
 
 BROKER_SENTINEL_KEY = f"{PREFIX}:broker:sentinel"
 """Kept in the broker's Redis database: when it vanishes, the broker lost its messages."""
@@ -58,3 +89,13 @@ def cancel_key(turn_id: str) -> str:
 def events_key(turn_id: str) -> str:
     """The turn's event log (a Redis Stream, ``shared.turn_events``): what clients watching the turn read."""
     return f"{PREFIX}:turn:{turn_id}:events"
+
+
+def held_key(org_id: str) -> str:
+    """Sorted set: an organisation's batch turns waiting for admission, turn id -> acceptance order."""
+    return f"{ADMISSION_ORG_PREFIX}{org_id}:held"
+
+
+def in_flight_key(org_id: str) -> str:
+    """Sorted set: an organisation's turns admitted and not ended, turn id -> when (Unix time) admitted."""
+    return f"{ADMISSION_ORG_PREFIX}{org_id}:inflight"

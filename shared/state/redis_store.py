@@ -14,11 +14,13 @@ import redis
 
 from shared.errors import StateConflict
 from shared.state.keys import (
+    ADMISSION_NUDGE_KEY,
     INFLIGHT_KEY,
     TIMERS_KEY,
     cancel_key,
     claim_key,
     events_key,
+    in_flight_key,
     state_key,
     version_key,
 )
@@ -30,9 +32,11 @@ __all__ = ["RedisStateStore"]
 # One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled and
 # returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is
 # refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
-# in-flight marker and gives the step's lease back; a lease is renewed or released only by its
-# holder, and a renewal pushes the marker forward (never back). A save appends the events it carries
-# (name, data pairs after ARGV[9]) to the turn's event log, with the state's TTL and round.
+# in-flight marker (a removal also takes the turn out of its organisation's admission in-flight set,
+# ``shared.state.admission``, and wakes the admission scheduler) and gives the step's lease back; a
+# lease is renewed or released only by its holder, and a renewal pushes the marker forward (never
+# back). A save appends the events it carries (name, data pairs after ARGV[9]) to the turn's event
+# log, with the state's TTL and round.
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
@@ -45,8 +49,16 @@ _SAVE = """
 if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
 redis.call('set', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4])
-if ARGV[5] == '' then redis.call('zrem', KEYS[3], ARGV[6]) else redis.call('zadd', KEYS[3], ARGV[5], ARGV[6]) end
-if KEYS[5] and redis.call('get', KEYS[5]) == ARGV[7] then redis.call('del', KEYS[5]) end
+if ARGV[5] == '' then
+  redis.call('zrem', KEYS[3], ARGV[6])
+  if redis.call('zrem', KEYS[5], ARGV[6]) == 1 then
+    redis.call('lpush', KEYS[6], '1')
+    redis.call('ltrim', KEYS[6], 0, 0)
+  end
+else
+  redis.call('zadd', KEYS[3], ARGV[5], ARGV[6])
+end
+if KEYS[7] and redis.call('get', KEYS[7]) == ARGV[7] then redis.call('del', KEYS[7]) end
 if #ARGV > 9 then
   for i = 10, #ARGV, 2 do
     redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[9])
@@ -140,7 +152,10 @@ class RedisStateStore:
         expected = state.version
         state.version = expected + 1
         events, undo = take_unsent_events(state)
-        keys = [state_key(state.turn_id), version_key(state.turn_id), INFLIGHT_KEY, events_key(state.turn_id)]
+        keys = [
+            state_key(state.turn_id), version_key(state.turn_id), INFLIGHT_KEY, events_key(state.turn_id),
+            in_flight_key(state.org_id), ADMISSION_NUDGE_KEY,
+        ]  # fmt: skip
         args: list[str | int] = [
             str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
             "" if alive_until is None else repr(alive_until), state.turn_id,

@@ -13,6 +13,7 @@ from shared.db.turns import InFlightTurn, NewTurn
 from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.state import MemoryStateStore
+from shared.state.admission import AdmissionQueue
 from shared.task_names import StepName
 from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state
 from workers.context import StepContext
@@ -233,3 +234,54 @@ def test_queued_turn_vouched_for_by_its_marker_is_re_driven_once_the_first_steps
     ctx.turns.set_deadlines({TURN_ID: clock.now - timedelta(seconds=1)})
     reconciler.scan()
     assert [envelope.step for envelope, _ in sent] == [StepName.REQUEST_HANDLER]
+
+
+def _admitting(ctx: StepContext, clock: Clock, sent: _Sent) -> tuple[Reconciler, AdmissionQueue]:
+    admission = AdmissionQueue(fakeredis.FakeRedis())
+    reconciler = Reconciler(
+        settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
+        dispatcher=Dispatcher(sent, ctx.store, park_after=30), owner="unit", clock=clock, admission=admission,
+    )  # fmt: skip
+    return reconciler, admission
+
+
+def test_a_held_batch_turn_past_its_deadline_waits_for_admission_not_for_a_redrive() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    _accept(ctx, batch=True)
+    sent = _Sent()
+    reconciler, admission = _admitting(ctx, clock, sent)
+    admission.hold("o", [TURN_ID])
+    clock.now = FIXED_NOW + timedelta(seconds=61)
+    reconciler.scan()
+    assert sent == []
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.redrives == 0 and row.deadline_at is not None and row.deadline_at > clock.now
+    assert admission.where("o", [TURN_ID]) == {TURN_ID: "held"}
+
+
+def test_a_batch_turn_neither_held_nor_released_is_held_again_not_sent() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    _accept(ctx, batch=True)  # as if Redis restarted empty: not held, not in flight
+    sent = _Sent()
+    reconciler, admission = _admitting(ctx, clock, sent)
+    clock.now = FIXED_NOW + timedelta(seconds=61)
+    reconciler.scan()
+    assert sent == []
+    assert admission.where("o", [TURN_ID]) == {TURN_ID: "held"}
+    released = admission.release(cap=10, limit=10, now=clock.now.timestamp())
+    assert released is not None and released.turn_ids == [TURN_ID]
+
+
+def test_a_released_batch_turn_that_stalled_is_redriven_as_before() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    _accept(ctx, batch=True)
+    sent = _Sent()
+    reconciler, admission = _admitting(ctx, clock, sent)
+    admission.hold("o", [TURN_ID])
+    admission.release(cap=10, limit=10, now=FIXED_NOW.timestamp())
+    clock.now = FIXED_NOW + timedelta(seconds=61)
+    reconciler.scan()
+    assert [(e.step, e.priority) for e, _ in sent] == [(StepName.REQUEST_HANDLER, BATCH_START_PRIORITY)]

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+import fakeredis
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
@@ -39,6 +40,7 @@ from shared.modes import load_catalog
 from shared.result import ErrorCode
 from shared.settings import Settings
 from shared.state import MemoryStateStore
+from shared.state.admission import AdmissionQueue
 from shared.task_names import StepName
 from shared.turn_events import MemoryTurnEventLog
 from shared.turn_view import to_turn
@@ -65,7 +67,7 @@ class FakePublisher:
 class Gateway:
     """The services over in-process ports, and the ports to look at."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, admission: AdmissionQueue | None = None) -> None:
         engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
         Base.metadata.create_all(engine)
         db = session_factory(engine)
@@ -87,7 +89,9 @@ class Gateway:
             publisher=self.publisher,
             clock=self.clock,
             metrics=self.metrics,
+            admission=admission,
         )
+        self.admission = admission
         self.batches = BatchService(
             turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock
         )
@@ -478,3 +482,42 @@ def test_a_recorded_session_of_another_org_is_not_found(gateway: Gateway) -> Non
 def test_service_error_status_is_that_of_its_kind(error: Exception, status: int) -> None:
     assert isinstance(error, (NotFound, Conflict, InvalidRequest, Unavailable))
     assert service_error_status(error) == status
+
+
+def _admitting() -> tuple[Gateway, AdmissionQueue, fakeredis.FakeServer]:
+    server = fakeredis.FakeServer()
+    admission = AdmissionQueue(fakeredis.FakeRedis(server=server))
+    return Gateway(admission=admission), admission, server
+
+
+def test_with_admission_a_batch_is_held_not_sent_and_an_interactive_turn_is_sent_and_counted() -> None:
+    gateway, admission, _ = _admitting()
+    batch = gateway.batches.record(
+        BatchRequest(requests=[BatchTurnRequest(input="a"), BatchTurnRequest(input="b")]), org_id=ORG, user_id=USER
+    )
+    assert gateway.publisher.sent == []
+    turn = gateway.service.record(TurnRequest(input="now"), org_id=ORG, user_id=USER)
+    assert [(e.turn_id, e.priority) for e in gateway.publisher.sent] == [(turn.turn_id, INTERACTIVE_PRIORITY)]
+    counts = admission.counts()[ORG]
+    assert (counts.held, counts.in_flight) == (batch.total, 1)
+    marker = gateway.store.alive_until([turn.turn_id])[turn.turn_id]
+    assert marker == FIXED_NOW.timestamp() + gateway.settings.reconciler_queued_seconds
+
+
+def test_with_admission_a_batch_redis_refuses_is_not_recorded() -> None:
+    gateway, _, server = _admitting()
+    server.connected = False
+    with pytest.raises(Unavailable) as refused:
+        gateway.batches.record(BatchRequest(requests=[BatchTurnRequest(input="a")]), org_id=ORG, user_id=USER)
+    assert refused.value.message.endswith("the batch was not accepted")
+    assert gateway.accepted("batch") == 0
+
+
+def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too() -> None:
+    gateway, admission, _ = _admitting()
+    body = BatchRequest(requests=[BatchTurnRequest(input=str(index)) for index in range(3)])
+    gateway.batches.record(body, org_id=ORG, user_id=USER)
+    held = [turn_id.decode() for turn_id in admission.client.zrange(f"aptix:admission:org:{ORG}:held", 0, -1)]
+    gateway.service.withdraw(held[:1], org_id=ORG)
+    gateway.service.cancel(held[1], org_id=ORG)
+    assert admission.where(ORG, held) == {held[0]: None, held[1]: None, held[2]: "held"}

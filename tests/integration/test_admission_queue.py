@@ -1,0 +1,198 @@
+"""AdmissionQueue's Lua on a real Redis, and the scheduler's release, re-send and sweep on it.
+
+Round-robin order across organisations, the per-organisation cap, in-flight removal (also by the
+worker's last state save), a releasing note re-sent after a scheduler "died" between the move and
+the send, two schedulers at once, and withdraw. Times are injected: nothing here waits.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+
+import pytest
+import redis
+
+from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
+from shared.models.turn import TurnStatus
+from shared.settings import Settings
+from shared.state import RedisStateStore, TurnState
+from shared.state.admission import REPUBLISH_AFTER_SECONDS, AdmissionQueue
+from shared.task_names import StepName
+from tests.conftest import claim_redis_databases
+from tests.services_check import redis_url
+from workers.scheduler import AdmissionScheduler
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def client(services: None) -> Iterator[redis.Redis]:
+    """A client on one Redis database claimed for this test, flushed after it."""
+    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
+    with redis.Redis.from_url(f"{redis_url().rstrip('/')}/{index}") as connection:
+        yield connection
+        connection.flushdb()
+
+
+class _Statuses:
+    """The one TurnRepository method the scheduler's sweep reads, answering from a dict."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, TurnStatus] = {}
+
+    def statuses(self, turn_ids: list[str]) -> dict[str, TurnStatus]:
+        return {turn_id: self.known[turn_id] for turn_id in turn_ids if turn_id in self.known}
+
+
+def _scheduler(
+    client: redis.Redis, sent: list[TurnEnvelope], *, cap: int, owner: str = "s1", turns: _Statuses | None = None
+) -> AdmissionScheduler:
+    def publish(envelopes: Sequence[TurnEnvelope]) -> None:
+        sent.extend(envelopes)
+
+    return AdmissionScheduler(
+        settings=Settings(org_max_in_flight=cap),
+        admission=AdmissionQueue(client),
+        turns=turns or _Statuses(),  # type: ignore[arg-type]  # only statuses() is read
+        publish=publish,
+        owner=owner,
+        clock=lambda: T0,
+    )
+
+
+def test_release_is_round_robin_across_organisations_in_acceptance_order(client: redis.Redis) -> None:
+    queue = AdmissionQueue(client)
+    queue.hold("org-b", ["b1", "b2", "b3"])
+    queue.hold("org-a", ["a1", "a2", "a3", "a4", "a5"])
+    queue.hold("org-c", ["c1"])
+    queue.hold("org-a", ["a6"])
+    released = queue.release(cap=100, limit=100, now=T0)
+    assert released is not None
+    # One turn per organisation per round, organisations in a fixed order, each queue in order;
+    # an organisation whose queue is empty is skipped
+    assert released.turn_ids == ["a1", "b1", "c1", "a2", "b2", "a3", "b3", "a4", "a5", "a6"]
+
+
+def test_a_release_cut_short_resumes_after_the_last_organisation_served(client: redis.Redis) -> None:
+    queue = AdmissionQueue(client)
+    queue.hold("org-a", [f"a{i}" for i in range(5)])
+    queue.hold("org-b", [f"b{i}" for i in range(5)])
+    first, second = queue.release(cap=100, limit=3, now=T0), queue.release(cap=100, limit=3, now=T0)
+    assert first is not None and second is not None
+    assert first.turn_ids == ["a0", "b0", "a1"]
+    assert second.turn_ids == ["b1", "a2", "b2"]
+
+
+def test_no_organisation_gets_more_than_the_cap_in_flight(client: redis.Redis) -> None:
+    queue = AdmissionQueue(client)
+    queue.admit_now("org-a", ["interactive"], now=T0)  # an interactive turn counts too
+    queue.hold("org-a", [f"a{i}" for i in range(10)])
+    queue.hold("org-b", [f"b{i}" for i in range(10)])
+    released = queue.release(cap=3, limit=100, now=T0)
+    assert released is not None
+    assert released.turn_ids == ["a0", "b0", "a1", "b1", "b2"]
+    assert queue.release(cap=3, limit=100, now=T0) is None
+    counts = queue.counts()
+    assert (counts["org-a"].held, counts["org-a"].in_flight) == (8, 3)
+    assert (counts["org-b"].held, counts["org-b"].in_flight) == (7, 3)
+
+
+def test_a_turn_that_ends_frees_its_slot_and_wakes_the_scheduler(client: redis.Redis) -> None:
+    queue = AdmissionQueue(client)
+    queue.hold("org-a", ["a0", "a1"])
+    assert queue.wait(0.01)  # holding nudged
+    released = queue.release(cap=1, limit=10, now=T0)
+    assert released is not None and released.turn_ids == ["a0"]
+    assert not queue.wait(0.01)
+    assert queue.finished("org-a", ["a0", "unknown"]) == 1
+    assert queue.wait(0.01)
+    after = queue.release(cap=1, limit=10, now=T0)
+    assert after is not None and after.turn_ids == ["a1"]
+    assert queue.finished("org-a", ["a0"]) == 0
+    assert not queue.wait(0.01)  # nothing was in flight: no nudge
+
+
+def test_the_last_state_save_of_a_turn_takes_it_out_of_flight(client: redis.Redis) -> None:
+    store, queue = RedisStateStore(client), AdmissionQueue(client)
+    queue.hold("org-a", ["turn_x"])
+    queue.release(cap=5, limit=5, now=T0)
+    state = TurnState(turn_id="turn_x", session_id="s", org_id="org-a", user_id="u", user_input="hi", new_session=True)
+    store.save(state, ttl_seconds=60, alive_until=T0 + 60)  # a step that passes the turn on
+    assert queue.counts()["org-a"].in_flight == 1
+    store.save(state, ttl_seconds=60, alive_until=None)  # the chain ends (committed or paused)
+    assert queue.counts()["org-a"].in_flight == 0
+    assert queue.wait(0.01)
+
+
+def test_a_release_whose_scheduler_died_before_sending_is_sent_again_once(client: redis.Redis) -> None:
+    queue = AdmissionQueue(client)
+    queue.hold("org-a", ["a0", "a1"])
+    # Given a scheduler that moved the turns to in flight and died before sending them
+    moved = queue.release(cap=10, limit=10, now=T0)
+    assert moved is not None
+    # When another scheduler runs before the note is old: nothing is sent (the first may still send)
+    sent: list[TurnEnvelope] = []
+    later = _scheduler(client, sent, cap=10)
+    assert later.republish_stale(T0 + 1) == 0 and sent == []
+    # Then once it is old, the turns' first messages are sent, once, and the note is gone
+    assert later.republish_stale(T0 + REPUBLISH_AFTER_SECONDS + 1) == 2
+    assert later.republish_stale(T0 + REPUBLISH_AFTER_SECONDS + 2) == 0
+    assert [(e.turn_id, e.step, e.priority) for e in sent] == [
+        ("a0", StepName.REQUEST_HANDLER, BATCH_START_PRIORITY),
+        ("a1", StepName.REQUEST_HANDLER, BATCH_START_PRIORITY),
+    ]
+    assert queue.release(cap=10, limit=10, now=T0) is None  # not released a second time
+
+
+def test_a_release_that_was_sent_leaves_no_note(client: redis.Redis) -> None:
+    sent: list[TurnEnvelope] = []
+    scheduler = _scheduler(client, sent, cap=10)
+    AdmissionQueue(client).hold("org-a", ["a0", "a1", "a2"])
+    assert scheduler.release(T0) == 3
+    assert [e.turn_id for e in sent] == ["a0", "a1", "a2"]
+    assert scheduler.republish_stale(T0 + 3600) == 0
+
+
+def test_two_schedulers_at_once_release_each_turn_once(client: redis.Redis) -> None:
+    queue = AdmissionQueue(client)
+    turn_ids = [f"{org}-{i}" for org in ("org-a", "org-b", "org-c") for i in range(400)]
+    for org in ("org-a", "org-b", "org-c"):
+        queue.hold(org, [turn_id for turn_id in turn_ids if turn_id.startswith(org)])
+    sent: list[list[TurnEnvelope]] = [[], []]
+    schedulers = [_scheduler(client, sent[i], cap=1000, owner=f"s{i}") for i in range(2)]
+    threads = [threading.Thread(target=lambda s=s: [s.release(T0) for _ in range(20)]) for s in schedulers]  # type: ignore[misc]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    released = [e.turn_id for envelopes in sent for e in envelopes]
+    assert sorted(released) == sorted(turn_ids)  # every turn, none twice
+    assert all(sent), "both copies released some turns"
+
+
+def test_withdraw_takes_held_turns_out_but_leaves_released_ones(client: redis.Redis) -> None:
+    queue = AdmissionQueue(client)
+    queue.hold("org-a", ["a0", "a1", "a2", "a3"])
+    queue.release(cap=10, limit=1, now=T0)  # a0 released
+    assert queue.withdraw("org-a", ["a0", "a2", "a3", "other"]) == 2
+    assert queue.where("org-a", ["a0", "a1", "a2"]) == {"a0": "in_flight", "a1": "held", "a2": None}
+    released = queue.release(cap=10, limit=10, now=T0)
+    assert released is not None and released.turn_ids == ["a1"]
+
+
+def test_the_sweep_drops_turns_that_ended_unannounced(client: redis.Redis) -> None:
+    turns = _Statuses()
+    sent: list[TurnEnvelope] = []
+    scheduler = _scheduler(client, sent, cap=10, turns=turns)
+    queue = AdmissionQueue(client)
+    queue.admit_now("org-a", ["done", "cancelled", "running", "unrecorded"], now=T0)
+    turns.known.update(done=TurnStatus.COMPLETED, cancelled=TurnStatus.CANCELLED, running=TurnStatus.RUNNING)
+    assert scheduler.sweep(T0 + 1) == 0  # too recent to check
+    assert scheduler.sweep(T0 + 10) == 2
+    assert queue.where("org-a", ["running", "unrecorded"]) == {"running": "in_flight", "unrecorded": "in_flight"}
+    assert scheduler.sweep(T0 + 600) == 1  # a turn the database never recorded, after a while
+    assert queue.counts()["org-a"].in_flight == 1
