@@ -66,8 +66,8 @@ def create_celery(
     register_tasks(app, runtime)
     _connect_signals(app, runtime, settings)
     _connect_log_context(settings)
-    if scheduler:
-        app.steps["worker"].add(_scheduler_step(runtime))
+    if scheduler or reconciler:
+        app.steps["worker"].add(_background_step(runtime))
     if heartbeat is not None:
         app.steps["worker"].add(_liveness_step(settings, runtime, heartbeat))
     return app
@@ -109,23 +109,27 @@ def _liveness_step(settings: Settings, runtime: WorkerRuntime, name: str) -> typ
     return Liveness
 
 
-def _scheduler_step(runtime: WorkerRuntime) -> type:
-    """A worker bootstep that runs the admission scheduler in the worker's main process.
+def _background_step(runtime: WorkerRuntime) -> type:
+    """A worker bootstep that runs the admission scheduler and the reconciler in the worker's main process.
 
     A bootstep, not ``worker_ready``: an embedded worker (``aptix dev``'s ``WorkController``) starts
-    its bootsteps but never sends ``worker_ready``, and batch turns wait for the scheduler.
+    its bootsteps but never sends ``worker_ready``: batch turns would wait for the scheduler and
+    stalled turns for the reconciler.
     """
 
-    class Scheduler(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
-        label = "AdmissionScheduler"
+    class Background(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+        label = "AdmissionSchedulerAndReconciler"
+        requires = ("celery.worker.components:Pool",)  # after a prefork pool has forked its children
 
         def start(self, worker: Any) -> None:
             runtime.start_scheduler()
+            runtime.start_reconciler()
 
         def stop(self, worker: Any) -> None:
             runtime.stop_scheduler()
+            runtime.stop_reconciler()
 
-    return Scheduler
+    return Background
 
 
 def _running_tasks() -> list[RunningTask]:
@@ -151,10 +155,8 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime, settings: Settings) ->
         runtime.restart_in_child()
 
     def on_ready(sender: Any = None, **_kwargs: Any) -> None:
-        if getattr(sender, "app", None) is app:
-            runtime.start_reconciler()
-            if settings.log_format == "json":
-                _quiet_sigterm(sender.controller)
+        if getattr(sender, "app", None) is app and settings.log_format == "json":
+            _quiet_sigterm(sender.controller)
 
     def on_shutdown(sender: Any = None, **_kwargs: Any) -> None:
         if getattr(sender, "app", None) is app:

@@ -3,7 +3,7 @@ context, its dispatcher, its metrics, its webhook deliverer, and (in the worker'
 copies of the reconciler and of the admission scheduler.
 
 ``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
-each prefork child (``worker_process_init``), starts the reconciler on ``worker_ready`` and the
+each prefork child (``worker_process_init``), and starts the reconciler and the
 admission scheduler from a worker bootstep (which an embedded worker, ``aptix dev``'s, starts too).
 """
 

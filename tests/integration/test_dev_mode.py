@@ -66,7 +66,7 @@ def test_dev_serves_turns_and_a_client_tool_round_trip_without_external_services
     assert results["readyz"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok", "api_keys": "ok"}
 
 
-_CLIENT_SCRIPT = r'''
+_CLIENT_SCRIPT = r"""
 import json, re, signal, subprocess, sys, time
 import httpx
 
@@ -101,7 +101,7 @@ print("RESULTS " + json.dumps({"plain": plain, "paused": paused, "resumed": resu
 dev.send_signal(signal.SIGINT)
 sys.stdout.write(dev.stdout.read())  # the same buffered reader as above: communicate() would skip its buffer
 sys.exit(dev.wait(timeout=30))
-'''
+"""
 
 
 def test_demo_tours_the_system_without_external_services(tmp_path: Path) -> None:
@@ -127,3 +127,46 @@ def test_demo_tours_the_system_without_external_services(tmp_path: Path) -> None
     ):
         assert expected in output, f"{expected!r} missing from the demo output:\n{output[-3000:]}"
     assert "[requires_client_tools, mode ddr-authoring]" in output
+
+
+def test_dev_runs_the_admission_scheduler_and_the_reconciler(tmp_path: Path, redis_urls: tuple[str, str]) -> None:
+    # Given `aptix dev` on real Redis databases (its embedded worker never sends Celery's worker_ready)
+    import time
+
+    import redis
+
+    from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
+
+    state_url, broker_url = redis_urls
+    state = redis.Redis.from_url(state_url)
+    state.delete(RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY)
+    env = {**_env_without_aptix_urls(), "APTIX_REDIS_URL": state_url, "APTIX_BROKER_URL": broker_url}
+    argv = [
+        sys.executable,
+        "-m",
+        "aptix_cli",
+        "dev",
+        "--port",
+        str(free_port()),
+        "--sqlite",
+        str(tmp_path / "d.sqlite"),
+    ]
+    log = (tmp_path / "dev.log").open("wb")
+    process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        # Then both background loops start and take their leader leases in the state store
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and process.poll() is None:
+            if state.exists(RECONCILER_LEADER_KEY) and state.exists(SCHEDULER_LEADER_KEY):
+                break
+            time.sleep(0.2)
+        held = {key: bool(state.exists(key)) for key in (RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY)}
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+    assert held == {RECONCILER_LEADER_KEY: True, SCHEDULER_LEADER_KEY: True}, (tmp_path / "dev.log").read_text()
