@@ -108,9 +108,7 @@ def _results(api: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(
-    api: ApiClient, batch: dict[str, Any], args: argparse.Namespace, *, bar: ProgressBar, as_json: bool
-) -> int:
+def _follow(api: ApiClient, batch: dict[str, Any], args: argparse.Namespace, *, bar: ProgressBar, as_json: bool) -> int:
     """Follow ``batch`` until nothing is in flight, then print failures, write ``--out`` and sum up."""
     from aptix_cli.batch_progress import follow_batch, out_of_flight
     from aptix_cli.client import ClientError

@@ -232,9 +232,7 @@ class ApiClient:
             time.sleep(min(0.25 * 2**retries, 5.0))
             method, path, json_body, params = "GET", f"/v1/turns/{turn_id}/events", None, None
 
-    def _call(
-        self, method: str, path: str, *, json_body: object = None, wait: float | None = None
-    ) -> dict[str, Any]:
+    def _call(self, method: str, path: str, *, json_body: object = None, wait: float | None = None) -> dict[str, Any]:
         response = self._send(method, path, json_body=json_body, wait=wait)
         try:
             body = response.json()

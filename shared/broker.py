@@ -42,8 +42,6 @@ _REDIS_TRANSPORT = "shared.broker_transport:Transport"
 _UNACKED_KEY = "unacked"
 
 
-
-
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery settings of every Aptix process."""
     return {

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 _CANCEL_FLAG_SECONDS = 7 * 86400
 """How long the state store keeps a cancelled turn's flag (longer than any turn runs)."""
+_PUBLISH_CHUNK = 1000
+"""First messages per producer and marker write when many turns are accepted at once."""
 
 
 class TurnService:
@@ -164,17 +166,28 @@ class TurnService:
             Unavailable: the broker or the state store refused (the caller's transaction then rolls back).
         """
         priority = BATCH_START_PRIORITY if batch else INTERACTIVE_PRIORITY
-        envelopes = [
-            TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, priority=priority) for turn_id in turn_ids
-        ]
         until = self._clock().timestamp() + self._settings.reconciler_queued_seconds
         try:
-            self._store.mark_alive(turn_ids, until=until)
-            self._publisher.publish(envelopes)
+            # A batch of 100,000 turns goes out in chunks: one marker write and one producer per chunk,
+            # never 100,000 envelopes in memory at once.
+            for start in range(0, len(turn_ids), _PUBLISH_CHUNK):
+                chunk = turn_ids[start : start + _PUBLISH_CHUNK]
+                self._store.mark_alive(chunk, until=until)
+                self._publisher.publish(
+                    [
+                        TurnEnvelope(turn_id=turn_id, step=StepName.REQUEST_HANDLER, priority=priority)
+                        for turn_id in chunk
+                    ]
+                )
         except PUBLISH_ERRORS as exc:
             logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
             raise _unavailable(refused) from exc
         self._metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))
+
+    @property
+    def records(self) -> TurnRepository:
+        """The turn repository, for the reads a batch makes of earlier turns."""
+        return self._turns
 
     def deadline(self) -> datetime:
         """The reconciler deadline of a turn accepted or resumed now."""
@@ -279,6 +292,45 @@ class TurnService:
             # flag only stops the remaining steps early.
             logger.warning("could not flag turn %s as cancelled in Redis", turn_id)
         return cancelled
+
+    def cancel_queued(self, turn_ids: list[str], *, org_id: str) -> list[TurnRecord]:
+        """Cancel those of ``turn_ids`` that have not started, at once (a batch's cancel).
+
+        One bulk update in the database (a turn that started meanwhile is left alone), then the ended
+        events, webhooks and metrics :meth:`cancel` gives one turn, and the state store's cancel flags
+        (so a first message already in the broker stops at its first step).
+
+        Args:
+            turn_ids: the turns (the caller checked they belong to ``org_id``).
+            org_id: the caller's organisation.
+
+        Returns:
+            The turns this call cancelled.
+        """
+        self.withdraw(turn_ids, org_id=org_id)
+        error = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client")
+        cancelled = self._turns.cancel_queued(turn_ids, error=error, now=self._clock())
+        for row in cancelled:
+            self._metrics.count_ended(TurnStatus.CANCELLED, error)
+            append_ended(self._events, row)
+        try:
+            self._store.cancel_many([row.turn_id for row in cancelled], ttl_seconds=_CANCEL_FLAG_SECONDS)
+        except RedisError:
+            # As in cancel: the database says cancelled; a step that starts anyway finds it so at its commit.
+            logger.warning("could not flag %d cancelled turns in Redis", len(cancelled))
+        return cancelled
+
+    def withdraw(self, turn_ids: list[str], *, org_id: str) -> None:
+        """Take turns about to be cancelled out of any admission queue; for now there is none, so nothing.
+
+        The seam of fair admission (issue 14, item 2, another branch): turns held back by an
+        admission controller before publishing are removed from its queue here, so it never releases
+        a turn that was cancelled while it waited.
+
+        Args:
+            turn_ids: the turns about to be cancelled.
+            org_id: their organisation.
+        """
 
     def trace(self, turn_id: str, *, org_id: str) -> list[TraceStep]:
         """The turn's CompositionTrace: the live one while it runs, else the committed one.

@@ -66,7 +66,7 @@ def test_dev_serves_turns_and_a_client_tool_round_trip_without_external_services
     assert results["readyz"] == {"database": "ok", "schema": "ok", "redis": "ok", "broker": "ok", "api_keys": "ok"}
 
 
-_CLIENT_SCRIPT = r'''
+_CLIENT_SCRIPT = r"""
 import json, re, signal, subprocess, sys, time
 import httpx
 
@@ -101,7 +101,7 @@ print("RESULTS " + json.dumps({"plain": plain, "paused": paused, "resumed": resu
 dev.send_signal(signal.SIGINT)
 sys.stdout.write(dev.stdout.read())  # the same buffered reader as above: communicate() would skip its buffer
 sys.exit(dev.wait(timeout=30))
-'''
+"""
 
 
 def test_demo_tours_the_system_without_external_services(tmp_path: Path) -> None:

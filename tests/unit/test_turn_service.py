@@ -88,9 +88,7 @@ class Gateway:
             clock=self.clock,
             metrics=self.metrics,
         )
-        self.batches = BatchService(
-            turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock
-        )
+        self.batches = BatchService(turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock)
         self.session_reads = SessionService(sessions=self.sessions, turns=self.turns, catalog=load_catalog())
 
     def session(self) -> str:
