@@ -26,6 +26,8 @@ __all__ = ["SPOOL_MEMORY_BYTES", "Loc", "StagedBatch", "describe_loc"]
 SPOOL_MEMORY_BYTES = 4 * 1024 * 1024
 """Staged turns are kept in memory up to this size, then in a temporary file."""
 
+_NEW_TURN_FIELDS = tuple(field.name for field in dataclasses.fields(NewTurn))
+
 Loc = tuple[str | int, ...]
 """Where a request sits in the HTTP body, for the ``loc`` of error details (``("body", "requests", 3)``)."""
 
@@ -107,7 +109,8 @@ class StagedBatch:
         if turn.idempotency_key is not None:
             self.keys[turn.idempotency_key] = _Keyed(index, turn.request_hash, loc)
         self._hash.update(_canonical(request) + b"\n")
-        self._spool.write(json.dumps(dataclasses.asdict(turn), separators=(",", ":")).encode() + b"\n")
+        row = {name: getattr(turn, name) for name in _NEW_TURN_FIELDS}  # asdict() deep-copies: 3x the cost
+        self._spool.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
         self.count += 1
 
     def request_hash(self) -> str:
