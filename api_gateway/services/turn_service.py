@@ -294,15 +294,10 @@ class TurnService:
         return cancelled
 
     def cancel_queued(self, turn_ids: list[str], *, org_id: str) -> list[TurnRecord]:
-        """Cancel those of ``turn_ids`` that have not started, at once (a batch's cancel).
+        """Cancel those of ``turn_ids`` (the caller's, checked) not started yet, at once: a batch's cancel.
 
-        One bulk update in the database (a turn that started meanwhile is left alone), then the ended
-        events, webhooks and metrics :meth:`cancel` gives one turn, and the state store's cancel flags
-        (so a first message already in the broker stops at its first step).
-
-        Args:
-            turn_ids: the turns (the caller checked they belong to ``org_id``).
-            org_id: the caller's organisation.
+        One bulk update (a turn that started meanwhile is left alone), then what :meth:`cancel` gives one
+        turn (ended event, webhook, metrics) and the cancel flags that stop their queued first messages.
 
         Returns:
             The turns this call cancelled.
