@@ -79,7 +79,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.effective_broker_url.startswith("redis://"):
         broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)
         gateway.metrics.registry.register(QueueDepthCollector(broker))
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_upload_bytes=settings.max_upload_bytes
+    )
     app.add_middleware(SecurityHeadersMiddleware)  # outside the routes: also on 413s and errors
     app.add_middleware(AccessLogMiddleware)  # around all of it: one line per request, with its final status
     if settings.otel_enabled:  # imported only when on: OpenTelemetry costs every process its import

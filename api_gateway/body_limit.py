@@ -1,6 +1,7 @@
 """BodyLimitMiddleware: refuses request bodies over ``APTIX_MAX_BODY_BYTES`` with 413.
 
-Pure ASGI, so it also catches chunked bodies that declare no Content-Length.
+A JSON Lines upload to ``POST /v1/batches`` (``api_gateway.uploads``) has its own limit,
+``APTIX_MAX_UPLOAD_BYTES``. Pure ASGI, so it also catches chunked bodies that declare no Content-Length.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import json
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api_gateway.uploads import is_upload
 
 __all__ = ["BodyLimitMiddleware"]
 
@@ -22,21 +25,25 @@ class _TooLarge(HTTPException):
 class BodyLimitMiddleware:
     """Counts body bytes as they arrive and answers 413 past the limit."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, max_upload_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_upload_bytes = max_upload_bytes if max_upload_bytes is not None else max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        upload = is_upload(scope)
+        limit = self.max_upload_bytes if upload else self.max_bytes
+        refusal = self._message(upload)
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
                 await _respond(send, 400, "bad_request", "Content-Length is not a number")
                 return
-            if int(declared) > self.max_bytes:
-                await _respond(send, 413, "request_too_large", self._message())
+            if int(declared) > limit:
+                await _respond(send, 413, "request_too_large", refusal)
                 return
         received = 0
         started = False
@@ -46,8 +53,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _TooLarge(self._message())
+                if received > limit:
+                    raise _TooLarge(refusal)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -60,9 +67,11 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await _respond(send, 413, "request_too_large", self._message())
+                await _respond(send, 413, "request_too_large", refusal)
 
-    def _message(self) -> str:
+    def _message(self, upload: bool) -> str:
+        if upload:
+            return f"the upload is larger than {self.max_upload_bytes} bytes (APTIX_MAX_UPLOAD_BYTES)"
         return f"the request body is larger than {self.max_bytes} bytes (APTIX_MAX_BODY_BYTES)"
 
 

@@ -19,6 +19,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
 
@@ -122,9 +123,14 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route that matched the path; a path served
+            # by several routes (GET and POST /v1/batches) takes them all.
+            headers = {**(headers or {}), "Allow": _allowed(request)}
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers)
 
     async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
         if schema_missing(exc):
@@ -184,6 +190,23 @@ def service_error_status(exc: ServiceError) -> int:
         if kind in SERVICE_ERROR_STATUS:
             return SERVICE_ERROR_STATUS[kind]
     return 500
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route of the app takes at the request's path, as an ``Allow`` header."""
+    return ", ".join(sorted(_methods(request.app.router.routes, dict(request.scope))))
+
+
+def _methods(routes: list[BaseRoute], scope: dict[str, Any]) -> set[str]:
+    methods: set[str] = set()
+    for route in routes:
+        # FastAPI keeps an included router whole (its routes carry their full paths): look inside.
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            methods |= _methods(included.routes, scope)
+        elif route.matches(scope)[0] is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return methods
 
 
 def _text(value: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from api_gateway.errors import RETRY_AFTER_SECONDS
+from shared.models.batch import BatchRequest
 from shared.models.error import ErrorBody
 from shared.settings import Settings
 
@@ -98,7 +99,11 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
 _TAGS = [
     {"name": "turns", "description": "Start a turn, read it (long-poll), post client tool results, cancel, trace."},
     {"name": "sessions", "description": "A session with its mode history and turns; the mode catalog."},
-    {"name": "batches", "description": "Many turns at once, their progress and their results as JSON Lines."},
+    {
+        "name": "batches",
+        "description": "Many turns at once (a JSON body or a JSON Lines upload), their progress, their results as "
+        "JSON Lines, their cancel, and the organisation's list of batches.",
+    },
     {"name": "health", "description": "Liveness and readiness, without a key."},
 ]
 
@@ -121,6 +126,11 @@ def _finish(document: dict[str, Any], settings: Settings) -> None:
     error_schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorBody"] = error_schema
+    # createBatch reads its body itself (to stream uploads), so FastAPI does not collect its JSON schema.
+    batch_schema = BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, schema in batch_schema.pop("$defs", {}).items():
+        schemas.setdefault(name, schema)
+    schemas.setdefault("BatchRequest", batch_schema)
     batch = schemas.get("BatchRequest", {}).get("properties", {}).get("requests")
     if batch is not None:
         batch["maxItems"] = min(batch.get("maxItems", settings.max_batch_requests), settings.max_batch_requests)
@@ -148,5 +158,7 @@ and write is scoped to the key's organisation: another organisation's session, t
 64-bit float (`1e999`) are 422, and so are NUL characters and lone surrogates (half a UTF-16 pair) in
 any string, tool parameter schemas included. A body over {settings.max_body_bytes} bytes
 (`APTIX_MAX_BODY_BYTES`) is 413; a batch holds at most {settings.max_batch_requests} requests
-(`APTIX_MAX_BATCH_REQUESTS`).
+(`APTIX_MAX_BATCH_REQUESTS`). A JSON Lines upload to `POST /v1/batches` may hold
+{settings.max_upload_requests} requests (`APTIX_MAX_UPLOAD_REQUESTS`) in {settings.max_upload_bytes} bytes
+(`APTIX_MAX_UPLOAD_BYTES`).
 """

@@ -12,7 +12,8 @@ runs out of file descriptors, and then serves nobody.
   ``APTIX_HTTP_HEADER_TIMEOUT_SECONDS``; on a kept-alive connection the clock starts at the next
   request's first byte (until then uvicorn's keep-alive timeout applies);
 - a body deadline: a request's body must have arrived in full ``APTIX_HTTP_BODY_TIMEOUT_SECONDS``
-  after its headers, however it trickles in;
+  after its headers, however it trickles in (a JSON Lines upload to ``POST /v1/batches``, see
+  ``api_gateway.uploads``: ``APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS``);
 - caps on the connections held at once, per client address (``APTIX_HTTP_MAX_CONNECTIONS_PER_CLIENT``)
   and in all (``APTIX_HTTP_MAX_CONNECTIONS``): a connection beyond either is answered
   ``503 unavailable`` (with ``Retry-After``) and closed as soon as it is accepted, before it costs
@@ -40,6 +41,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from api_gateway.errors import error_response
 from api_gateway.security_headers import SECURITY_HEADERS
+from api_gateway.uploads import is_upload
 from shared.settings import Settings
 
 __all__ = [
@@ -64,6 +66,8 @@ class ConnectionLimits:
     """Seconds a client has to send a request's line and headers."""
     body_timeout: float
     """Seconds a request's body has to arrive in full after its headers."""
+    upload_timeout: float
+    """The same for a JSON Lines upload (``api_gateway.uploads``)."""
     max_connections: int
     """Connections held at once in all."""
     max_per_client: int
@@ -75,6 +79,7 @@ class ConnectionLimits:
         return cls(
             header_timeout=settings.http_header_timeout_seconds,
             body_timeout=settings.http_body_timeout_seconds,
+            upload_timeout=settings.http_upload_timeout_seconds,
             max_connections=settings.http_max_connections,
             max_per_client=settings.http_max_connections_per_client,
         )
@@ -189,8 +194,14 @@ class GuardedH11Protocol(H11Protocol):
             self._deadline = None
         self._awaiting = awaiting
         if awaiting != "nothing":
-            seconds = self.guard.limits.header_timeout if awaiting == "headers" else self.guard.limits.body_timeout
-            self._deadline = self.loop.call_later(seconds, self._on_deadline)
+            self._deadline = self.loop.call_later(self._seconds(awaiting), self._on_deadline)
+
+    def _seconds(self, awaiting: _Awaiting) -> float:
+        limits = self.guard.limits
+        if awaiting == "headers":
+            return limits.header_timeout
+        cycle = self.cycle
+        return limits.upload_timeout if cycle is not None and is_upload(cycle.scope) else limits.body_timeout
 
     def _on_deadline(self) -> None:
         self._deadline = None
@@ -204,7 +215,8 @@ class GuardedH11Protocol(H11Protocol):
                 # The app may still wait on the body: it now reads a disconnect and its answer is dropped.
                 cycle.disconnected = True
                 cycle.message_event.set()
-            self.transport.write(self.guard.timeout_response(awaiting))
+            upload = cycle is not None and is_upload(cycle.scope)
+            self.transport.write(self.guard.timeout_response("upload" if upload else awaiting))
         logger.debug("closed a connection from %s: its request %s did not arrive in time", self._peer, awaiting)
         self.transport.close()
 
@@ -246,6 +258,12 @@ class _Guard:
                 f"the request body did not arrive within {limits.body_timeout:g}s of its headers "
                 "(APTIX_HTTP_BODY_TIMEOUT_SECONDS)",
             ),
+            "upload": _raw_response(
+                408,
+                "request_timeout",
+                f"the upload did not arrive within {limits.upload_timeout:g}s of its headers "
+                "(APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS)",
+            ),
         }
 
     def admit(self, peer: str | None, *, open_connections: int) -> bytes | None:
@@ -281,9 +299,9 @@ class _Guard:
             self._per_peer[peer] = held
         self._capped.discard(peer)
 
-    def timeout_response(self, awaiting: _Awaiting) -> bytes:
-        """The 408 for a request whose ``awaiting`` part did not arrive in time."""
-        return self._answers["body" if awaiting == "body" else "headers"]
+    def timeout_response(self, awaiting: _Awaiting | Literal["upload"]) -> bytes:
+        """The 408 for a request whose ``awaiting`` part (or upload body) did not arrive in time."""
+        return self._answers["body" if awaiting == "nothing" else awaiting]
 
 
 def _guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -32,6 +33,8 @@ _READ_MARGIN = 30.0
 """Seconds a read may take beyond the long-poll the request asked for."""
 _STREAM_READ_TIMEOUT = 60.0
 """Seconds an event stream may stay silent (the gateway sends a comment every 15 s) before it counts as cut."""
+_UPLOAD_READ_TIMEOUT = 900.0
+"""Seconds an upload's answer may take (the gateway checks and records every line first)."""
 _STREAM_RETRIES = 5
 """Reconnections in a row, after a cut stream, before giving up."""
 
@@ -156,6 +159,32 @@ class ApiClient:
         """``POST /v1/batches`` with ``{"requests": [TurnRequest, …]}``; returns the ``Batch``."""
         return self._call("POST", "/v1/batches", json_body={"requests": list(requests)})
 
+    def upload_batch(self, path: Path, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /v1/batches`` with the JSON Lines file ``path`` as the body, streamed from disk.
+
+        Returns the ``Batch``.
+
+        The upload's body deadline is the gateway's ``APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS``; the answer may
+        take a while for a large file (every line is checked, then recorded), so the read waits up to
+        :data:`_UPLOAD_READ_TIMEOUT`.
+        """
+        params = {"idempotency_key": idempotency_key} if idempotency_key else {}
+        timeout = httpx.Timeout(_UPLOAD_READ_TIMEOUT, connect=_CONNECT_TIMEOUT)
+        with path.open("rb") as body:
+            return self._call(
+                "POST", "/v1/batches", content=_file_chunks(body), params=params, timeout=timeout,
+                headers={"Content-Type": "application/jsonl"},
+            )  # fmt: skip
+
+    def cancel_batch(self, batch_id: str, *, running: str = "finish") -> dict[str, Any]:
+        """``POST /v1/batches/{batch_id}/cancel``: queued turns cancelled; running ones ``finish`` or ``cancel``."""
+        return self._call("POST", f"/v1/batches/{batch_id}/cancel", json_body={"running": running})
+
+    def list_batches(self, *, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        """``GET /v1/batches``: a page of the organisation's batches, newest first (``last_id``: the next cursor)."""
+        params = {"limit": str(limit), **({"after": after} if after else {})}
+        return self._call("GET", "/v1/batches", params=params)
+
     def get_batch(self, batch_id: str) -> dict[str, Any]:
         """``GET /v1/batches/{batch_id}``: the ``Batch`` with its counts by status."""
         return self._call("GET", f"/v1/batches/{batch_id}")
@@ -233,9 +262,21 @@ class ApiClient:
             method, path, json_body, params = "GET", f"/v1/turns/{turn_id}/events", None, None
 
     def _call(
-        self, method: str, path: str, *, json_body: object = None, wait: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: object = None,
+        wait: float | None = None,
+        params: Mapping[str, str] | None = None,
+        content: Iterator[bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> dict[str, Any]:
-        response = self._send(method, path, json_body=json_body, wait=wait)
+        response = self._send(
+            method, path, json_body=json_body, wait=wait, params=params, content=content, headers=headers,
+            timeout=timeout,
+        )  # fmt: skip
         try:
             body = response.json()
         except ValueError as exc:
@@ -244,20 +285,39 @@ class ApiClient:
             raise GatewayError(response.status_code, "bad_response", "the response is not a JSON object")
         return body
 
-    def _send(self, method: str, path: str, *, json_body: object, wait: float | None) -> httpx.Response:
-        params: dict[str, str] = {}
-        timeout = httpx.Timeout(self._timeout, connect=_CONNECT_TIMEOUT)
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: object,
+        wait: float | None,
+        params: Mapping[str, str] | None = None,
+        content: Iterator[bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        params = dict(params or {})
+        timeout = timeout or httpx.Timeout(self._timeout, connect=_CONNECT_TIMEOUT)
         if wait and wait > 0:
             seconds = min(float(wait), MAX_WAIT_SECONDS)
             params["wait"] = f"{seconds:g}"
             timeout = httpx.Timeout(seconds + _READ_MARGIN, connect=_CONNECT_TIMEOUT)
         try:
-            response = self._http.request(method, path, json=json_body, params=params, timeout=timeout)
+            response = self._http.request(
+                method, path, json=json_body, params=params, timeout=timeout, content=content, headers=headers
+            )
         except httpx.TransportError as exc:
             raise GatewayUnreachable(self.base_url, str(exc) or type(exc).__name__) from exc
         if response.is_success:
             return response
         raise _gateway_error(response)
+
+
+def _file_chunks(body: BinaryIO, size: int = 64 * 1024) -> Iterator[bytes]:
+    """The file's bytes in chunks (an httpx body sent chunked, never read whole)."""
+    while chunk := body.read(size):
+        yield chunk
 
 
 def _gateway_error(response: httpx.Response) -> GatewayError:

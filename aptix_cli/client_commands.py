@@ -49,9 +49,7 @@ def add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
                       help="print the model's text as it is generated (the turn's events), then the turn")  # fmt: skip
     turn.set_defaults(run=runner(_turn))
 
-    results = commands.add_parser(
-        "tool-results", parents=[common, waiting, raw], help="send client tool outputs"
-    )
+    results = commands.add_parser("tool-results", parents=[common, waiting, raw], help="send client tool outputs")
     results.add_argument("turn_id", metavar="TURN_ID")
     results.add_argument("--result", action="append", required=True, metavar="CALL_ID=TEXT",
                          help="one tool output (repeatable)")  # fmt: skip

@@ -1,12 +1,12 @@
 """The few real exceptions of Aptix. Expected domain failures are InvokeResult failures, not these.
 
-    AptixError
-    ├── ConfigurationError      bad settings or mode catalog, refused at start-up
-    ├── LlmError                the Responses API answered with an error or an unusable body
-    ├── StateConflict           a concurrent writer changed turn state first
-    ├── TurnNotRecorded         a message arrived before the gateway's commit of its turn was visible
-    └── TurnFailed              a step failed its turn: the step's task reports it, so Celery and
-                                Flower show that task as failed (the turn's failure is already recorded)
+AptixError
+├── ConfigurationError      bad settings or mode catalog, refused at start-up
+├── LlmError                the Responses API answered with an error or an unusable body
+├── StateConflict           a concurrent writer changed turn state first
+├── TurnNotRecorded         a message arrived before the gateway's commit of its turn was visible
+└── TurnFailed              a step failed its turn: the step's task reports it, so Celery and
+                            Flower show that task as failed (the turn's failure is already recorded)
 """
 
 from __future__ import annotations

@@ -116,9 +116,7 @@ def logging_configured() -> bool:
     return _configured
 
 
-def configure_logging(
-    level: str | int = "INFO", *, secrets: Iterable[str] = (), log_format: str = "text"
-) -> None:
+def configure_logging(level: str | int = "INFO", *, secrets: Iterable[str] = (), log_format: str = "text") -> None:
     """Configure the root logger, at an entrypoint.
 
     Args:

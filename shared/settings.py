@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     """Larger request bodies are refused with 413."""
     max_batch_requests: PositiveInt = 1000
     """Most requests one ``POST /v1/batches`` may carry."""
+    max_upload_requests: PositiveInt = 100_000
+    """Most requests (lines) one JSON Lines upload to ``POST /v1/batches`` may carry; more: 422."""
+    max_upload_bytes: PositiveInt = 256 * 1024 * 1024
+    """Largest JSON Lines upload to ``POST /v1/batches`` (instead of ``max_body_bytes``); larger: 413."""
     history_turns: PositiveInt = 50
     """How many earlier turns of a session a follow-up turn sends as conversation context."""
     reconciler_deadline_seconds: PositiveInt = 60
@@ -143,6 +147,8 @@ class Settings(BaseSettings):
     from the request's first byte on a kept-alive connection); else 408 and closed."""
     http_body_timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
     """A request's body must have arrived in full this long after its headers; else 408 and closed."""
+    http_upload_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """The body deadline of a JSON Lines upload to ``POST /v1/batches`` (instead of ``http_body_timeout_seconds``)."""
     http_keepalive_seconds: PositiveInt = 5
     """The gateway closes a kept-alive connection idle this long (behind a load balancer: above its idle timeout)."""
     http_max_connections: PositiveInt = 1000
@@ -311,9 +317,7 @@ def placeholder_api_keys(settings: Settings) -> list[str]:
     Returns:
         The offending keys, sorted; empty when every key is the operator's own.
     """
-    return sorted(
-        key for key in settings.accepted_api_keys if key in _PLACEHOLDER_KEYS or "change-me" in key.lower()
-    )
+    return sorted(key for key in settings.accepted_api_keys if key in _PLACEHOLDER_KEYS or "change-me" in key.lower())
 
 
 @lru_cache(maxsize=1)

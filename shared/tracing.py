@@ -120,8 +120,9 @@ class Tracing:
     @contextmanager
     def turn_span(self, turn_id: str, name: str, attributes: Mapping[str, str | int]) -> Iterator[None]:
         """The block as a span ``name`` in the turn's trace."""
-        with self.turn_trace(turn_id), self.tracer.start_as_current_span(
-            name, attributes={"aptix.turn_id": turn_id, **attributes}
+        with (
+            self.turn_trace(turn_id),
+            self.tracer.start_as_current_span(name, attributes={"aptix.turn_id": turn_id, **attributes}),
         ):
             yield
 

@@ -33,7 +33,7 @@ router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=Authenticated
             "model": Turn,
             "description": (
                 "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true` (or "
-                "`\"stream\": true`): the turn's events as they happen, as `GET /v1/turns/{turn_id}/events` sends them "
+                '`"stream": true`): the turn\'s events as they happen, as `GET /v1/turns/{turn_id}/events` sends them '
                 "(the turn's id in `Aptix-Turn-Id`)."
             ),
             "content": EVENT_STREAM_CONTENT,

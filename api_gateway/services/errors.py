@@ -1,11 +1,11 @@
 """The gateway services' domain errors; ``api_gateway.errors`` maps each kind to an HTTP status.
 
-    AptixError
-    └── ServiceError            a request the services refuse, with a stable ``code``
-        ├── NotFound            no such turn, session or batch for this caller (404)
-        ├── Conflict            the request does not fit the current state (409)
-        ├── InvalidRequest      the request breaks a rule of the catalog or the limits (422)
-        └── Unavailable         the broker or the state store refused; nothing was recorded (503)
+AptixError
+└── ServiceError            a request the services refuse, with a stable ``code``
+    ├── NotFound            no such turn, session or batch for this caller (404)
+    ├── Conflict            the request does not fit the current state (409)
+    ├── InvalidRequest      the request breaks a rule of the catalog or the limits (422)
+    └── Unavailable         the broker or the state store refused; nothing was recorded (503)
 """
 
 from __future__ import annotations

@@ -183,9 +183,7 @@ class EventStreams:
                 return str(entry_id.decode())
         return None
 
-    async def _frames(
-        self, record: TurnRecord, *, org_id: str, last: str, first: list[Any]
-    ) -> AsyncIterator[bytes]:
+    async def _frames(self, record: TurnRecord, *, org_id: str, last: str, first: list[Any]) -> AsyncIterator[bytes]:
         key = events_key(record.turn_id)
         entries, wait = first, None  # the replay did not wait: an ended turn whose log lacks its end is seen at once
         known: TurnRecord | None = record

@@ -60,7 +60,11 @@ class SessionService:
             updated_at=row.updated_at,
             mode_history=[
                 ModeHistoryEntry(
-                    from_mode=h.from_mode, to_mode=h.to_mode, at=h.at, reason=h.reason, user_id=h.user_id,
+                    from_mode=h.from_mode,
+                    to_mode=h.to_mode,
+                    at=h.at,
+                    reason=h.reason,
+                    user_id=h.user_id,
                     turn_id=h.turn_id,
                 )
                 for h in history

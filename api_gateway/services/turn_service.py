@@ -23,13 +23,13 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.ids import is_turn_id
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.services.admission import admit
-from api_gateway.services.errors import Conflict, NotFound, Unavailable
-from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
+from api_gateway.services.errors import Conflict, NotFound
+from api_gateway.services.publisher import TurnPublisher
+from api_gateway.services.turn_sender import TurnSender
 from api_gateway.services.webhook_service import WebhookService
 from shared.db.records import TurnRecord
 from shared.db.sessions import SessionRepository
 from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnRepository
-from shared.models.envelope import first_step
 from shared.models.trace import TraceStep
 from shared.models.turn import ToolResultsRequest, TurnRequest, TurnStatus
 from shared.modes import ModeCatalog
@@ -66,7 +66,6 @@ class TurnService:
         admission: AdmissionQueue | None = None,
     ) -> None:
         self._settings = settings
-        self._admission = admission
         self._webhooks = webhooks
         self._turns = turns
         self._sessions = sessions
@@ -76,6 +75,9 @@ class TurnService:
         self._publisher = publisher
         self._clock = clock
         self._metrics = metrics
+        self.sender = TurnSender(
+            settings=settings, store=store, publisher=publisher, clock=clock, metrics=metrics, admission=admission
+        )
 
     def record(self, body: TurnRequest, *, org_id: str, user_id: str, turn_id: str | None = None) -> TurnRecord:
         """Accept a turn: record it queued and send its first step, or return the earlier turn of its idempotency key.
@@ -101,7 +103,7 @@ class TurnService:
                 turn,
                 now=self._clock(),
                 deadline_at=self.deadline(),
-                before_commit=lambda: self.publish_new(
+                before_commit=lambda: self.sender.publish_new(
                     [turn.turn_id], batch=False, refused="the turn was not accepted", org_id=org_id
                 ),
             )
@@ -148,61 +150,10 @@ class TurnService:
             self.expire_overdue(session_id=turn.session_id)
         return turn
 
-    def publish_new(self, turn_ids: list[str], *, batch: bool, refused: str, org_id: str) -> None:
-        """Send each new interactive turn's first step, or hold a batch's turns for admission; mark them
-        in flight for the reconciler.
-
-        A batch's turns go to ``org_id``'s admission queue (``shared.state.admission``): the admission
-        scheduler sends their first steps as the organisation's turns in flight drop below
-        ``APTIX_ORG_MAX_IN_FLIGHT``, round-robin across organisations. An interactive turn is never
-        held: its first step is sent at once, and it counts in the organisation's turns in flight.
-        Without an admission queue (``admission=None``) every turn is sent at once.
-
-        A first message may wait behind a backlog (held, or in the broker): the marker says so for
-        ``APTIX_RECONCILER_QUEUED_SECONDS``, so the reconciler does not send it twice meanwhile (a
-        broker that loses its messages loses the markers with them, or the reconciler notices and
-        drops them; a held turn that Redis lost is held again by the reconciler).
-
-        Args:
-            turn_ids: the turns, just written and not yet committed.
-            batch: whether they are a batch's (held for admission, then sent at a lower priority).
-            refused: what the client is told was not accepted when this fails ("the turn was not accepted").
-            org_id: the turns' organisation.
-
-        Raises:
-            Unavailable: the broker or the state store refused (the caller's transaction then rolls back).
-        """
-        now = self._clock().timestamp()
-        until = now + self._settings.reconciler_queued_seconds
-        try:
-            self._store.mark_alive(turn_ids, until=until)
-            if batch and self._admission is not None:
-                self._admission.hold(org_id, turn_ids)
-            else:
-                if self._admission is not None:
-                    self._admission.admit_now(org_id, turn_ids, now=now)
-                self._publisher.publish([first_step(turn_id, batch=batch) for turn_id in turn_ids])
-        except PUBLISH_ERRORS as exc:
-            logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
-            raise _unavailable(refused) from exc
-        self._metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))
-
-    def withdraw(self, turn_ids: list[str], *, org_id: str) -> None:
-        """Take ``org_id``'s held turns out of the admission queue: they will not be sent (batch cancel).
-
-        Turns already released are untouched (their cancel flag stops them); a turn not held is
-        ignored. Without an admission queue, nothing is held and this does nothing.
-
-        Raises:
-            Unavailable: Redis refused.
-        """
-        if self._admission is None or not turn_ids:
-            return
-        try:
-            self._admission.withdraw(org_id, turn_ids)
-        except RedisError as exc:
-            logger.error("could not withdraw %d held turn(s): %s", len(turn_ids), exc)
-            raise _unavailable("the turns were not withdrawn") from exc
+    @property
+    def records(self) -> TurnRepository:
+        """The turn repository, for the reads a batch makes of earlier turns."""
+        return self._turns
 
     def deadline(self) -> datetime:
         """The reconciler deadline of a turn accepted or resumed now."""
@@ -271,7 +222,9 @@ class TurnService:
             results=[result.model_dump() for result in body.tool_results],
             now=self._clock(),
             deadline_at=self.deadline(),
-            before_commit=lambda round_: self._publish_reentry(turn_id, round_=round_, batch=batch, org_id=org_id),
+            before_commit=lambda round_: self.sender.publish_reentry(
+                turn_id, round_=round_, batch=batch, org_id=org_id
+            ),
         )
         if round_ is None:
             current = self.require(turn_id, org_id=org_id)
@@ -302,13 +255,34 @@ class TurnService:
         try:
             self._store.mark_cancelled(turn_id, ttl_seconds=_CANCEL_FLAG_SECONDS)
             self._store.forget(turn_id)
-            if self._admission is not None:  # held: never sent; in flight: a slot free for the next
-                self._admission.withdraw(org_id, [turn_id])
-                self._admission.finished(org_id, [turn_id])
+            self.sender.free(org_id, [turn_id])
         except RedisError:
             # The database already says cancelled and the commit point will not overwrite it; the
             # flag only stops the remaining steps early.
             logger.warning("could not flag turn %s as cancelled in Redis", turn_id)
+        return cancelled
+
+    def cancel_queued(self, turn_ids: list[str], *, org_id: str) -> list[TurnRecord]:
+        """Cancel those of ``turn_ids`` (the caller's, checked) not started yet, at once: a batch's cancel.
+
+        One bulk update (a turn that started meanwhile is left alone), then what :meth:`cancel` gives one
+        turn (ended event, webhook, metrics) and the cancel flags that stop their queued first messages.
+
+        Returns:
+            The turns this call cancelled.
+        """
+        self.sender.withdraw(turn_ids, org_id=org_id)
+        error = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client")
+        cancelled = self._turns.cancel_queued(turn_ids, error=error, now=self._clock())
+        for row in cancelled:
+            self._metrics.count_ended(TurnStatus.CANCELLED, error)
+            append_ended(self._events, row)
+        try:
+            self._store.cancel_many([row.turn_id for row in cancelled], ttl_seconds=_CANCEL_FLAG_SECONDS)
+            self.sender.free(org_id, [row.turn_id for row in cancelled])
+        except RedisError:
+            # As in cancel: the database says cancelled; a step that starts anyway finds it so at its commit.
+            logger.warning("could not flag %d cancelled turns in Redis", len(cancelled))
         return cancelled
 
     def trace(self, turn_id: str, *, org_id: str) -> list[TraceStep]:
@@ -354,20 +328,6 @@ class TurnService:
                 logger.info("turn %s timed out waiting for client tool results", found)
         return expired
 
-    def _publish_reentry(self, turn_id: str, *, round_: int, batch: bool, org_id: str) -> None:
-        envelope = first_step(turn_id, batch=batch, round_=round_)
-        # A re-entry is a running turn: its marker covers the usual deadline, not a batch backlog.
-        now = self._clock().timestamp()
-        until = now + self._settings.reconciler_deadline_seconds
-        try:
-            self._store.mark_alive([turn_id], until=until)
-            if self._admission is not None:  # never held: it runs again at once, and counts in flight
-                self._admission.admit_now(org_id, [turn_id], now=now)
-            self._publisher.publish([envelope])
-        except PUBLISH_ERRORS as exc:
-            logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
-            raise _unavailable("the results were not accepted") from exc
-
     def _live_trace(self, turn_id: str) -> list[TraceStep] | None:
         try:
             state = self._store.load(turn_id)
@@ -378,7 +338,3 @@ class TurnService:
 
 def _in_flight(row: TurnRecord) -> bool:
     return TurnStatus(row.status).is_in_flight
-
-
-def _unavailable(refused: str) -> Unavailable:
-    return Unavailable(f"the task broker or the state store is unavailable; {refused}")

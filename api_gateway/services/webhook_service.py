@@ -69,9 +69,7 @@ class WebhookService:
                 code="webhook_url_not_allowed",
             ) from exc
 
-    def deliveries(
-        self, *, org_id: str, turn_id: str | None, batch_id: str | None, limit: int
-    ) -> WebhookDeliveryList:
+    def deliveries(self, *, org_id: str, turn_id: str | None, batch_id: str | None, limit: int) -> WebhookDeliveryList:
         """The deliveries of the caller's turn, or batch (its own event and its turns'), with their attempts.
 
         Raises:

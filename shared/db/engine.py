@@ -127,9 +127,7 @@ def create_db_engine(
     """
     url = normalise_database_url(url)
     if url.startswith("sqlite"):
-        engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=_to_json
-        )
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=_to_json)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(

@@ -1,5 +1,5 @@
-"""SQLAlchemy tables: sessions, mode history, turns, transcript items, provider-state snapshots, batches,
-tool runs and webhook deliveries.
+"""SQLAlchemy tables: sessions, mode history, turns, transcript items, provider-state snapshots, batches
+(and the earlier turns they reuse), tool runs and webhook deliveries.
 
 Portable between PostgreSQL and SQLite (plain JSON, no dialect-only types). API models live in
 ``shared.models``; the repositories convert between the two.
@@ -19,6 +19,7 @@ from shared.models.turn import TurnStatus
 
 __all__ = [
     "Base",
+    "BatchReusedTurnRow",
     "BatchRow",
     "ModeHistoryRow",
     "ProviderSnapshotRow",
@@ -30,7 +31,6 @@ __all__ = [
     "WebhookDeliveryRow",
     "WebhookEndpointRow",
 ]
-
 
 
 def status_in_sql(statuses: Iterable[TurnStatus]) -> str:
@@ -208,6 +208,33 @@ class BatchRow(Base):
     created_at: Mapped[datetime]
     webhook_url: Mapped[str | None] = mapped_column(String(2048))
     """Where the batch's ``batch.completed`` event goes (else the organisation's default)."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    """The client's key for this batch: a retried ``POST /v1/batches`` with it finds this batch."""
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    """Tells a repeated idempotency key with the same body from one with another."""
+    reused: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many of its requests named an earlier turn by its idempotency key (``batch_reused_turns``)."""
+    cancel_requested_at: Mapped[datetime | None]
+    """When the client asked to cancel the batch (None: never)."""
+    cancel_mode: Mapped[str | None] = mapped_column(String(16))
+    """What that cancel does to running turns: ``finish`` (let them) or ``cancel`` (cancel them too)."""
+
+    __table_args__ = (
+        UniqueConstraint("org_id", "idempotency_key", name="uq_batches_org_idempotency_key"),
+        # GET /v1/batches: an organisation's batches, newest first.
+        Index("ix_batches_org_created", "org_id", "created_at", "batch_id"),
+    )
+
+
+class BatchReusedTurnRow(Base):
+    """A request of a batch whose idempotency key named an earlier turn: that turn stands for it."""
+
+    __tablename__ = "batch_reused_turns"
+
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.batch_id", ondelete="CASCADE"), primary_key=True)
+    batch_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    """The request's position in the batch."""
+    turn_id: Mapped[str] = mapped_column(String(64))
 
 
 class ToolRunRow(Base):

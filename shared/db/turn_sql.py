@@ -34,6 +34,7 @@ __all__ = [
     "TOUCH_SESSION",
     "finish_values",
     "new_turn_row",
+    "new_turn_values",
     "to_record",
     "upsert_snapshot",
 ]
@@ -109,19 +110,25 @@ def finish_values(turn_id: str, outcome: TurnOutcome, *, now: datetime) -> dict[
 
 def new_turn_row(turn: NewTurn, *, now: datetime, deadline_at: datetime) -> TurnRow:
     """The row of a newly accepted (queued) turn: the ``NewTurn``'s fields and an empty outcome."""
-    return TurnRow(
+    return TurnRow(**new_turn_values(turn, now=now, deadline_at=deadline_at))
+
+
+def new_turn_values(turn: NewTurn, *, now: datetime, deadline_at: datetime) -> dict[str, Any]:
+    """The columns of a newly accepted (queued) turn, for a bulk ``INSERT`` (``new_turn_row``'s values)."""
+    return {
         **{name: getattr(turn, name) for name in _NEW_TURN_FIELDS},
-        status=TurnStatus.QUEUED.value,
-        mode=None,
-        pending_tool_calls=[],
-        mode_changes=[],
-        usage=Usage().model_dump(),
-        trace=[],
-        created_at=now,
-        updated_at=now,
-        deadline_at=deadline_at,
-        redrives=0,
-    )
+        "status": TurnStatus.QUEUED.value,
+        "mode": None,
+        "pending_tool_calls": [],
+        "mode_changes": [],
+        "usage": Usage().model_dump(),
+        "trace": [],
+        "created_at": now,
+        "updated_at": now,
+        "deadline_at": deadline_at,
+        "redrives": 0,
+        "round": 0,
+    }
 
 
 def to_record(row: TurnRow) -> TurnRecord:

@@ -6,7 +6,7 @@ in ``shared.db.turn_sql``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,10 @@ __all__ = [
     "TurnRecord",
     "TurnRepository",
 ]
+
+
+_CANCEL_CHUNK = 1000
+"""Ids per ``IN (...)`` list of a bulk read or write."""
 
 
 class SessionBusy(Exception):
@@ -268,6 +272,56 @@ class TurnRepository:
         if events and self._webhooks is not None:
             self._webhooks.send(events)
         return sql.to_record(row)
+
+    def cancel_queued(self, turn_ids: Sequence[str], *, error: ErrorInfo, now: datetime) -> list[TurnRecord]:
+        """Cancel those of ``turn_ids`` still queued (never started): one ``UPDATE`` per 1,000 ids, one transaction.
+
+        A queued turn's trace is empty, so it becomes the one ``turn_cancelled`` record ``finish_early``
+        would add. With a webhook outbox, the same transaction records each turn's webhook event (and
+        its batch's, once), sent once it committed.
+
+        Returns:
+            The turns this call cancelled (a turn that started meanwhile is left to run).
+        """
+        trace = [
+            {"seq": 1, "kind": "turn_" + TurnStatus.CANCELLED.value, "at": now.isoformat(), "step": "gateway",
+             "worker": "gateway", "duration_ms": None, "data": {"code": error.code.value, "message": error.message}}
+        ]  # fmt: skip
+        values = {
+            "status": TurnStatus.CANCELLED.value, "error": error.model_dump(mode="json"), "pending_tool_calls": [],
+            "updated_at": now, "completed_at": now, "deadline_at": None, "trace": trace,
+        }  # fmt: skip
+        cancelled: list[TurnRow] = []
+        events: list[str] = []
+        with self._db.begin() as orm:
+            for start in range(0, len(turn_ids), _CANCEL_CHUNK):
+                chunk = list(turn_ids[start : start + _CANCEL_CHUNK])
+                statement = (
+                    update(TurnRow)
+                    .where(TurnRow.turn_id.in_(chunk), TurnRow.status == TurnStatus.QUEUED.value)
+                    .values(values)
+                    .returning(TurnRow)
+                    .execution_options(synchronize_session=False)
+                )
+                cancelled.extend(orm.scalars(statement))
+            if self._webhooks is not None and cancelled:
+                events = self._webhooks.record_turns(orm, cancelled, now=now)
+            records = [sql.to_record(row) for row in cancelled]
+        if events and self._webhooks is not None:
+            self._webhooks.send(events)
+        return records
+
+    def by_idempotency_keys(self, org_id: str, keys: Collection[str]) -> dict[str, TurnRecord]:
+        """The organisation's turns recorded with any of ``keys``, by key."""
+        found: dict[str, TurnRecord] = {}
+        wanted = sorted(keys)
+        with self._db() as orm:
+            for start in range(0, len(wanted), _CANCEL_CHUNK):
+                chunk = wanted[start : start + _CANCEL_CHUNK]
+                query = select(TurnRow).where(TurnRow.org_id == org_id, TurnRow.idempotency_key.in_(chunk))
+                for row in orm.scalars(query):
+                    found[str(row.idempotency_key)] = sql.to_record(row)
+        return found
 
     def overdue_waiting(self, *, older_than: datetime, session_id: str | None = None, limit: int = 500) -> list[str]:
         """Ids of turns waiting for client tools since before ``older_than``."""

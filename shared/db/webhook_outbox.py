@@ -28,7 +28,7 @@ from sqlalchemy.sql.dml import Insert
 
 from shared.db.tables import BatchRow, TurnRow, WebhookDeliveryRow
 from shared.db.turn_sql import IN_FLIGHT, to_record
-from shared.models.batch import Batch
+from shared.models.batch import Batch, BatchStatus
 from shared.models.turn import TurnStatus
 from shared.turn_view import to_turn
 from shared.webhooks.config import WebhookConfig
@@ -90,6 +90,42 @@ class WebhookOutbox:
             logger.exception("could not record the webhook event of turn %s; the turn commits without it", row.turn_id)
             return []
 
+    def record_turns(self, orm: Session, rows: Sequence[TurnRow], *, now: datetime) -> list[str]:
+        """:meth:`record_turn` for many turns ended at once (a batch's cancel): each turn's event, then
+        each of their batches' once.
+
+        Args:
+            orm: the caller's session, its transaction open, the rows' changes written.
+            rows: the turns as just written.
+            now: the events' time.
+
+        Returns:
+            The ids of the deliveries recorded now.
+        """
+        recorded: list[str] = []
+        batches: dict[str, str] = {}
+        for row in rows:
+            if not self.applies_to(row.org_id):
+                continue
+            try:
+                with orm.begin_nested():
+                    recorded += self._record_turn(orm, row, now=now, with_batch=False)
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception:  # a webhook never fails the turn (module docstring)
+                logger.exception("could not record the webhook event of turn %s", row.turn_id)
+            if row.batch_id is not None:
+                batches[row.batch_id] = row.org_id
+        for batch_id, org_id in batches.items():
+            try:
+                with orm.begin_nested():
+                    recorded += self._record_batch(orm, batch_id, org_id=org_id, now=now)
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception:  # as above
+                logger.exception("could not record the webhook event of batch %s", batch_id)
+        return recorded
+
     def send(self, delivery_ids: Sequence[str]) -> None:
         """Enqueue each delivery's first attempt (after the commit that recorded it); never raises.
 
@@ -104,7 +140,7 @@ class WebhookOutbox:
                     delivery_id, type(exc).__name__, exc,
                 )  # fmt: skip
 
-    def _record_turn(self, orm: Session, row: TurnRow, *, now: datetime) -> list[str]:
+    def _record_turn(self, orm: Session, row: TurnRow, *, now: datetime, with_batch: bool = True) -> list[str]:
         record = to_record(row)
         recorded = []
         event = turn_event_type(record.status)
@@ -115,7 +151,7 @@ class WebhookOutbox:
             key = f"turn:{record.turn_id}:{record.round}:{record.status.value}"
             recorded += _insert(orm, key, event, data, org_id=record.org_id, url=url, now=now,
                                 turn_id=record.turn_id, batch_id=record.batch_id)  # fmt: skip
-        if record.batch_id is not None and not record.status.is_in_flight:
+        if with_batch and record.batch_id is not None and not record.status.is_in_flight:
             recorded += self._record_batch(orm, record.batch_id, org_id=record.org_id, now=now)
         return recorded
 
@@ -139,7 +175,15 @@ class WebhookOutbox:
             select(TurnRow.status, func.count()).where(TurnRow.batch_id == batch_id).group_by(TurnRow.status)
         ).all():
             counts[TurnStatus(status)] = int(count)
-        data = Batch(batch_id=batch_id, total=batch.total, counts=counts, created_at=batch.created_at)
+        data = Batch(
+            batch_id=batch_id,
+            status=BatchStatus.COMPLETED if batch.cancel_requested_at is None else BatchStatus.CANCELLED,
+            total=batch.total,
+            reused=batch.reused,
+            counts=counts,
+            created_at=batch.created_at,
+            cancel_requested_at=batch.cancel_requested_at,
+        )
         return _insert(orm, f"batch:{batch_id}", EventType.BATCH_COMPLETED, data.model_dump(mode="json"),
                        org_id=org_id, url=url, now=now, turn_id=None, batch_id=batch_id)  # fmt: skip
 

@@ -105,6 +105,12 @@ class MemoryStateStore:
         with self._lock:
             self._cancelled.add(turn_id)
 
+    def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
+        with self._lock:
+            for turn_id in turn_ids:
+                self._cancelled.add(turn_id)
+                self.markers.pop(turn_id, None)
+
     def is_cancelled(self, turn_id: str) -> bool:
         with self._lock:
             return turn_id in self._cancelled

@@ -29,6 +29,9 @@ from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore"]
 
+_PIPELINE_CHUNK = 1000
+"""Commands per pipeline of a bulk write (``cancel_many``)."""
+
 # One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled and
 # returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is
 # refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
@@ -190,6 +193,15 @@ class RedisStateStore:
 
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         self.client.set(cancel_key(turn_id), b"1", ex=ttl_seconds)
+
+    def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
+        for start in range(0, len(turn_ids), _PIPELINE_CHUNK):
+            chunk = turn_ids[start : start + _PIPELINE_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for turn_id in chunk:
+                pipe.set(cancel_key(turn_id), b"1", ex=ttl_seconds)
+            pipe.zrem(INFLIGHT_KEY, *chunk)
+            pipe.execute()
 
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.client.exists(cancel_key(turn_id)))

@@ -85,6 +85,10 @@ class StateStore(Protocol):
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         """Record that the turn was cancelled."""
 
+    def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
+        """Record that each of ``turn_ids`` was cancelled and remove their in-flight markers (a batch's
+        cancel: few round trips however many turns)."""
+
     def is_cancelled(self, turn_id: str) -> bool:
         """Whether the turn was cancelled."""
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WebhookConfig"]
 
+
 @dataclass(frozen=True, slots=True)
 class WebhookConfig:
     """Who gets webhooks, where, signed with what, and how often a failed delivery is tried again."""

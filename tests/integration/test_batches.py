@@ -118,7 +118,7 @@ def _starts(task_events: TaskEventRecorder) -> dict[str, float]:
     [
         ([{"input": "a"}, {"input": "b", "mode": "no-such-mode"}], "unknown mode"),
         ([{"input": "a", "tools": [{"type": "function", "name": "get_current_time"}]}], "server tool"),
-        ([{"input": "a", "idempotency_key": "k"}], "idempotency_key"),
+        ([{"input": "a", "idempotency_key": "k"}, {"input": "b", "idempotency_key": "k"}], "same idempotency_key"),
         ([], "at least 1"),
         ([{"input": ""}], "at least 1 character"),
     ],

@@ -9,7 +9,7 @@ import pytest
 import redis
 from celery.utils.saferepr import saferepr
 
-from shared.broker import create_producer, queue_depth, send_step, unacked_depth
+from shared.broker import create_producer, publish_steps, queue_depth, send_step, unacked_depth
 from shared.broker_transport import Channel
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
@@ -78,5 +78,31 @@ def test_the_backlog_counts_every_priority_list_and_the_messages_workers_hold(se
             assert unacked_depth(client) == {queue: int(queue is Queue.PIPELINE) for queue in Queue}
             held.ack()
         assert unacked_depth(client)[Queue.PIPELINE] == 0
+    finally:
+        client.flushdb()
+
+
+def test_publish_steps_sends_the_message_send_step_sends_in_one_pipeline(services: None) -> None:
+    # Given a producer on a real Redis broker
+    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
+    url = f"{redis_url().rstrip('/')}/{index}"
+    app = create_producer(Settings(broker_url=url, redis_url=url))
+    client = redis.Redis.from_url(url)
+    envelope = TurnEnvelope(turn_id="turn_" + "a" * 32, step=StepName.REQUEST_HANDLER, priority=9)
+    try:
+        # When one envelope goes through send_step and the same through publish_steps in a producer batch
+        send_step(app, envelope)
+        with app.producer_or_acquire() as producer, producer.batch(max_size=10):
+            publish_steps(
+                app, [envelope, envelope.model_copy(update={"turn_id": "turn_" + "b" * 32})], producer=producer
+            )
+        # Then all three wait in the same priority list, and the two ways make the same message but for its ids
+        keys = [key for key in client.keys("*") if b"pipeline" in key]
+        assert len(keys) == 1 and client.llen(keys[0]) == 3
+        sent, direct, _other = (json.loads(raw) for raw in reversed(client.lrange(keys[0], 0, -1)))
+        for message in (sent, direct):
+            message["headers"].pop("id"), message["headers"].pop("root_id")
+            message["properties"].pop("correlation_id"), message["properties"].pop("delivery_tag")
+        assert direct == sent
     finally:
         client.flushdb()

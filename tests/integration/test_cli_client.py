@@ -319,3 +319,34 @@ def test_tool_results_with_a_misspelled_call_id_are_refused_and_the_turn_still_w
     resumed = _aptix(system, "tool-results", turn_id, "--result", f"{call_id.group(1)}=contents")
     assert resumed.returncode == 0, resumed.stderr
     assert "status: completed" in resumed.stdout
+
+
+def test_batch_submit_with_an_idempotency_key_twice_is_one_batch_then_list_and_cancel(
+    system: System, tmp_path: Path
+) -> None:
+    # Given a file of slow requests submitted twice with one idempotency key
+    path = tmp_path / "slow.jsonl"
+    path.write_text("".join(json.dumps({"input": f"[[sleep:3000]] cli {_marker()} #{i}"}) + "\n" for i in range(12)))
+    key = _marker()
+    first = _aptix(system, "batch", "submit", str(path), "--idempotency-key", key)
+    again = _aptix(system, "batch", "submit", str(path), "--idempotency-key", key)
+    # Then both name the same batch of 12 turns
+    ids = [re.search(r"^batch (\S+): 12 turns$", done.stdout, flags=re.MULTILINE) for done in (first, again)]
+    assert ids[0] and ids[1], (first.stdout, first.stderr, again.stdout, again.stderr)
+    batch_id = ids[0].group(1)
+    assert ids[1].group(1) == batch_id
+    # And the list shows it first
+    listed = _aptix(system, "batch", "list", "--limit", "1")
+    assert listed.returncode == 0 and listed.stdout.startswith(batch_id), listed.stdout
+    raw = json.loads(_aptix(system, "batch", "list", "--limit", "1", "--json").stdout)
+    assert raw["object"] == "list" and raw["data"][0]["batch_id"] == batch_id
+    # When it is cancelled, running turns included
+    cancelled = _aptix(system, "batch", "cancel", batch_id, "--running", "cancel")
+    # Then no turn of it is queued or running any more
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.startswith(f"batch {batch_id}: cancel"), cancelled.stdout
+    status = json.loads(_aptix(system, "batch", "status", batch_id, "--json").stdout)
+    assert status["counts"]["queued"] == status["counts"]["running"] == 0
+    # And cancelling it again is refused: nothing is left to cancel
+    refused = _aptix(system, "batch", "cancel", batch_id)
+    assert refused.returncode == 1 and "409 batch_finished" in refused.stderr

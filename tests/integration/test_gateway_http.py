@@ -212,6 +212,7 @@ def test_follow_up_is_404_when_the_session_id_is_unknown_or_garbage(system: Syst
 
 # --- 422 -------------------------------------------------------------------------------------------
 
+
 def _nested(depth: int) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object"}
     for _ in range(depth):

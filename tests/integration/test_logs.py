@@ -186,7 +186,7 @@ def test_gateway_logs_its_start_and_one_access_line_per_request(
     ]
     (nowhere,) = [line for line in log.splitlines() if f"/nowhere-{marker}" in line]
     assert nowhere.endswith(f"GET /nowhere-{marker}\\n2026 forged line 404 " + nowhere.rsplit(" ", 1)[1])
-    assert " HTTP/1.1\" " not in log  # uvicorn's own access line is off
+    assert ' HTTP/1.1" ' not in log  # uvicorn's own access line is off
     assert session_id  # the JSON test checks the session and org fields
 
 

@@ -57,13 +57,13 @@ JSON_LINES = "application/jsonl"
 def test_gateway_answers_only_what_its_openapi_document_says_when_fuzzed(
     system: System, extra_gateway: Callable[[dict[str, str]], str], tmp_path: Path
 ) -> None:
-    # Given a gateway whose batches are small, and two turns waiting for client tool results (for the
-    # operations that need one to succeed)
+    # Given a gateway whose batches are small, two turns and a batch waiting for client tool results (for
+    # the operations that need one to succeed)
     gateway_url = extra_gateway({"APTIX_MAX_BATCH_REQUESTS": str(MAX_BATCH_REQUESTS)})
     document = system.http.get(f"{gateway_url}/openapi.json").json()
     assert document["components"]["schemas"]["BatchRequest"]["properties"]["requests"]["maxItems"] == MAX_BATCH_REQUESTS
-    for_results, for_cancel = _paused_turn(system), _paused_turn(system)
-    (tmp_path / "schemathesis.toml").write_text(_config(for_results=for_results, for_cancel=for_cancel))
+    for_results, for_cancel, batch = _paused_turn(system), _paused_turn(system), _paused_batch(system)
+    (tmp_path / "schemathesis.toml").write_text(_config(for_results=for_results, for_cancel=for_cancel, batch=batch))
 
     # When schemathesis fuzzes every operation of /openapi.json with a valid key
     done = subprocess.run(
@@ -105,7 +105,17 @@ def _paused_turn(system: System) -> str:
     return turn_id
 
 
-def _config(*, for_results: str, for_cancel: str) -> str:
+def _paused_batch(system: System) -> str:
+    """A batch whose one turn waits for client tool results: a batch that can be cancelled."""
+    request = {"input": '[[call:open_file {"path": "b.txt"}]] fuzz batch', "tools": [OPEN_FILE]}
+    batch_id: str = system.http.post("/v1/batches", json={"requests": [request]}, headers=system.headers()).json()[
+        "batch_id"
+    ]
+    wait_for(lambda: _batch_settled(system, batch_id), what=f"batch {batch_id} to pause", seconds=60)
+    return batch_id
+
+
+def _config(*, for_results: str, for_cancel: str, batch: str) -> str:
     # A refusal of invalid data may be any documented 4xx (413 for a batch too large to send).
     return f"""\
 [checks.negative_data_rejection]
@@ -121,6 +131,10 @@ parameters = {{ "path.turn_id" = "{for_results}" }}
 [[operations]]
 include-operation-id = "cancelTurn"
 parameters = {{ "path.turn_id" = "{for_cancel}" }}
+
+[[operations]]
+include-operation-id = "cancelBatch"
+parameters = {{ "path.batch_id" = "{batch}" }}
 """
 
 

@@ -21,7 +21,6 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 
-
 def _marker() -> str:
     return f"m{uuid.uuid4().hex[:10]}"
 

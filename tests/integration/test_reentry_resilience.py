@@ -15,7 +15,6 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 
-
 def _pause(system: System) -> dict[str, object]:
     directive = "[[call:open_file " + json.dumps({"path": "x"}) + "]]"
     turn = system.run_turn({"input": f"{directive} m{uuid.uuid4().hex[:8]}", "tools": [OPEN_FILE]})

@@ -51,8 +51,14 @@ def _turn(turns: TurnRepository, session_id: str) -> str:
 
 def _commit(turns: TurnRepository, turn_id: str, *, status: TurnStatus, seconds: int) -> bool:
     outcome = TurnOutcome(
-        status=status, mode="general", output_text="a", pending_tool_calls=[], mode_changes=[], error=None,
-        usage=Usage(), trace=[],
+        status=status,
+        mode="general",
+        output_text="a",
+        pending_tool_calls=[],
+        mode_changes=[],
+        error=None,
+        usage=Usage(),
+        trace=[],
     )
     return turns.commit(
         turn_id, outcome, transcript=[("user", "q"), ("assistant", "a")], snapshot={},

@@ -10,7 +10,7 @@ import redis
 
 from shared.errors import StateConflict
 from shared.state import Lease, RedisStateStore, StepStart, TurnState
-from shared.state.keys import claim_key
+from shared.state.keys import cancel_key, claim_key
 from tests.conftest import claim_redis_databases
 from tests.services_check import redis_url
 
@@ -133,6 +133,19 @@ def test_cancel_flag_is_seen(store: RedisStateStore) -> None:
     assert not store.is_cancelled(turn_id)
     store.mark_cancelled(turn_id, ttl_seconds=60)
     assert store.is_cancelled(turn_id)
+
+
+def test_cancel_many_flags_every_turn_with_a_ttl_and_drops_their_markers(store: RedisStateStore) -> None:
+    # Given more turns than one pipeline chunk, all marked in flight, and one more that stays
+    turn_ids = [f"turn_{uuid.uuid4().hex}" for _ in range(1500)]
+    other = f"turn_{uuid.uuid4().hex}"
+    store.mark_alive([*turn_ids, other], until=1000.0)
+    # When they are cancelled at once
+    store.cancel_many(turn_ids, ttl_seconds=60)
+    # Then each is flagged (for a while) and no longer in flight; the other is untouched
+    assert all(store.is_cancelled(turn_id) for turn_id in turn_ids) and not store.is_cancelled(other)
+    assert 0 < store.client.ttl(cancel_key(turn_ids[-1])) <= 60
+    assert store.alive_until([*turn_ids, other]) == {other: 1000.0}
 
 
 def test_save_moves_the_in_flight_marker_and_a_renewal_never_moves_it_back(store: RedisStateStore) -> None:

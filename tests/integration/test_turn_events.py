@@ -244,8 +244,9 @@ def test_a_gateway_process_serves_at_most_its_event_streams(system: System, seco
         assert read_sse(two).events[-1].event == "turn.completed"
     # And once they ended, the process serves a stream again
     wait_for(
-        lambda: httpx.get(f"{second_gateway}/v1/turns/{turn_ids[2]}/events", headers=system.headers()).status_code
-        == 200,
+        lambda: (
+            httpx.get(f"{second_gateway}/v1/turns/{turn_ids[2]}/events", headers=system.headers()).status_code == 200
+        ),
         what="the ended streams to give their places back",
     )
 
@@ -256,7 +257,5 @@ def test_a_turn_is_streamed_with_post_stream_true_recorded_and_a_wait_with_it_is
         assert response.status_code == 200, response.read()
         events = read_sse(response).events
     assert events[-1].event == "turn.completed"
-    refused = system.http.post(
-        "/v1/turns", json=body, headers=system.headers(), params={"stream": "true", "wait": 5}
-    )
+    refused = system.http.post("/v1/turns", json=body, headers=system.headers(), params={"stream": "true", "wait": 5})
     assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_request"

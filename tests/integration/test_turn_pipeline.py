@@ -53,7 +53,12 @@ def test_first_call_carries_mode_prompt_layer_and_welcome_when_session_is_new(sy
     texts = [item["content"] for item in request["input"] if item.get("role") == "developer"]
     assert texts and texts[0].startswith("Welcome to Aptix")
     assert [tool["name"] for tool in request["tools"]] == [
-        "get_current_time", "record_call", "explode", "sleepy", "whoami", "agent_change_mode"
+        "get_current_time",
+        "record_call",
+        "explode",
+        "sleepy",
+        "whoami",
+        "agent_change_mode",
     ]
     assert request["store"] is False
     validate_request_bodies([request])

@@ -119,7 +119,7 @@ def _path() -> str:
 
 def _arrived(receiver: WebhookReceiver, path: str, count: int) -> list[Received]:
     return wait_for(
-        lambda: (found if len(found := receiver.received(path)) >= count else None),
+        lambda: found if len(found := receiver.received(path)) >= count else None,
         what=f"{count} webhook request(s) at {path}",
         seconds=60,
     )

@@ -70,7 +70,7 @@ def test_aptix_worker_with_no_flags_runs_each_queue_group_on_its_own_pool(
     log = group.log()
     assert "pipeline,tools on threads x2" in log and "llm on gevent x2000" in log
     # A turn with a server tool crosses both, the model call on the gevent process
-    turn = system.run_turn({"input": f'[[call:get_current_time {{}}]] {uuid.uuid4().hex}'})
+    turn = system.run_turn({"input": f"[[call:get_current_time {{}}]] {uuid.uuid4().hex}"})
     assert turn["status"] == "completed", turn
     workers = {(s["step"], s["worker"].split("@")[0].split(".")[0].rstrip("0123456789"))
                for s in system.trace(turn["turn_id"]) if s.get("worker")}  # fmt: skip

@@ -74,8 +74,7 @@ def test_catalog_without_its_default_mode_is_refused(tmp_path: Path) -> None:
 def test_operator_tool_with_a_handler_that_does_not_import_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "modes.yaml"
     path.write_text(
-        "tools:\n  - name: lookup\n    handler: no_such_module:fn\n"
-        "modes:\n  - name: general\n    tools: [lookup]\n"
+        "tools:\n  - name: lookup\n    handler: no_such_module:fn\nmodes:\n  - name: general\n    tools: [lookup]\n"
     )
     catalog = load_catalog(path)
     with pytest.raises(ConfigurationError, match="no_such_module"):
@@ -131,14 +130,20 @@ def test_each_queue_has_its_own_exchange_and_routing_key() -> None:
 
 
 def test_turn_status_classifies_itself() -> None:
-    assert {status for status in TurnStatus if status.is_terminal} == TurnStatus.terminal() == {
-        TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED
-    }
-    assert {status for status in TurnStatus if status.is_unfinished} == TurnStatus.unfinished() == {
-        TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.REQUIRES_CLIENT_TOOLS
-    }
+    assert (
+        {status for status in TurnStatus if status.is_terminal}
+        == TurnStatus.terminal()
+        == {TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED}
+    )
+    assert (
+        {status for status in TurnStatus if status.is_unfinished}
+        == TurnStatus.unfinished()
+        == {TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.REQUIRES_CLIENT_TOOLS}
+    )
     assert TurnStatus.terminal().isdisjoint(TurnStatus.unfinished())
-    assert {status for status in TurnStatus if status.is_in_flight} == TurnStatus.in_flight() == {
-        TurnStatus.QUEUED, TurnStatus.RUNNING
-    }
+    assert (
+        {status for status in TurnStatus if status.is_in_flight}
+        == TurnStatus.in_flight()
+        == {TurnStatus.QUEUED, TurnStatus.RUNNING}
+    )
     assert TurnStatus.in_flight() < TurnStatus.unfinished()

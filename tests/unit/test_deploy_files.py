@@ -96,9 +96,7 @@ def _tool(name: str) -> Path:
 
 
 def _run(argv: list[str | Path]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(a) for a in argv], cwd=REPO, capture_output=True, text=True, timeout=90, check=False
-    )
+    return subprocess.run([str(a) for a in argv], cwd=REPO, capture_output=True, text=True, timeout=90, check=False)
 
 
 def _check_compose(path: Path) -> subprocess.CompletedProcess[str]:
@@ -135,9 +133,7 @@ def test_k8s_manifests_are_all_there() -> None:
 
 def _core_manifests() -> list[Path]:
     """The manifests of Kubernetes' own kinds (a file that mixes in a CRD kind stays in, and fails)."""
-    return [
-        p for p in _k8s_manifests() if not {d["kind"] for d in yaml.safe_load_all(p.read_text()) if d} <= CRD_KINDS
-    ]
+    return [p for p in _k8s_manifests() if not {d["kind"] for d in yaml.safe_load_all(p.read_text()) if d} <= CRD_KINDS]
 
 
 def test_k8s_manifests_validate_strictly() -> None:
@@ -346,9 +342,7 @@ def test_compose_gateway_waits_for_migrations_and_flower_stays_local() -> None:
 
 
 def _k8s_docs() -> list[tuple[str, dict]]:
-    return [
-        (p.name, doc) for p in _k8s_manifests() for doc in yaml.safe_load_all(p.read_text()) if doc
-    ]
+    return [(p.name, doc) for p in _k8s_manifests() for doc in yaml.safe_load_all(p.read_text()) if doc]
 
 
 def _pod_specs() -> list[tuple[str, dict]]:

@@ -150,9 +150,7 @@ def _process_connections(container: dict[str, Any], configmap: dict[str, str], w
     """The most connections one container opens: processes x (pool + overflow) of its kind."""
     kind, options = _process(container["command"], where)
     env = _env(container, configmap)
-    settings = Settings(
-        db_pool_size=env.get("APTIX_DB_POOL_SIZE"), db_max_overflow=env.get("APTIX_DB_MAX_OVERFLOW")
-    )  # type: ignore[arg-type]  # pydantic parses the strings, as from the environment
+    settings = Settings(db_pool_size=env.get("APTIX_DB_POOL_SIZE"), db_max_overflow=env.get("APTIX_DB_MAX_OVERFLOW"))  # type: ignore[arg-type]  # pydantic parses the strings, as from the environment
     if kind == "worker":
         concurrency = int(options["--concurrency"]) if "--concurrency" in options else None
         processes = int(options["--processes"]) if "--processes" in options else None
@@ -306,7 +304,6 @@ def test_compose_workers_set_their_connection_pools(path: Path) -> None:
     for name, service in _our_services(path).items():
         if _process(service["command"], name)[0] in {"worker", "gateway"}:
             assert {"APTIX_DB_POOL_SIZE", "APTIX_DB_MAX_OVERFLOW"} <= set(service["environment"]), (path.name, name)
-
 
 
 def _our_services(path: Path) -> dict[str, Any]:

@@ -45,9 +45,7 @@ def _record_turn(ctx: StepContext, text: str = "hello") -> TurnEnvelope:
     return TurnEnvelope(turn_id=TURN_ID, step=StepName.REQUEST_HANDLER)
 
 
-def _drive(
-    ctx: StepContext, env: TurnEnvelope, *, until: StepName | None = None, iteration: int = 0
-) -> list[Dispatch]:
+def _drive(ctx: StepContext, env: TurnEnvelope, *, until: StepName | None = None, iteration: int = 0) -> list[Dispatch]:
     """Run messages one after another (ignoring countdowns) until the chain ends or reaches ``until``
     at ``iteration`` or later."""
     sent: list[Dispatch] = []

@@ -35,7 +35,7 @@ def test_server_config_runs_the_guarded_h11_protocol_with_the_limits_of_the_sett
     assert config.limit_concurrency is None  # the cap is the protocol's, at accept
     assert isinstance(config.http, type) and issubclass(config.http, GuardedH11Protocol)
     assert config.http.guard.limits == ConnectionLimits(
-        header_timeout=7, body_timeout=11, max_connections=300, max_per_client=9
+        header_timeout=7, body_timeout=11, upload_timeout=600, max_connections=300, max_per_client=9
     )
 
 

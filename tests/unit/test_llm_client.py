@@ -202,8 +202,13 @@ def test_an_error_message_that_echoes_the_key_is_redacted(
     llm: FakeLlm, make_client: Callable[..., ResponsesClient]
 ) -> None:
     # Given a provider that echoes the key it received, and names another OpenAI-style key
-    echo = {"error": {"type": "invalid_request_error", "code": "invalid_api_key",
-                      "message": f"Incorrect API key provided: {KEY}. Old key sk-proj-abcdef123456 revoked."}}
+    echo = {
+        "error": {
+            "type": "invalid_request_error",
+            "code": "invalid_api_key",
+            "message": f"Incorrect API key provided: {KEY}. Old key sk-proj-abcdef123456 revoked.",
+        }
+    }
     llm.handler = lambda _seen: Reply(401, echo)  # fmt: skip
 
     with pytest.raises(LlmError) as caught:

@@ -49,7 +49,11 @@ def test_json_lines_carry_every_field_null_when_unknown(capsys: pytest.CaptureFi
     assert bare["time"].endswith("Z") and bare["level"] == "INFO" and bare["logger"] == "aptix.test"
     assert inside["message"] == "inside a step"
     assert (inside["turn_id"], inside["session_id"], inside["org_id"], inside["step"], inside["iteration"]) == (
-        TURN, "sess_1", "org-a", "reasoner", 2
+        TURN,
+        "sess_1",
+        "org-a",
+        "reasoner",
+        2,
     )
 
 
@@ -75,9 +79,7 @@ def test_celery_received_line_carries_the_turn_of_the_envelope_it_shows(capsys: 
     argsrepr = repr([{"turn_id": TURN, "step": "llm_call", "round": 0, "hop": 6, "iteration": 1, "attempt": 0}])
     data = {"id": "task-1", "name": "aptix.step.llm_call", "args": argsrepr, "kwargs": "{}", "eta": None}
     with _configured("json"):
-        logging.getLogger("celery.worker.strategy").info(
-            "Task %(name)s[%(id)s] received", data, extra={"data": data}
-        )
+        logging.getLogger("celery.worker.strategy").info("Task %(name)s[%(id)s] received", data, extra={"data": data})
     (line,) = _json_lines(capsys.readouterr().err)
     assert (line["turn_id"], line["step"], line["iteration"]) == (TURN, "llm_call", 1)
 
@@ -106,13 +108,19 @@ def test_fields_bound_by_the_driver_last_until_the_task_ends(capsys: pytest.Capt
         logger.info("between tasks")
     succeeded, between = _json_lines(capsys.readouterr().err)
     assert (succeeded["turn_id"], succeeded["session_id"], succeeded["org_id"], succeeded["step"]) == (
-        TURN, "sess_1", "org-a", "entry"
+        TURN,
+        "sess_1",
+        "org-a",
+        "entry",
     )
     assert between["turn_id"] is None and between["session_id"] is None
 
 
 def test_without_password_hides_only_the_password() -> None:
-    assert without_password("postgresql+psycopg://aptix:s3cret@db:5432/aptix") == "postgresql+psycopg://aptix:***@db:5432/aptix"
+    assert (
+        without_password("postgresql+psycopg://aptix:s3cret@db:5432/aptix")
+        == "postgresql+psycopg://aptix:***@db:5432/aptix"
+    )
     assert without_password("redis://:pw@redis:6379/0") == "redis://:***@redis:6379/0"
     assert without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert without_password("sqlite:///./aptix-dev.sqlite") == "sqlite:///./aptix-dev.sqlite"

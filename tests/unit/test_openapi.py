@@ -27,7 +27,9 @@ OPERATIONS = {
     ("get", "/v1/modes"): ("listModes", {200, 401}),
     ("get", "/v1/webhook-deliveries"): ("listWebhookDeliveries", {200, 401, 404, 422, 503}),
     ("post", "/v1/batches"): ("createBatch", {202, 401, 404, 409, 413, 422, 503}),
+    ("get", "/v1/batches"): ("listBatches", {200, 401, 422, 503}),
     ("get", "/v1/batches/{batch_id}"): ("getBatch", {200, 401, 404, 503}),
+    ("post", "/v1/batches/{batch_id}/cancel"): ("cancelBatch", {200, 401, 404, 409, 422, 503}),
     ("get", "/v1/batches/{batch_id}/results"): ("getBatchResults", {200, 401, 404, 503}),
     ("get", "/healthz"): ("getLiveness", {200}),
     ("get", "/readyz"): ("getReadiness", {200, 503}),
@@ -141,7 +143,9 @@ def test_the_constraints_the_server_enforces_are_in_the_schema(document: dict[st
     assert requests["items"] == {"$ref": "#/components/schemas/BatchTurnRequest"}
     assert requests["maxItems"] == 250, "the gateway's own APTIX_MAX_BATCH_REQUESTS"
     assert "same `session_id`" in requests["description"]
-    assert schemas["BatchTurnRequest"]["properties"]["idempotency_key"]["type"] == "null"
+    key = schemas["BatchTurnRequest"]["properties"]["idempotency_key"]
+    assert {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^\\x00]*$"} in key["anyOf"]
+    assert schemas["BatchStatus"]["enum"] == ["in_progress", "cancelling", "cancelled", "completed"]
     assert schemas["ClientTool"]["properties"]["strict"]["type"] == "boolean"
 
 
@@ -155,8 +159,17 @@ def test_request_models_refuse_what_their_schema_refuses() -> None:
     # A schema stricter than the server would mislead clients the other way: each of these is refused.
     with pytest.raises(ValidationError, match="valid boolean"):
         ClientTool.model_validate({"name": "t", "strict": 0})
-    with pytest.raises(ValidationError, match="not supported inside a batch"):
-        BatchRequest.model_validate({"requests": [{"input": "a", "idempotency_key": "k"}]})
+    with pytest.raises(ValidationError, match="at most 255"):
+        BatchRequest.model_validate({"requests": [{"input": "a", "idempotency_key": "k" * 256}]})
     with pytest.raises(ValidationError, match="NUL"):
         TurnRequest.model_validate({"input": "hi", "metadata": {"k\x00": "v"}})
-    assert BatchRequest.model_validate({"requests": [{"input": "a", "idempotency_key": None}]}).requests[0].input == "a"
+    assert BatchRequest.model_validate({"requests": [{"input": "a", "idempotency_key": "k"}]}).requests[0].input == "a"
+
+
+def test_create_batch_takes_a_json_body_or_a_json_lines_upload(document: dict[str, Any]) -> None:
+    body = _operations(document)[("post", "/v1/batches")]["requestBody"]["content"]
+    assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/BatchRequest"}
+    assert body["application/jsonl"]["schema"] == {"$ref": "#/components/schemas/TurnRequest"}
+    assert "APTIX_MAX_UPLOAD_REQUESTS" in body["application/jsonl"]["description"]
+    listed = _operations(document)[("get", "/v1/batches")]["responses"]["200"]["content"]["application/json"]
+    assert listed["schema"] == {"$ref": "#/components/schemas/BatchList"}

@@ -37,8 +37,14 @@ def _turn(ctx: StepContext, index: int) -> str:
 
 def _commit(ctx: StepContext, turn_id: str, index: int, status: TurnStatus = TurnStatus.COMPLETED) -> None:
     outcome = TurnOutcome(
-        status=status, mode="general", output_text=f"a{index}", pending_tool_calls=[], mode_changes=[],
-        error=None, usage=Usage(), trace=[],
+        status=status,
+        mode="general",
+        output_text=f"a{index}",
+        pending_tool_calls=[],
+        mode_changes=[],
+        error=None,
+        usage=Usage(),
+        trace=[],
     )
     ctx.turns.commit(
         turn_id, outcome, transcript=[("user", f"q{index}"), ("assistant", f"a{index}")], snapshot={},

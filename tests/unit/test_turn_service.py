@@ -92,9 +92,7 @@ class Gateway:
             admission=admission,
         )
         self.admission = admission
-        self.batches = BatchService(
-            turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock
-        )
+        self.batches = BatchService(turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock)
         self.session_reads = SessionService(sessions=self.sessions, turns=self.turns, catalog=load_catalog())
 
     def session(self) -> str:
@@ -518,6 +516,6 @@ def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too() -
     body = BatchRequest(requests=[BatchTurnRequest(input=str(index)) for index in range(3)])
     gateway.batches.record(body, org_id=ORG, user_id=USER)
     held = [turn_id.decode() for turn_id in admission.client.zrange(f"aptix:admission:org:{ORG}:held", 0, -1)]
-    gateway.service.withdraw(held[:1], org_id=ORG)
+    gateway.service.sender.withdraw(held[:1], org_id=ORG)
     gateway.service.cancel(held[1], org_id=ORG)
     assert admission.where(ORG, held) == {held[0]: None, held[1]: None, held[2]: "held"}

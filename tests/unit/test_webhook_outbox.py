@@ -183,4 +183,3 @@ def test_the_last_turn_of_a_batch_out_of_flight_raises_batch_completed_once() ->
     _commit(turns, new[1].turn_id)
     with db() as orm:
         assert orm.scalar(select(func.count()).select_from(WebhookDeliveryRow)) == 1
-

@@ -83,7 +83,9 @@ def test_allow_private_accepts_any_address_and_resolves_nothing() -> None:
     def refuse(host: str, port: int) -> list[str]:
         raise AssertionError("no resolution with APTIX_WEBHOOK_ALLOW_PRIVATE")
 
-    assert check_endpoint("http://127.0.0.1:9000/x", allow_private=True, resolve=refuse).url == "http://127.0.0.1:9000/x"
+    assert (
+        check_endpoint("http://127.0.0.1:9000/x", allow_private=True, resolve=refuse).url == "http://127.0.0.1:9000/x"
+    )
     assert check_endpoint("http://intranet.local/x", allow_private=True, resolve=refuse).host_header is None
 
 

@@ -94,7 +94,9 @@ local function num(x) return string.format('%.17g', x) end
 # KEYS[1] the hash, KEYS[2] the pause key. ARGV: now ('' for the server's clock), seconds per request
 # (0: no rpm), seconds per token (0: no tpm), tokens, burst seconds, idle TTL. Returns {wait, reason}:
 # wait '0' (reason 'ok') when the call goes (and is charged); else the seconds until its slot.
-_ACQUIRE = _PRELUDE + """
+_ACQUIRE = (
+    _PRELUDE
+    + """
 local per_request = tonumber(ARGV[2])
 local cost = tonumber(ARGV[4]) * tonumber(ARGV[3])
 local burst = tonumber(ARGV[5])
@@ -118,10 +120,13 @@ redis.call('hset', KEYS[1], 'line', num(line))
 redis.call('expire', KEYS[1], math.ceil(math.max(requests, tokens, line) - now) + tonumber(ARGV[6]))
 return {num(slot - now), reason}
 """
+)
 
 # KEYS[1] the hash. ARGV: now (''), seconds per request to give back (0: none), seconds of tokens to
 # add (negative: to give back), idle TTL. Giving back what an expired hash no longer holds is a no-op.
-_SETTLE = _PRELUDE + """
+_SETTLE = (
+    _PRELUDE
+    + """
 local refund, extra = tonumber(ARGV[2]), tonumber(ARGV[3])
 local h = redis.call('hmget', KEYS[1], 'requests', 'tokens', 'line')
 local requests, tokens, line = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or 0
@@ -137,15 +142,19 @@ redis.call('hset', KEYS[1], 'requests', num(requests), 'tokens', num(tokens))
 redis.call('expire', KEYS[1], math.max(1, math.ceil(math.max(requests, tokens, line) - now) + tonumber(ARGV[4])))
 return 1
 """
+)
 
 # KEYS[1] the pause key. ARGV: now (''), seconds. A pause never shortens a longer one. Returns its end.
-_PAUSE = _PRELUDE + """
+_PAUSE = (
+    _PRELUDE
+    + """
 local current = tonumber(redis.call('get', KEYS[1])) or 0
 local ends = now + tonumber(ARGV[2])
 if ends <= current then return num(current) end
 redis.call('set', KEYS[1], num(ends), 'px', math.ceil(tonumber(ARGV[2]) * 1000) + 1000)
 return num(ends)
 """
+)
 
 
 @dataclass(frozen=True, slots=True)

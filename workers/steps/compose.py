@@ -38,9 +38,7 @@ def compose_request(ctx: StepContext, state: TurnState) -> dict[str, Any]:
     """The request body: model, instructions, input items, tools, ``store: false``."""
     mode = ctx.catalog.get_or_default(state.mode)
     instructions = "\n\n".join(part for part in (mode.instructions, *state.providers.session_context) if part)
-    turn_context = [
-        {"type": "message", "role": "developer", "content": text} for text in state.providers.turn_context
-    ]
+    turn_context = [{"type": "message", "role": "developer", "content": text} for text in state.providers.turn_context]
     tools = [tool.schema() for tool in ctx.tools.for_mode(mode)]
     tools += [tool.model_dump(exclude_none=True) for tool in state.client_tools]
     return {

@@ -1,0 +1,146 @@
+"""TurnSender: how the gateway sends a turn's first step: at once, or held for fair admission.
+
+A batch's turns wait in their organisation's admission queue (``shared.state.admission``) until the
+admission scheduler releases them; an interactive turn and a re-entry are sent at once and counted
+in flight. Every send marks the turns in flight for the reconciler first. A refusal of the broker
+or of Redis is :class:`~api_gateway.services.errors.Unavailable`, raised inside the caller's
+``before_commit``: nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from redis import RedisError
+
+from api_gateway.metrics import GatewayMetrics
+from api_gateway.services.errors import Unavailable
+from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
+from shared.models.envelope import first_step
+from shared.settings import Settings
+from shared.state import StateStore
+from shared.state.admission import AdmissionQueue
+
+__all__ = ["TurnSender", "unavailable"]
+
+logger = logging.getLogger(__name__)
+
+_PUBLISH_CHUNK = 1000
+"""Turns per marker write and per hold or producer batch."""
+
+
+class TurnSender:
+    """Send or hold first steps and re-entries; one per gateway, owned by its ``TurnService``."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: StateStore,
+        publisher: TurnPublisher,
+        clock: Callable[[], datetime],
+        metrics: GatewayMetrics,
+        admission: AdmissionQueue | None = None,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._publisher = publisher
+        self._clock = clock
+        self._metrics = metrics
+        self._admission = admission
+
+    def publish_new(self, turn_ids: list[str], *, batch: bool, refused: str, org_id: str) -> None:
+        """Send each new interactive turn's first step, or hold a batch's turns for admission; mark them
+        in flight for the reconciler.
+
+        A batch's turns go to ``org_id``'s admission queue (``shared.state.admission``): the admission
+        scheduler sends their first steps as the organisation's turns in flight drop below
+        ``APTIX_ORG_MAX_IN_FLIGHT``, round-robin across organisations. An interactive turn is never
+        held: its first step is sent at once, and it counts in the organisation's turns in flight.
+        Without an admission queue (``admission=None``) every turn is sent at once.
+
+        A first message may wait behind a backlog (held, or in the broker): the marker says so for
+        ``APTIX_RECONCILER_QUEUED_SECONDS``, so the reconciler does not send it twice meanwhile (a
+        broker that loses its messages loses the markers with them, or the reconciler notices and
+        drops them; a held turn that Redis lost is held again by the reconciler).
+
+        Args:
+            turn_ids: the turns, just written and not yet committed.
+            batch: whether they are a batch's (held for admission, then sent at a lower priority).
+            refused: what the client is told was not accepted when this fails ("the turn was not accepted").
+            org_id: the turns' organisation.
+
+        Raises:
+            Unavailable: the broker or the state store refused (the caller's transaction then rolls back).
+        """
+        now = self._clock().timestamp()
+        until = now + self._settings.reconciler_queued_seconds
+        try:
+            # A batch of 100,000 turns goes out in chunks: one marker write and one hold or producer per
+            # chunk, never 100,000 envelopes in memory at once.
+            for start in range(0, len(turn_ids), _PUBLISH_CHUNK):
+                chunk = turn_ids[start : start + _PUBLISH_CHUNK]
+                self._store.mark_alive(chunk, until=until)
+                if batch and self._admission is not None:
+                    self._admission.hold(org_id, chunk)
+                    continue
+                if self._admission is not None:
+                    self._admission.admit_now(org_id, chunk, now=now)
+                self._publisher.publish([first_step(turn_id, batch=batch) for turn_id in chunk])
+        except PUBLISH_ERRORS as exc:
+            logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
+            raise unavailable(refused) from exc
+        self._metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))
+
+    def withdraw(self, turn_ids: list[str], *, org_id: str) -> None:
+        """Take ``org_id``'s held turns out of the admission queue: they will not be sent (batch cancel).
+
+        Turns already released are untouched (their cancel flag stops them); a turn not held is
+        ignored. Without an admission queue, nothing is held and this does nothing.
+
+        Raises:
+            Unavailable: Redis refused.
+        """
+        if self._admission is None or not turn_ids:
+            return
+        try:
+            self._admission.withdraw(org_id, turn_ids)
+        except RedisError as exc:
+            logger.error("could not withdraw %d held turn(s): %s", len(turn_ids), exc)
+            raise unavailable("the turns were not withdrawn") from exc
+
+    def publish_reentry(self, turn_id: str, *, round_: int, batch: bool, org_id: str) -> None:
+        """Send the re-entry of a turn whose client tool results were accepted (round ``round_``).
+
+        Raises:
+            Unavailable: the broker or the state store refused (the caller's transaction then rolls back).
+        """
+        envelope = first_step(turn_id, batch=batch, round_=round_)
+        # A re-entry is a running turn: its marker covers the usual deadline, not a batch backlog.
+        now = self._clock().timestamp()
+        until = now + self._settings.reconciler_deadline_seconds
+        try:
+            self._store.mark_alive([turn_id], until=until)
+            if self._admission is not None:  # never held: it runs again at once, and counts in flight
+                self._admission.admit_now(org_id, [turn_id], now=now)
+            self._publisher.publish([envelope])
+        except PUBLISH_ERRORS as exc:
+            logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
+            raise unavailable("the results were not accepted") from exc
+
+    def free(self, org_id: str, turn_ids: list[str]) -> None:
+        """Cancelled turns leave admission: held ones are never sent, released ones free their slots.
+
+        Raises:
+            RedisError: Redis refused (the caller decides whether that matters).
+        """
+        if self._admission is not None and turn_ids:
+            self._admission.withdraw(org_id, turn_ids)
+            self._admission.finished(org_id, turn_ids)
+
+
+def unavailable(refused: str) -> Unavailable:
+    """The 503 a refusal of the broker or the state store gives, saying what was ``refused``."""
+    return Unavailable(f"the task broker or the state store is unavailable; {refused}")

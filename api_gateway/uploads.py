@@ -1,0 +1,36 @@
+"""Which requests are uploads: a JSON Lines body to ``POST /v1/batches``, with limits of their own.
+
+An upload may be far larger than any other request body (``APTIX_MAX_UPLOAD_BYTES`` instead of
+``APTIX_MAX_BODY_BYTES``) and take longer to arrive (``APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS`` instead of
+``APTIX_HTTP_BODY_TIMEOUT_SECONDS``). The body limit middleware and the HTTP server's body deadline
+both ask :func:`is_upload`, from the request's scope alone, before any of the body is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["JSON_LINES_TYPES", "UPLOAD_PATH", "is_json_lines", "is_upload"]
+
+UPLOAD_PATH = "/v1/batches"
+"""The one route that takes uploads."""
+JSON_LINES_TYPES = frozenset({"application/jsonl", "application/x-ndjson"})
+"""The media types of a JSON Lines upload."""
+
+
+def is_json_lines(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` header names JSON Lines (parameters such as ``charset`` aside)."""
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() in JSON_LINES_TYPES
+
+
+def is_upload(scope: Mapping[str, Any]) -> bool:
+    """Whether the request of this ASGI scope is a JSON Lines upload to ``POST /v1/batches``."""
+    if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != UPLOAD_PATH:
+        return False
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return is_json_lines(value.decode("latin-1"))
+    return False
