@@ -519,3 +519,18 @@ def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too() -
     gateway.service.sender.withdraw(held[:1], org_id=ORG)
     gateway.service.cancel(held[1], org_id=ORG)
     assert admission.where(ORG, held) == {held[0]: None, held[1]: None, held[2]: "held"}
+
+
+def test_a_batch_cancel_withdraws_its_held_turns_and_frees_the_slots_of_released_ones() -> None:
+    # Given a batch of 3 with two turns released (in flight, not started) and one still held
+    gateway, admission, _ = _admitting()
+    body = BatchRequest(requests=[BatchTurnRequest(input=str(index)) for index in range(3)])
+    batch = gateway.batches.record(body, org_id=ORG, user_id=USER)
+    released = admission.release(cap=2, limit=10, now=FIXED_NOW.timestamp())
+    assert released is not None and len(released.turn_ids) == 2
+    # When the batch is cancelled
+    gateway.batches.cancel(batch.batch_id, org_id=ORG)
+    # Then nothing of it is held or in flight any more: no turn of it will be released, no slot is taken
+    counts = admission.counts()[ORG]
+    assert (counts.held, counts.in_flight) == (0, 0)
+    assert admission.release(cap=2, limit=10, now=FIXED_NOW.timestamp()) is None
