@@ -22,6 +22,7 @@ from shared.models.envelope import first_step
 from shared.settings import Settings
 from shared.state import StateStore
 from shared.state.admission import AdmissionQueue
+from shared.telemetry import active_tracing, turn_accepted
 
 __all__ = ["TurnSender", "unavailable"]
 
@@ -85,6 +86,7 @@ class TurnSender:
                 self._store.mark_alive(chunk, until=until)
                 if batch and self._admission is not None:
                     self._admission.hold(org_id, chunk)
+                    _start_traces(chunk)
                     continue
                 if self._admission is not None:
                     self._admission.admit_now(org_id, chunk, now=now)
@@ -139,6 +141,19 @@ class TurnSender:
         if self._admission is not None and turn_ids:
             self._admission.withdraw(org_id, turn_ids)
             self._admission.finished(org_id, turn_ids)
+
+
+def _start_traces(turn_ids: list[str]) -> None:
+    """With tracing on, each held turn's root span now, linked to the request that accepted it.
+
+    The admission scheduler sends the first step later, in another process, inside the turn's trace
+    (``shared.broker.send_step``): the root must exist by then, and only the request can link to it.
+    """
+    if active_tracing() is None:
+        return
+    for turn_id in turn_ids:
+        with turn_accepted(turn_id):
+            pass
 
 
 def unavailable(refused: str) -> Unavailable:

@@ -3,7 +3,8 @@
 Organisation A submits a batch of ``--turns`` plain turns, then organisation B the same; both are
 followed to the end. Printed, from the database's timestamps: each organisation's throughput over
 the window both run (from B's batch accepted to the first batch's last completion), and each
-batch's time to its first completed turn after its POST. Run it with ``APTIX_ORG_MAX_IN_FLIGHT`` set
+batch's time to its first completed turn after its POST, and the latency (created to completed) of
+interactive turns organisation A posts one a second while the batches run. Run it with ``APTIX_ORG_MAX_IN_FLIGHT`` set
 very high (e.g. 1000000) to see the shape without admission: every turn released at once.
 """
 
@@ -17,8 +18,10 @@ from datetime import datetime
 import psycopg
 
 from aptix_cli.bench import turn_runs
+from aptix_cli.bench.interactive import InteractiveSample, interactive_latencies
 from aptix_cli.bench.report import Report
 from aptix_cli.bench.scenarios import SCENARIOS
+from aptix_cli.bench.stats import percentile
 from aptix_cli.client import ApiClient
 
 __all__ = ["OrgFigures", "run_two_orgs"]
@@ -49,6 +52,10 @@ def run_two_orgs(api_a: ApiClient, api_b: ApiClient, *, turns: int, dsn: str, re
     ]
     for thread in threads:
         thread.start()
+    # Interactive turns of the busier organisation while both batches run: never held, top priority.
+    interactive = interactive_latencies(
+        api_a, seconds=float("inf"), per_second=1.0, stop=lambda: not all(thread.is_alive() for thread in threads)
+    )
     for thread in threads:
         thread.join()
     with psycopg.connect(dsn, autocommit=True) as db:
@@ -68,11 +75,12 @@ def run_two_orgs(api_a: ApiClient, api_b: ApiClient, *, turns: int, dsn: str, re
             f"{seconds:.1f} s: A {rate_a:.1f} turns/s ({in_window['a']} turns), B {rate_b:.1f} turns/s "
             f"({in_window['b']} turns); B/A {rate_b / rate_a if rate_a else float('inf'):.2f}",
         )
+    report.field("interactive turns of A", _interactive_cell(interactive))
     for name, figures in (("A", a), ("B", b)):
         first = "none" if figures.first_done is None else f"{_after(figures.first_done, figures.accepted)} s"
         total = "" if figures.last_done is None else f", all done {_after(figures.last_done, figures.accepted)} s"
         report.field(f"org {name}", f"first turn completed {first} after its batch was accepted{total}")
-    return a.completed == turns and b.completed == turns
+    return a.completed == turns and b.completed == turns and interactive.all_completed
 
 
 def _figures(db: psycopg.Connection[tuple[object, ...]], batch_id: str) -> OrgFigures:
@@ -104,6 +112,16 @@ def _completed_between(
         (batch_id, start, end),
     ).fetchone()
     return 0 if row is None else int(str(row[0]))
+
+
+def _interactive_cell(sample: InteractiveSample) -> str:
+    if not sample.latencies:
+        return f"none completed ({sample.started} started)"
+    p50, p95, worst = (percentile(sample.latencies, q) * 1000 for q in (0.5, 0.95, 1.0))
+    return (
+        f"created to completed p50 {p50:.0f} ms, p95 {p95:.0f} ms, max {worst:.0f} ms "
+        f"({len(sample.latencies)} of {sample.started} completed)"
+    )
 
 
 def _after(when: datetime, since: datetime) -> str:

@@ -65,3 +65,22 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
     for index in dbs.groups():
         client = redis.Redis.from_url(f"{base}/{index}")
         assert not client.keys("aptix:turn:*") and not client.exists("aptix:bench:bare:done")
+
+
+@pytest.mark.timeout(420)
+def test_bench_two_orgs_reports_both_organisations_and_interactive_turns(services: None) -> None:
+    # When two organisations' small batches run side by side through one gateway and one aptix worker
+    done = subprocess.run(
+        [sys.executable, "-m", "aptix_cli", "bench", "--two-orgs", "--turns", "60", "--workers", "1",
+         "--redis-url", redis_url(), "--database-url", database_admin_url()],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("APTIX_")}, "APTIX_ORG_MAX_IN_FLIGHT": "4"},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )  # fmt: skip
+    out = done.stdout
+    # Then every turn completed and it printed each organisation's figures and the interactive latencies
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"org A:\s+first turn completed [0-9.]+ s after its batch was accepted, all done", out), out
+    assert re.search(r"org B:\s+first turn completed [0-9.]+ s after its batch was accepted, all done", out), out
+    assert re.search(r"interactive turns of A:\s+created to completed p50 \d+ ms", out), out

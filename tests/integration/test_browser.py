@@ -134,7 +134,9 @@ def test_gateway_docs_page_renders_every_operation_from_the_gateway_alone(system
         # Every operation of the API is rendered, with its method and path
         expect(page.locator(".opblock")).to_have_count(operations)
         expect(page.locator(".opblock-summary-path", has_text="/v1/turns/{turn_id}/tool-results")).to_have_count(1)
-        expect(page.locator(".opblock-post .opblock-summary-path", has_text="/v1/batches")).to_have_count(1)
+        posts = page.locator(".opblock-post .opblock-summary-path")
+        expect(posts.filter(has_text="/v1/batches")).to_have_count(2)  # create and cancel
+        expect(posts.filter(has_text="/v1/batches/{batch_id}/cancel")).to_have_count(1)
         expect(page.locator("h2.title")).to_contain_text("Aptix agent workers")
         # And nothing was loaded from anywhere but the gateway (it works offline)
         assert requested and all(url.startswith(f"{system.gateway_url}/") for url in requested), requested

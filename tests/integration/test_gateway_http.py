@@ -736,7 +736,7 @@ def test_metrics_show_each_queue_backlog_and_never_grow_a_label_per_unknown_meth
     assert re.search(r'aptix_http_requests_total\{method="other",route="/v1/turns",status="405"\} 5', body)
 
 
-def test_turn_is_503_and_not_recorded_when_the_broker_is_down(
+def test_turn_is_503_and_not_recorded_when_the_broker_is_down_and_a_batch_is_held_for_admission(
     system: System, extra_gateway: Callable[[dict[str, str]], str]
 ) -> None:
     # Given a gateway whose broker does not answer
@@ -746,20 +746,29 @@ def test_turn_is_503_and_not_recorded_when_the_broker_is_down(
     engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
     with engine.connect() as conn:
         before = conn.scalar(select(func.count()).select_from(TurnRow))
-    # When a turn and a batch are posted
+    # When a turn is posted
     turn = system.http.post(f"{url}/v1/turns", json={"input": "lost?"}, headers=system.headers(), timeout=60)
-    batch = system.http.post(
-        f"{url}/v1/batches", json={"requests": [{"input": "a"}, {"input": "b"}]}, headers=system.headers(), timeout=60
-    )
     ready = system.http.get(f"{url}/readyz", timeout=60)
-    # Then both are refused with 503, and no turn was left behind without a message
+    # Then it is refused with 503, and no turn was left behind without a message
     assert turn.status_code == 503 and turn.json()["error"]["code"] == "unavailable"
-    assert batch.status_code == 503
     assert ready.status_code == 503 and ready.json()["error"]["details"]["broker"] == "down"
     assert int(ready.headers["retry-after"]) > 0  # like every other 503: the body and headers come from one place
     with engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(TurnRow)) == before
     engine.dispose()
+    # When a batch is posted to it: its turns are held in the state store for fair admission, no message
+    # is sent by the gateway, so it is accepted; the admission scheduler sends them through its own broker
+    batch = system.http.post(
+        f"{url}/v1/batches", json={"requests": [{"input": "a"}, {"input": "b"}]}, headers=system.headers(), timeout=60
+    )
+    assert batch.status_code == 202, batch.text
+    batch_url = f"{system.gateway_url}/v1/batches/{batch.json()['batch_id']}"
+
+    def completed() -> dict[str, Any] | None:
+        found: dict[str, Any] = system.http.get(batch_url, headers=system.headers()).json()
+        return found if found["counts"]["completed"] == 2 else None
+
+    assert wait_for(completed, what="the held batch to complete", seconds=60)["status"] == "completed"
 
 
 def test_requests_are_503_with_retry_after_when_the_database_is_down(
