@@ -270,7 +270,7 @@ def scheduler(args: argparse.Namespace) -> int:
 
     _start_logging(args.loglevel, "scheduler")
     listener = _worker_metrics_listener("scheduler")  # before prometheus_client is imported
-    from shared.broker import create_producer, send_step
+    from shared.broker import create_producer, send_steps
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
@@ -284,9 +284,7 @@ def scheduler(args: argparse.Namespace) -> int:
     producer = create_producer(settings)
 
     def publish(envelopes: Sequence[TurnEnvelope]) -> None:
-        with producer.producer_or_acquire() as pooled:
-            for envelope in envelopes:
-                send_step(producer, envelope, producer=pooled)
+        send_steps(producer, envelopes)
 
     store = RedisStateStore.from_url(settings.redis_url, max_connections=8)
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"

@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 from celery.worker import state as worker_state
 
-from shared.broker import celery_config, send_step, send_webhook
+from shared.broker import celery_config, send_step, send_steps, send_webhook
 from shared.logging import (
     begin_task,
     configure_logging,
@@ -62,7 +62,14 @@ def create_celery(
     def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
         send_webhook(app, delivery_id, attempt=attempt, countdown=countdown)
 
-    runtime = WorkerRuntime(settings, send, reconciler=reconciler, scheduler=scheduler, send_webhook=send_attempt)
+    runtime = WorkerRuntime(
+        settings,
+        send,
+        reconciler=reconciler,
+        scheduler=scheduler,
+        send_webhook=send_attempt,
+        send_now=functools.partial(send_steps, app),
+    )
     register_tasks(app, runtime)
     _connect_signals(app, runtime, settings)
     _connect_log_context(settings)

@@ -54,6 +54,7 @@ class WorkerRuntime:
         scheduler: bool = True,
         metrics: WorkerMetrics | None = None,
         send_webhook: SendAttempt | None = None,
+        send_now: Publish | None = None,
     ) -> None:
         """Prepare the runtime; nothing is built or connected until :meth:`start`.
 
@@ -64,6 +65,8 @@ class WorkerRuntime:
             scheduler: whether this worker runs a copy of the admission scheduler.
             metrics: the collectors the steps, the driver and the reconciler count on; built at
                 :meth:`start` when None.
+            send_now: publishes many steps at once, in one broker round trip (the admission
+                scheduler's releases); None: one ``send`` each.
             send_webhook: publishes one webhook delivery attempt with a countdown; None: this
                 process records no webhook event and delivers none.
         """
@@ -81,6 +84,7 @@ class WorkerRuntime:
         self._stop = threading.Event()
         self._reconciler_thread: threading.Thread | None = None
         self._with_scheduler = scheduler
+        self._send_now = send_now
         self._scheduler_stop = threading.Event()
         self._scheduler_thread: threading.Thread | None = None
 
@@ -184,10 +188,11 @@ class WorkerRuntime:
         ctx = self.context
         send = self._send
 
-        def publish(envelopes: Sequence[TurnEnvelope]) -> None:
+        def send_each(envelopes: Sequence[TurnEnvelope]) -> None:
             for envelope in envelopes:
                 send(envelope, 0.0)
 
+        publish = self._send_now or send_each
         scheduler = build_scheduler(
             self._settings,
             turns=ctx.turns,

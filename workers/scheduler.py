@@ -53,6 +53,8 @@ _RELEASE_BATCH = 200
 """Turns one release script moves at most (the scheduler loops while it releases some)."""
 _WAIT_SECONDS = 0.5
 """Longest sleep between two looks when nothing nudges the scheduler."""
+_COALESCE_SECONDS = 0.05
+"""After a nudge, how long to let more turns end before releasing for all of them (one step, not one each)."""
 _LEASE_SECONDS = 5.0
 _SWEEP_EVERY_SECONDS = 5.0
 _SWEEP_AFTER_SECONDS = 5.0
@@ -98,6 +100,7 @@ class AdmissionScheduler:
         self._lease_renewed = 0.0
         self._leading = False
         self._next_sweep = 0.0
+        self._next_republish = 0.0
         self._shown: set[str] = set()
         self.released = 0
         self.republished = 0
@@ -110,7 +113,9 @@ class AdmissionScheduler:
             try:
                 if self.lead():
                     self.step()
-                    self._admission.wait(_WAIT_SECONDS)
+                    if self._admission.wait(_WAIT_SECONDS):
+                        # Let the turns ending about now nudge too, and release for them all in one step.
+                        stop.wait(_COALESCE_SECONDS)
                 else:
                     stop.wait(1.0)
             except _ERRORS as exc:
@@ -136,7 +141,9 @@ class AdmissionScheduler:
     def step(self) -> int:
         """Send stale releases again, release what the limits allow, and sweep when due; turns released."""
         now = self._clock()
-        self.republish_stale(now)
+        if now >= self._next_republish:  # a note is stale after seconds: once a second is enough
+            self._next_republish = now + 1.0
+            self.republish_stale(now)
         released = self.release(now)
         if now >= self._next_sweep:
             self._next_sweep = now + _SWEEP_EVERY_SECONDS
@@ -155,6 +162,8 @@ class AdmissionScheduler:
             released += len(release.turn_ids)
             self.released += len(release.turn_ids)
             self._metrics.count_released("released", len(release.turn_ids))
+            if len(release.turn_ids) < _RELEASE_BATCH:  # the script stopped at the limits, not at the batch size
+                return released
 
     def republish_stale(self, now: float) -> int:
         """Send again the turns of releasing notes their scheduler left behind; how many."""
