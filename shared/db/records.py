@@ -112,6 +112,9 @@ class TurnRecord(NewTurn):
     """How many times the turn was entered; bumped by each accepted tool-results post."""
     client_tool_results: list[JsonObject] | None
     """The client tool outputs of the latest re-entry, as posted."""
+    paused_rounds: list[JsonObject]
+    """The rounds that ended paused for client tools, as each stood at its pause (``{round,
+    pending_tool_calls, output_text, usage}``), written when its results were accepted."""
     deadline_at: datetime | None
     """While queued or running: when the reconciler checks that the turn still moves."""
     redrives: int

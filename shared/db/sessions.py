@@ -33,6 +33,8 @@ class SessionRecord:
     created_at: datetime
     updated_at: datetime
     """The session's last use: its creation, a mode change or a turn's commit."""
+    client_metadata: dict[str, str] | None = None
+    """The client's own string values for the session (an OpenAI conversation's ``metadata``), or None."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,6 +23,7 @@ __all__ = [
     "BatchRow",
     "ModeHistoryRow",
     "ProviderSnapshotRow",
+    "ResponseRow",
     "SessionRow",
     "ToolRunRow",
     "TranscriptItemRow",
@@ -92,6 +93,8 @@ class SessionRow(Base):
     version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    client_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The client's own string values for the session (an OpenAI conversation's ``metadata``), or None."""
 
 
 class ModeHistoryRow(Base):
@@ -161,6 +164,10 @@ class TurnRow(Base):
     """How many times the turn was entered; bumped by each accepted tool-results post."""
     client_tool_results: Mapped[list[Any] | None] = mapped_column(JSON)
     """The client tool outputs of the latest re-entry, as posted."""
+    paused_rounds: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    """One entry per round that ended paused for client tools, written when its results were accepted:
+    ``{round, pending_tool_calls, output_text, usage}`` as they stood at the pause (a response that is
+    such a round is rendered from it once the turn moved on)."""
     deadline_at: Mapped[datetime | None]
     """While queued or running: when the reconciler checks that the turn still moves."""
     redrives: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -194,6 +201,36 @@ class ProviderSnapshotRow(Base):
     turn_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[dict[str, Any]]
     updated_at: Mapped[datetime]
+
+
+class ResponseRow(Base):
+    """A response of the OpenAI face: one round of a turn (``shared.openai.ids``), with what its request said.
+
+    The turn holds what happened; this row holds what only the response's own request knows: the
+    fields a ``Response`` echoes, its input items, and the ``Idempotency-Key`` it was created with.
+    """
+
+    __tablename__ = "responses"
+    __table_args__ = (
+        UniqueConstraint("org_id", "idempotency_key", name="uq_responses_org_idempotency_key"),
+        UniqueConstraint("turn_id", "round", name="uq_responses_turn_round"),
+    )
+
+    response_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    turn_id: Mapped[str] = mapped_column(String(64))
+    round: Mapped[int] = mapped_column(Integer)
+    org_id: Mapped[str] = mapped_column(String(128))
+    previous_response_id: Mapped[str | None] = mapped_column(String(80))
+    conversation_id: Mapped[str | None] = mapped_column(String(80))
+    """The conversation the request named (``conversation``), else None."""
+    params: Mapped[dict[str, Any]]
+    """The request's fields a ``Response`` echoes (instructions, tools, metadata, temperature, ...)."""
+    input_items: Mapped[list[Any]]
+    """The request's input, as items with ids (``GET /openai/v1/responses/{id}/input_items``)."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    """Tells a repeated ``Idempotency-Key`` with the same body from one with another."""
+    created_at: Mapped[datetime]
 
 
 class BatchRow(Base):

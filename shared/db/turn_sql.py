@@ -128,6 +128,7 @@ def new_turn_values(turn: NewTurn, *, now: datetime, deadline_at: datetime) -> d
         "deadline_at": deadline_at,
         "redrives": 0,
         "round": 0,
+        "paused_rounds": [],
     }
 
 

@@ -222,6 +222,10 @@ class TurnRepository:
             row = orm.get(TurnRow, turn_id, with_for_update=True)
             if row is None or row.status != TurnStatus.REQUIRES_CLIENT_TOOLS.value:
                 return None
+            # The round that paused stays readable (a response is one round: shared.openai.ids).
+            paused = {"round": row.round, "pending_tool_calls": row.pending_tool_calls,
+                      "output_text": row.output_text, "usage": row.usage}  # fmt: skip
+            row.paused_rounds = [*(row.paused_rounds or []), paused]
             row.round += 1
             row.status = TurnStatus.RUNNING.value
             row.client_tool_results = results
