@@ -113,8 +113,8 @@ class TurnRecord(NewTurn):
     client_tool_results: list[JsonObject] | None
     """The client tool outputs of the latest re-entry, as posted."""
     paused_rounds: list[JsonObject]
-    """The rounds that ended paused for client tools, as each stood at its pause (``{round,
-    pending_tool_calls, output_text, usage}``), written when its results were accepted."""
+    """The rounds that ended paused for client tools, as each stood at its pause (``{round, at,
+    pending_tool_calls, output_text, usage, mode, mode_changes}``), written when its results were accepted."""
     deadline_at: datetime | None
     """While queued or running: when the reconciler checks that the turn still moves."""
     redrives: int

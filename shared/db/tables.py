@@ -166,7 +166,7 @@ class TurnRow(Base):
     """The client tool outputs of the latest re-entry, as posted."""
     paused_rounds: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
     """One entry per round that ended paused for client tools, written when its results were accepted:
-    ``{round, pending_tool_calls, output_text, usage}`` as they stood at the pause (a response that is
+    ``{round, at, pending_tool_calls, output_text, usage, mode, mode_changes}`` as they stood at the pause (a response that is
     such a round is rendered from it once the turn moved on)."""
     deadline_at: Mapped[datetime | None]
     """While queued or running: when the reconciler checks that the turn still moves."""
