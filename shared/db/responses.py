@@ -74,7 +74,8 @@ class ResponseRepository:
     def by_idempotency_key(self, org_id: str, key: str) -> ResponseRecord | None:
         """The organisation's response created with ``key``."""
         with self._db() as orm:
-            row = orm.scalar(select(ResponseRow).where(ResponseRow.org_id == org_id, ResponseRow.idempotency_key == key))
+            query = select(ResponseRow).where(ResponseRow.org_id == org_id, ResponseRow.idempotency_key == key)
+            row = orm.scalar(query)
         return None if row is None else _record(row)
 
 
