@@ -166,8 +166,8 @@ class TurnRow(Base):
     """The client tool outputs of the latest re-entry, as posted."""
     paused_rounds: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
     """One entry per round that ended paused for client tools, written when its results were accepted:
-    ``{round, at, pending_tool_calls, output_text, usage, mode, mode_changes}`` as they stood at the pause (a response that is
-    such a round is rendered from it once the turn moved on)."""
+    ``{round, at, pending_tool_calls, output_text, usage, mode, mode_changes}`` as they stood at the pause
+    (a response that is such a round is rendered from it once the turn moved on)."""
     deadline_at: Mapped[datetime | None]
     """While queued or running: when the reconciler checks that the turn still moves."""
     redrives: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
