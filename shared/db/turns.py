@@ -223,9 +223,10 @@ class TurnRepository:
             if row is None or row.status != TurnStatus.REQUIRES_CLIENT_TOOLS.value:
                 return None
             # The round that paused stays readable (a response is one round: shared.openai.ids).
-            paused = {"round": row.round, "at": row.updated_at.isoformat(),
-                      "pending_tool_calls": row.pending_tool_calls, "output_text": row.output_text, "usage": row.usage, "mode": row.mode,
-                      "mode_changes": row.mode_changes}  # fmt: skip
+            paused = {
+                "round": row.round, "at": row.updated_at.isoformat(), "pending_tool_calls": row.pending_tool_calls,
+                "output_text": row.output_text, "usage": row.usage, "mode": row.mode, "mode_changes": row.mode_changes,
+            }  # fmt: skip
             row.paused_rounds = [*(row.paused_rounds or []), paused]
             row.round += 1
             row.status = TurnStatus.RUNNING.value
