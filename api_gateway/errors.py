@@ -21,6 +21,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
+from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
 
 __all__ = [
@@ -80,34 +81,45 @@ class ApiError(Exception):
 
 
 def error_response(
-    status_code: int, code: str, message: str, details: Any = None, headers: Mapping[str, str] | None = None
+    status_code: int,
+    code: str,
+    message: str,
+    details: Any = None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    path: str = "",
 ) -> JSONResponse:
-    """The error body as a response (with ``headers``, such as the ``Allow`` of a 405)."""
+    """The error body as a response (with ``headers``, such as the ``Allow`` of a 405).
+
+    Under ``/openai/v1`` (``path``) the body is OpenAI's instead, and a refused body is a 400
+    (``api_gateway.openai.errors``).
+    """
     extra = dict(headers or {})
     if status_code == 401:
         extra.setdefault("WWW-Authenticate", "Bearer")
-    if status_code == 503:
+    if status_code in (429, 503):
         extra.setdefault("Retry-After", str(RETRY_AFTER_SECONDS))
-    return JSONResponse(
-        status_code=status_code,
-        content={"error": {"code": code, "message": message, "details": details}},
-        headers=extra or None,
-    )
+    if is_openai_path(path):
+        status_code = openai_status(status_code, code)
+        content = openai_error_body(status_code, code, message, details)
+    else:
+        content = {"error": {"code": code, "message": message, "details": details}}
+    return JSONResponse(status_code=status_code, content=content, headers=extra or None)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error the app can raise through :func:`error_response`."""
 
     @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status_code, exc.code, exc.message, exc.details)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status_code, exc.code, exc.message, exc.details, path=request.url.path)
 
     @app.exception_handler(ServiceError)
-    async def _refused(_request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(service_error_status(exc), exc.code, exc.message, exc.details)
+    async def _refused(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(service_error_status(exc), exc.code, exc.message, exc.details, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = [
             {
                 "loc": [_text(part) if isinstance(part, str) else part for part in error.get("loc", ())],
@@ -118,9 +130,8 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(part) for part in first["loc"])
-        return error_response(
-            422, "invalid_request", f"{where}: {first['msg']}" if where else str(first["msg"]), details
-        )
+        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        return error_response(422, "invalid_request", message, details, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -130,17 +141,18 @@ def install_error_handlers(app: FastAPI) -> None:
             # Starlette's Allow names the methods of the first route that matched the path; a path served
             # by several routes (GET and POST /v1/batches) takes them all.
             headers = {**(headers or {}), "Allow": _allowed(request)}
-        return error_response(exc.status_code, code, str(exc.detail), headers=headers)
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers, path=request.url.path)
 
-    async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
         if schema_missing(exc):
-            return _schema_response(exc)
+            return _schema_response(exc, path=request.url.path)
         logger.warning("a dependency is unavailable: %s: %s", type(exc).__name__, str(exc).splitlines()[0][:200])
         return error_response(
             503,
             "unavailable",
             "a dependency of the gateway (database, Redis or broker) is unavailable; retry shortly "
             "(with the same idempotency_key, a retried POST /v1/turns cannot create the turn twice)",
+            path=request.url.path,
         )
 
     for error in UNAVAILABLE_ERRORS:
@@ -149,13 +161,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProgrammingError)
     async def _programming(request: Request, exc: ProgrammingError) -> JSONResponse:
         if schema_missing(exc):
-            return _schema_response(exc)
+            return _schema_response(exc, path=request.url.path)
         return await _unexpected(request, exc)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in the gateway")
-        return error_response(500, "internal_error", "the gateway failed to handle the request")
+        return error_response(500, "internal_error", "the gateway failed to handle the request", path=request.url.path)
 
 
 def schema_missing(exc: Exception) -> bool:
@@ -172,12 +184,13 @@ def schema_missing(exc: Exception) -> bool:
     return text.startswith(("no such table", "no such column"))
 
 
-def _schema_response(exc: Exception) -> JSONResponse:
+def _schema_response(exc: Exception, *, path: str) -> JSONResponse:
     logger.error("the database schema is not migrated (%s): run `aptix db upgrade`", str(exc).splitlines()[0][:200])
     return error_response(
         503,
         "unavailable",
         "the database schema is missing or behind this gateway's: run `aptix db upgrade` (GET /readyz says which)",
+        path=path,
     )
 
 

@@ -13,6 +13,7 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
+from api_gateway.openai.response_service import ResponseService
 from api_gateway.services import (
     BatchService,
     CeleryPublisher,
@@ -26,6 +27,7 @@ from shared.broker import create_producer, send_webhook
 from shared.db import session_factory
 from shared.db.batches import BatchRepository
 from shared.db.engine import ProcessKind, engine_for
+from shared.db.responses import ResponseRepository
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
@@ -73,6 +75,8 @@ class GatewayState:
     webhook_service: WebhookService
     event_streams: EventStreams
     """Serves turns' events as Server-Sent Events (an asyncio Redis connection per stream)."""
+    response_service: ResponseService
+    """The OpenAI face's Responses over turns (``/openai/v1/responses``)."""
 
 
 def utc_now() -> datetime:
@@ -159,6 +163,14 @@ def connect_gateway(settings: Settings) -> GatewayState:
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
         webhook_service=webhook_service,
         event_streams=event_streams,
+        response_service=ResponseService(
+            settings=settings,
+            turns=turn_service,
+            responses=ResponseRepository(db),
+            sessions=sessions,
+            catalog=catalog,
+            clock=utc_now,
+        ),
     )
 
 

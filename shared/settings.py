@@ -193,6 +193,9 @@ class Settings(BaseSettings):
     events_keepalive_seconds: Annotated[float, Field(gt=0)] = 15.0
     """An event stream with nothing to send for this long sends a comment line (so proxies keep it open)
     and checks that the turn has not ended without its event."""
+    openai_wait_seconds: Annotated[float, Field(gt=0, le=3600)] = 300.0
+    """How long ``POST /openai/v1/responses`` without ``background`` or ``stream`` waits for its response to
+    finish; past it the answer is the response as it stands (``in_progress``), to poll with ``GET``."""
     llm_stream_flush_ms: Annotated[float, Field(ge=0)] = 20.0
     """A turn that streams appends the model's text to its event log as it arrives, at most one
     ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together

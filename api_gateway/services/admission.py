@@ -14,6 +14,7 @@ from shared.db.sessions import SessionRepository
 from shared.db.turns import NewTurn
 from shared.models.turn import TurnRequest
 from shared.modes import ModeCatalog
+from shared.openai.extras import EXTRAS_KEY, TurnExtras
 
 __all__ = ["admit"]
 
@@ -29,6 +30,7 @@ def admit(
     batch_id: str | None = None,
     batch_index: int | None = None,
     turn_id: str | None = None,
+    extras: TurnExtras | None = None,
 ) -> NewTurn:
     """Check ``body`` and describe the turn to record.
 
@@ -42,6 +44,7 @@ def admit(
         batch_id: the batch the turn belongs to, if any.
         batch_index: the turn's index in its batch.
         turn_id: the turn's id, when one was reserved for it; else a fresh one.
+        extras: options beyond ``TurnRequest`` (the OpenAI face's), recorded with the request.
 
     Returns:
         The turn to record, with its turn id and, for a new session, a fresh session id.
@@ -73,6 +76,8 @@ def admit(
     # its idempotency hash) stays what it was before those fields existed.
     excluded = {"idempotency_key", "stream", *(() if body.webhook_url else ("webhook_url",))}
     request = body.model_dump(mode="json", exclude=excluded)
+    if extras is not None:
+        request[EXTRAS_KEY] = extras.model_dump(mode="json", exclude_defaults=True)
     request_hash = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
     if body.stream:
         request["stream"] = True

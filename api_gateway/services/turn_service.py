@@ -33,6 +33,7 @@ from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnRepos
 from shared.models.trace import TraceStep
 from shared.models.turn import ToolResultsRequest, TurnRequest, TurnStatus
 from shared.modes import ModeCatalog
+from shared.openai.extras import TurnExtras
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore
@@ -79,7 +80,15 @@ class TurnService:
             settings=settings, store=store, publisher=publisher, clock=clock, metrics=metrics, admission=admission
         )
 
-    def record(self, body: TurnRequest, *, org_id: str, user_id: str, turn_id: str | None = None) -> TurnRecord:
+    def record(
+        self,
+        body: TurnRequest,
+        *,
+        org_id: str,
+        user_id: str,
+        turn_id: str | None = None,
+        extras: TurnExtras | None = None,
+    ) -> TurnRecord:
         """Accept a turn: record it queued and send its first step, or return the earlier turn of its idempotency key.
 
         Args:
@@ -87,6 +96,7 @@ class TurnService:
             org_id: the caller's organisation.
             user_id: the caller.
             turn_id: the new turn's id, when it was reserved (tracing: ``api_gateway.telemetry``).
+            extras: options beyond ``TurnRequest``, recorded with the request (the OpenAI face's).
 
         Returns:
             The recorded turn (for a replayed idempotency key, the earlier one, as it stands now).
@@ -97,7 +107,7 @@ class TurnService:
             Conflict: ``session_busy`` (the session has an unfinished turn) or ``idempotency_key_reused``.
             Unavailable: the broker or the state store refused; nothing was recorded.
         """
-        turn = self.admit(body, org_id=org_id, user_id=user_id, turn_id=turn_id)
+        turn = self.admit(body, org_id=org_id, user_id=user_id, turn_id=turn_id, extras=extras)
         try:
             row, _created = self._turns.create(
                 turn,
@@ -126,6 +136,7 @@ class TurnService:
         batch_index: int | None = None,
         turn_id: str | None = None,
         check_webhook: bool = True,
+        extras: TurnExtras | None = None,
     ) -> NewTurn:
         """Check ``body`` and describe the turn to record; a follow-up's session first loses its overdue turns.
 
@@ -145,6 +156,7 @@ class TurnService:
             batch_id=batch_id,
             batch_index=batch_index,
             turn_id=turn_id,
+            extras=extras,
         )
         if not turn.new_session:
             self.expire_overdue(session_id=turn.session_id)

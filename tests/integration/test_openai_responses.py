@@ -1,0 +1,182 @@
+"""The Responses API of the OpenAI face, driven by the official ``openai`` SDK against a real gateway and worker."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import openai
+import pytest
+from openai.types.responses import Response
+
+from tests.conftest import KEY_A, KEY_B
+from tests.integration.conftest import OPEN_FILE, System
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(system: System) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=system.gateway_url + "/openai/v1", api_key=KEY_A, max_retries=0) as sdk:
+        yield sdk
+
+
+def _strict(response: Response) -> Response:
+    """The raw body validates as the SDK's Response (the SDK's own parse is lenient)."""
+    return Response.model_validate(response.model_dump(mode="json"))
+
+
+def test_a_sync_create_answers_the_completed_response(client: openai.OpenAI) -> None:
+    response = _strict(client.responses.create(model="scripted-model", input="hello sync", instructions="Be brief."))
+
+    assert response.status == "completed"
+    assert response.output_text == "Echo: hello sync"
+    assert response.id.startswith("resp_")
+    assert response.instructions == "Be brief."
+    assert response.usage is not None and response.usage.total_tokens > 0
+    extension = (response.model_extra or {})["aptix"]
+    assert extension["turn_id"].startswith("turn_") and extension["mode"] == "general"
+
+
+def test_instructions_and_model_options_reach_the_model(client: openai.OpenAI, system: System) -> None:
+    client.responses.create(
+        model="scripted-model", input="options probe", instructions="Answer in French.", temperature=0.2,
+        max_output_tokens=300, tool_choice="auto",
+    )  # fmt: skip
+
+    (request,) = system.llm_requests("options probe")
+    assert request["instructions"].endswith("Answer in French.")
+    assert request["temperature"] == 0.2 and request["max_output_tokens"] == 300 and request["tool_choice"] == "auto"
+
+
+def test_a_background_response_is_polled_to_its_end(client: openai.OpenAI) -> None:
+    created = client.responses.create(model="scripted-model", input="hello background", background=True)
+
+    assert created.status in ("queued", "in_progress")
+    final = wait_for(lambda: _done(client.responses.retrieve(created.id)), what="the background response to finish")
+    assert _strict(final).output_text == "Echo: hello background"
+    assert final.background is True
+
+
+def test_a_function_tool_round_trip_resumes_the_same_turn(client: openai.OpenAI, system: System) -> None:
+    tool = {"type": "function", "name": "open_file", "description": "Open a file.", "strict": False,
+            "parameters": OPEN_FILE["parameters"]}  # fmt: skip
+    first = _strict(client.responses.create(
+        model="scripted-model", input='round trip [[call:open_file {"path": "a.txt"}]]', tools=[tool]
+    ))  # fmt: skip
+    assert first.status == "completed"
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "open_file" and json.loads(call.arguments) == {"path": "a.txt"}
+
+    second = _strict(client.responses.create(
+        model="scripted-model", previous_response_id=first.id, tools=[tool],
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "contents of a"}],
+    ))  # fmt: skip
+
+    assert second.status == "completed"
+    assert second.output_text == "Tool results: open_file=contents of a"
+    assert second.previous_response_id == first.id
+    first_ext, second_ext = (first.model_extra or {})["aptix"], (second.model_extra or {})["aptix"]
+    assert second_ext["turn_id"] == first_ext["turn_id"] and second_ext["round"] == 1
+    # The paused round reads the same after its turn moved on.
+    assert _strict(client.responses.retrieve(first.id)).output == first.output
+
+
+def test_outputs_for_other_calls_are_refused_and_change_nothing(client: openai.OpenAI) -> None:
+    first = client.responses.create(
+        model="scripted-model", input='mismatch [[call:open_file {"path": "b"}]]', tools=[_open_file()]
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(
+            model="scripted-model", previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": "call_unknown", "output": "x"}],
+        )  # fmt: skip
+    assert refused.value.param == "input"
+    assert client.responses.retrieve(first.id).status == "completed"
+    assert (client.responses.retrieve(first.id).model_extra or {})["aptix"]["turn_status"] == "requires_client_tools"
+
+
+def test_a_conversation_continues_with_previous_response_id(client: openai.OpenAI, system: System) -> None:
+    first = client.responses.create(model="scripted-model", input="first message xyz")
+    second = client.responses.create(model="scripted-model", input="second message xyz", previous_response_id=first.id)
+    third = client.responses.create(model="scripted-model", input="third message xyz", previous_response_id=second.id)
+
+    sessions = {(r.model_extra or {})["aptix"]["session_id"] for r in (first, second, third)}
+    assert len(sessions) == 1
+    (request,) = system.llm_requests("third message xyz")
+    texts = json.dumps(request["input"])
+    assert "first message xyz" in texts and "Echo: second message xyz" in texts
+
+
+def test_input_items_are_listed_with_cursor_pages(client: openai.OpenAI) -> None:
+    items = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": [{"type": "input_text", "text": "one"}]},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "three"},
+    ]
+    response = client.responses.create(model="scripted-model", input=items)  # type: ignore[arg-type]
+
+    page = client.responses.input_items.list(response.id, order="asc", limit=3)
+    assert [item.type for item in page.data] == ["message"] * 3
+    assert page.has_more is True
+    everything = list(client.responses.input_items.list(response.id, order="asc", limit=3))
+    assert len(everything) == 4
+    assert [getattr(item, "role", None) for item in everything] == ["system", "user", "assistant", "user"]
+
+
+def test_cancel_is_idempotent_and_a_finished_response_is_returned_as_is(client: openai.OpenAI) -> None:
+    slow = client.responses.create(model="scripted-model", input="slow [[sleep:3000]]", background=True)
+    cancelled = client.responses.cancel(slow.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.cancel(slow.id).status == "cancelled"
+
+    done = client.responses.create(model="scripted-model", input="quick to cancel")
+    assert client.responses.cancel(done.id).status == "completed"
+
+
+def test_errors_are_the_sdk_exception_classes(client: openai.OpenAI, system: System) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.responses.create(model="scripted-model", input=[{"role": "user", "content": [{"type": "input_image"}]}])  # type: ignore[list-item]
+    assert bad.value.param == "input[0].content[0].type"
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.responses.create(model="scripted-model", input="x", extra_body={"surprise": 1})
+    assert unknown.value.param == "surprise"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="scripted-model", input="x", tools=[{"type": "web_search"}])  # type: ignore[list-item]
+    with pytest.raises(openai.BadRequestError) as stored:
+        client.responses.create(model="scripted-model", input="x", store=False, background=True)
+    assert stored.value.param == "store"
+    with pytest.raises(openai.NotFoundError) as missing_model:
+        client.responses.create(model="no-such-model", input="x")
+    assert missing_model.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_" + "0" * 32 + "r0")
+    mine = client.responses.create(model="scripted-model", input="org a only")
+    base_url = system.gateway_url + "/openai/v1"
+    with openai.OpenAI(base_url=base_url, api_key=KEY_B, max_retries=0) as other, pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(mine.id)
+    with (
+        openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0) as stranger,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        stranger.responses.retrieve(mine.id)
+
+
+def test_an_idempotency_key_makes_a_retried_create_return_the_same_response(client: openai.OpenAI) -> None:
+    headers = {"Idempotency-Key": "retry-me-1"}
+    first = client.responses.create(model="scripted-model", input="idempotent", extra_headers=headers)
+    again = client.responses.create(model="scripted-model", input="idempotent", extra_headers=headers)
+    assert again.id == first.id
+    with pytest.raises(openai.ConflictError):
+        client.responses.create(model="scripted-model", input="another body", extra_headers=headers)
+
+
+def _open_file() -> dict[str, object]:
+    return {"type": "function", "name": "open_file", "description": "Open a file.", "strict": False,
+            "parameters": OPEN_FILE["parameters"]}  # fmt: skip
+
+
+def _done(response: Response) -> Response | None:
+    return response if response.status not in ("queued", "in_progress") else None
