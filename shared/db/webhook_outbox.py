@@ -11,6 +11,10 @@ turn commits without it.
 
 Each event has a key (``turn:<id>:<round>:<status>``, ``batch:<id>``) written at most once, so a
 commit that runs twice (a redelivered ``persist``) raises its event once.
+
+A turn created through the OpenAI face (``TurnExtras.face``) raises OpenAI's event for its round
+(``response.completed`` / ``failed`` / ``cancelled``: ``shared.webhooks.events``), in the same rows,
+under the same keys, signed the same way; every other turn raises ours.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -26,13 +29,15 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
+from shared.db.records import TurnRecord
 from shared.db.tables import BatchRow, TurnRow, WebhookDeliveryRow
 from shared.db.turn_sql import IN_FLIGHT, to_record
 from shared.models.batch import Batch, BatchStatus
 from shared.models.turn import TurnStatus
+from shared.openai import FACE_OPENAI, TurnExtras, response_id
 from shared.turn_view import to_turn
 from shared.webhooks.config import WebhookConfig
-from shared.webhooks.events import EventType, event_body, new_delivery_id, turn_event_type
+from shared.webhooks.events import EventType, event_body, new_delivery_id, response_event_body, turn_event_type
 
 __all__ = ["PENDING", "SendDelivery", "WebhookOutbox"]
 
@@ -143,13 +148,15 @@ class WebhookOutbox:
     def _record_turn(self, orm: Session, row: TurnRow, *, now: datetime, with_batch: bool = True) -> list[str]:
         record = to_record(row)
         recorded = []
-        event = turn_event_type(record.status)
+        face = TurnExtras.of(record.request).face
+        event = turn_event_type(record.status, face=face)
         requested = record.request.get("webhook_url")
         url = self._config.url_for(record.org_id, requested if isinstance(requested, str) else None)
         if event is not None and url is not None:
-            data = to_turn(record).model_dump(mode="json", by_alias=True)
+            delivery_id = new_delivery_id(face=face)
             key = f"turn:{record.turn_id}:{record.round}:{record.status.value}"
-            recorded += _insert(orm, key, event, data, org_id=record.org_id, url=url, now=now,
+            body = _turn_event_body(record, delivery_id, event, face=face, now=now)
+            recorded += _insert(orm, key, delivery_id, event, body, org_id=record.org_id, url=url, now=now,
                                 turn_id=record.turn_id, batch_id=record.batch_id)  # fmt: skip
         if with_batch and record.batch_id is not None and not record.status.is_in_flight:
             recorded += self._record_batch(orm, record.batch_id, org_id=record.org_id, now=now)
@@ -184,15 +191,25 @@ class WebhookOutbox:
             created_at=batch.created_at,
             cancel_requested_at=batch.cancel_requested_at,
         )
-        return _insert(orm, f"batch:{batch_id}", EventType.BATCH_COMPLETED, data.model_dump(mode="json"),
+        delivery_id = new_delivery_id()
+        body = event_body(delivery_id, EventType.BATCH_COMPLETED, data.model_dump(mode="json"), at=now)
+        return _insert(orm, f"batch:{batch_id}", delivery_id, EventType.BATCH_COMPLETED, body,
                        org_id=org_id, url=url, now=now, turn_id=None, batch_id=batch_id)  # fmt: skip
+
+
+def _turn_event_body(record: TurnRecord, delivery_id: str, event: EventType, *, face: str | None, now: datetime) -> str:
+    """A turn's event: the response that is its round (OpenAI face), else the Turn as the API shows it."""
+    if face == FACE_OPENAI:
+        return response_event_body(delivery_id, event, response_id=response_id(record.turn_id, record.round), at=now)
+    return event_body(delivery_id, event, to_turn(record).model_dump(mode="json", by_alias=True), at=now)
 
 
 def _insert(
     orm: Session,
     key: str,
+    delivery_id: str,
     event: EventType,
-    data: dict[str, Any],
+    body: str,
     *,
     org_id: str,
     url: str,
@@ -201,10 +218,9 @@ def _insert(
     batch_id: str | None,
 ) -> list[str]:
     """Insert the event's delivery unless its key is recorded; the new delivery's id, if any."""
-    delivery_id = new_delivery_id()
     values = {
         "delivery_id": delivery_id, "event_key": key, "org_id": org_id, "event_type": event.value,
-        "turn_id": turn_id, "batch_id": batch_id, "url": url, "body": event_body(delivery_id, event, data, at=now),
+        "turn_id": turn_id, "batch_id": batch_id, "url": url, "body": body,
         "status": PENDING, "attempts": 0, "next_attempt_at": now, "created_at": now, "updated_at": now,
     }  # fmt: skip
     return list(orm.scalars(_insert_statement(orm), values))

@@ -47,9 +47,12 @@ class WebhookDelivery(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     delivery_id: str
-    """The event's id, sent as its `webhook-id` on every attempt (receivers de-duplicate on it)."""
+    """The event's id (`msg_…`; `evt_…` for a response of `/openai/v1`), sent as its `webhook-id` on every
+    attempt (receivers de-duplicate on it)."""
     event_type: str
-    """`turn.completed`, `turn.failed`, `turn.cancelled`, `turn.requires_client_tools` or `batch.completed`."""
+    """`turn.completed`, `turn.failed`, `turn.cancelled`, `turn.requires_client_tools` or `batch.completed`;
+    for a turn created through `/openai/v1`, OpenAI's `response.completed` (also when it paused for
+    function calls), `response.failed`, `response.cancelled` or `response.incomplete`."""
     turn_id: str | None = None
     """The turn the event is about (null for a batch's event)."""
     batch_id: str | None = None

@@ -98,7 +98,8 @@ class ModeCatalog(BaseModel):
     models: dict[Annotated[str, StringConstraints(min_length=1, max_length=200)], ModelLimits] = Field(
         default_factory=dict
     )
-    """Per-model rate limits by model name (the name a request carries: ``APTIX_LLM_MODEL`` or a mode's ``model``)."""
+    """Per-model rate limits by model name (the name a request carries: ``APTIX_LLM_MODEL``, a mode's ``model``
+    or a turn's own, ``TurnExtras.model``)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ModeCatalog:

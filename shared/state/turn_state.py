@@ -89,6 +89,16 @@ class TurnState(BaseModel):
     stream: bool = False
     """The request asked to stream (``TurnRequest.stream``): the model's text goes to the turn's event log
     as ``output_text.delta`` events while it is generated."""
+    input_items: list[dict[str, Any]] | None = None
+    """The turn's own input as Responses API items (``TurnExtras.input_items``): its transcript starts as
+    them instead of one user message of ``user_input``; None for a turn without them."""
+    instructions: str | None = None
+    """Added after the mode's prompt layer and the session context in every model call (``TurnExtras``)."""
+    model: str | None = None
+    """The model of the turn's calls (``TurnExtras.model``); None: the mode's, else ``APTIX_LLM_MODEL``."""
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    """Copied into every model request of the turn (``TurnExtras.model_options``); they never replace
+    the request's model, input, instructions, tools, store or stream."""
     history: list[dict[str, Any]] = Field(default_factory=list)
     """Conversation context: earlier turns' inputs and answers, as Responses API input items."""
     transcript: list[dict[str, Any]] = Field(default_factory=list)

@@ -4,6 +4,13 @@
 the ``webhook-id`` header (one per event, the same on every attempt), ``data`` the Turn exactly as
 ``GET /v1/turns/{turn_id}`` returns it at the event, or for ``batch.completed`` the Batch as
 ``GET /v1/batches/{batch_id}`` returns it.
+
+A turn created through the OpenAI face (``TurnExtras.face == "openai"``) raises OpenAI's event
+instead, so that ``OpenAI().webhooks.unwrap`` parses it: ``{"id": "evt_…", "type":
+"response.completed", "created_at": <Unix seconds>, "data": {"id": "resp_…"}}``, the response being
+the turn's round at the event (``shared.openai.ids``). A paused round is a completed response (its
+output ends in ``function_call`` items), so it raises ``response.completed`` too. Its ``id`` is its
+``webhook-id`` as well.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from enum import StrEnum
 from typing import Any
 
 from shared.models.turn import TurnStatus
+from shared.openai import FACE_OPENAI
 
-__all__ = ["EventType", "event_body", "new_delivery_id", "turn_event_type"]
+__all__ = ["EventType", "event_body", "new_delivery_id", "response_event_body", "turn_event_type"]
 
 
 class EventType(StrEnum):
@@ -29,6 +37,14 @@ class EventType(StrEnum):
     """The turn paused: the client runs ``pending_tool_calls`` and posts their results."""
     BATCH_COMPLETED = "batch.completed"
     """None of the batch's turns is queued or running any more (sent once per batch)."""
+    RESPONSE_COMPLETED = "response.completed"
+    """A response of the OpenAI face completed, or paused ending in ``function_call`` items."""
+    RESPONSE_FAILED = "response.failed"
+    """A response of the OpenAI face failed."""
+    RESPONSE_CANCELLED = "response.cancelled"
+    """A response of the OpenAI face was cancelled."""
+    RESPONSE_INCOMPLETE = "response.incomplete"
+    """OpenAI's event of a response cut short; no turn status raises it today (a type for completeness)."""
 
 
 _OF_STATUS = {
@@ -39,14 +55,33 @@ _OF_STATUS = {
 }
 
 
-def turn_event_type(status: TurnStatus) -> EventType | None:
-    """The event a turn committed in ``status`` raises; None while it is queued or running."""
-    return _OF_STATUS.get(status)
+_OF_STATUS_OPENAI = {
+    TurnStatus.COMPLETED: EventType.RESPONSE_COMPLETED,
+    TurnStatus.REQUIRES_CLIENT_TOOLS: EventType.RESPONSE_COMPLETED,
+    TurnStatus.FAILED: EventType.RESPONSE_FAILED,
+    TurnStatus.CANCELLED: EventType.RESPONSE_CANCELLED,
+}
 
 
-def new_delivery_id() -> str:
-    """A fresh event (and delivery) id, the ``webhook-id`` header: ``msg_`` and 32 hex digits."""
-    return f"msg_{uuid.uuid4().hex}"
+def turn_event_type(status: TurnStatus, *, face: str | None = None) -> EventType | None:
+    """The event a turn committed in ``status`` raises; None while it is queued or running.
+
+    Args:
+        status: the status just committed.
+        face: the face that recorded the turn (``TurnExtras.face``): ``openai`` for OpenAI's event
+            types, anything else for ours.
+
+    Returns:
+        The event's type, or None.
+    """
+    return (_OF_STATUS_OPENAI if face == FACE_OPENAI else _OF_STATUS).get(status)
+
+
+def new_delivery_id(*, face: str | None = None) -> str:
+    """A fresh event (and delivery) id, the ``webhook-id`` header: ``msg_`` and 32 hex digits, or ``evt_``
+    (OpenAI's event ids) for an event of a turn of the OpenAI face."""
+    prefix = "evt" if face == FACE_OPENAI else "msg"
+    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def event_body(delivery_id: str, event: EventType, data: dict[str, Any], *, at: datetime) -> str:
@@ -62,4 +97,20 @@ def event_body(delivery_id: str, event: EventType, data: dict[str, Any], *, at: 
         Compact JSON.
     """
     body = {"id": delivery_id, "type": event.value, "timestamp": at.isoformat(), "data": data}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def response_event_body(delivery_id: str, event: EventType, *, response_id: str, at: datetime) -> str:
+    """The JSON text of an event of the OpenAI face, as every attempt sends (and signs) it.
+
+    Args:
+        delivery_id: the event's id (``evt_…``).
+        event: its type (``response.*``).
+        response_id: the response it is about (``resp_…``: the turn's round).
+        at: when it happened (sent as whole Unix seconds).
+
+    Returns:
+        Compact JSON.
+    """
+    body = {"id": delivery_id, "type": event.value, "created_at": int(at.timestamp()), "data": {"id": response_id}}
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

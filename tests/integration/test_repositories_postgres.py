@@ -15,7 +15,7 @@ from sqlalchemy.exc import OperationalError
 from shared.db.engine import create_db_engine, session_factory
 from shared.db.sessions import SessionRepository
 from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
-from shared.models.turn import TurnStatus, Usage
+from shared.models.turn import PendingToolCall, TurnStatus, Usage
 from tests.unit.fakes import FIXED_NOW
 
 
@@ -102,3 +102,27 @@ def test_a_worker_engine_without_pre_ping_fails_once_then_reconnects_every_conne
             new_pids.add(connection.execute(text("SELECT pg_backend_pid()")).scalar_one())
     assert not new_pids & pids
     engine.dispose()
+
+
+def test_accepting_tool_results_appends_each_paused_round(database_url: str) -> None:
+    # Given a turn that pauses twice for client calls
+    turns = TurnRepository(session_factory(create_db_engine(database_url)))
+    turn_id = _turn(turns, _session_id())
+    later = FIXED_NOW + timedelta(seconds=60)
+    for round_, call_id in enumerate(("call_a", "call_b")):
+        outcome = TurnOutcome(
+            status=TurnStatus.REQUIRES_CLIENT_TOOLS, mode="general", output_text=f"text {round_}",
+            pending_tool_calls=[PendingToolCall(call_id=call_id, name="open_file", arguments="{}")], mode_changes=[],
+            error=None, usage=Usage(llm_calls=round_ + 1), trace=[],
+        )  # fmt: skip
+        assert turns.commit(turn_id, outcome, transcript=[], snapshot={}, now=FIXED_NOW)
+        # When each pause's results are accepted
+        results = [{"call_id": call_id, "output": "x"}]
+        assert turns.accept_tool_results(turn_id, results=results, now=FIXED_NOW, deadline_at=later) == round_ + 1
+    # Then both rounds are kept, in order, as each stood at its pause
+    record = turns.get(turn_id)
+    assert record is not None and record.round == 2
+    assert [(entry["round"], entry["output_text"], entry["usage"]["llm_calls"]) for entry in record.paused_rounds] == [
+        (0, "text 0", 1), (1, "text 1", 2)
+    ]  # fmt: skip
+    assert [entry["pending_tool_calls"][0]["call_id"] for entry in record.paused_rounds] == ["call_a", "call_b"]

@@ -193,13 +193,20 @@ def record_turn(
     tools: list[dict[str, Any]] | None = None,
     created_at: datetime = FIXED_NOW,
     stream: bool = False,
+    extras: dict[str, Any] | None = None,
 ) -> TurnEnvelope:
-    """Record a queued turn as the gateway does (at ``created_at``); returns its first message."""
+    """Record a queued turn as the gateway does (at ``created_at``); returns its first message.
+
+    ``extras`` are recorded under the request's ``extras`` key (``shared.openai.TurnExtras``), as the
+    OpenAI face records them.
+    """
     request: dict[str, Any] = {"input": text}
     if tools is not None:
         request["tools"] = tools
     if stream:
         request["stream"] = True
+    if extras is not None:
+        request["extras"] = extras
     ctx.turns.create(
         NewTurn(turn_id=turn_id, session_id=session_id, org_id="o", user_id="u", new_session=new_session,
                 requested_mode=None, request=request, request_hash="h"),

@@ -17,7 +17,7 @@ from shared.db.records import IDENTITY_FIELDS, TurnRecord
 from shared.db.sessions import ModeHistoryRecord, SessionRecord
 from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, TurnRow
 from shared.db.turns import NewTurn, TurnOutcome
-from shared.models.turn import ModeChange, TurnStatus, Usage
+from shared.models.turn import ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.state import TurnState
 from shared.turn_view import to_turn
 from tests.unit.fakes import FIXED_NOW, make_context
@@ -216,3 +216,31 @@ def test_a_turn_recorded_with_stream_starts_with_its_state_streaming() -> None:
     record = ctx.turns.get(plain)
     assert record is not None
     assert initial_state(created).stream and not initial_state(record).stream
+
+
+def test_accepting_tool_results_keeps_the_paused_round_as_it_stood() -> None:
+    # Given a turn paused at round 0 for one client call, with some text and usage
+    ctx = make_context()
+    turn_id = _turn(ctx, 0)
+    pending = [PendingToolCall(call_id="call_1", name="open_file", arguments='{"path": "a"}')]
+    outcome = TurnOutcome(
+        status=TurnStatus.REQUIRES_CLIENT_TOOLS, mode="general", output_text="let me look", pending_tool_calls=pending,
+        mode_changes=[], error=None, usage=Usage(llm_calls=1, input_tokens=5, output_tokens=3), trace=[],
+    )  # fmt: skip
+    assert ctx.turns.commit(turn_id, outcome, transcript=[], snapshot={}, now=FIXED_NOW)
+    assert (record := ctx.turns.get(turn_id)) is not None and record.paused_rounds == []
+    # When its results are accepted
+    later = FIXED_NOW + timedelta(seconds=1)
+    round_ = ctx.turns.accept_tool_results(turn_id, results=[{"call_id": "call_1", "output": "x"}], now=later,
+                                           deadline_at=later + timedelta(seconds=60))  # fmt: skip
+    # Then the turn runs round 1 and keeps round 0 as it paused
+    record = ctx.turns.get(turn_id)
+    assert round_ == 1 and record is not None and (record.round, record.status) == (1, TurnStatus.RUNNING)
+    assert record.pending_tool_calls == []
+    assert record.paused_rounds == [{
+        "round": 0, "pending_tool_calls": [call.model_dump(mode="json") for call in pending],
+        "output_text": "let me look", "usage": outcome.usage.model_dump(mode="json"),
+    }]  # fmt: skip
+    # And results posted again while it runs change nothing
+    assert ctx.turns.accept_tool_results(turn_id, results=[], now=later, deadline_at=later) is None
+    assert (again := ctx.turns.get(turn_id)) is not None and again.paused_rounds == record.paused_rounds

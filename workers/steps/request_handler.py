@@ -15,6 +15,7 @@ from __future__ import annotations
 from shared.db.records import TurnRecord
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import ClientTool
+from shared.openai import TurnExtras
 from shared.result import InvokeResult, success
 from shared.state import TurnState
 from shared.task_names import StepName
@@ -33,14 +34,20 @@ def initial_state(record: TurnRecord) -> TurnState:
 
     Returns:
         A state carrying the record's identity (``shared.db.records.IDENTITY_FIELDS``), its
-        acceptance time and its request.
+        acceptance time, its request and the request's extras (``shared.openai.TurnExtras``: input
+        items, instructions, model and model options; none for a turn of ``/v1/turns``).
     """
+    extras = TurnExtras.of(record.request)
     return TurnState(
         **record.identity(),
         created_at=record.created_at,
         user_input=str(record.request["input"]),
         client_tools=[ClientTool.model_validate(tool) for tool in record.request.get("tools", [])],
         stream=bool(record.request.get("stream", False)),
+        input_items=extras.input_items,
+        instructions=extras.instructions,
+        model=extras.model,
+        model_options=extras.model_options,
     )
 
 
