@@ -17,6 +17,7 @@ from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.docs import install_docs
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
+from api_gateway.openai import conversations
 from api_gateway.openai import routes as openai_routes
 from api_gateway.openapi import install_openapi
 from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, webhooks
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(batches.router)
     app.include_router(webhooks.router)
     app.include_router(openai_routes.router)
+    app.include_router(conversations.router)
     install_docs(app)
     install_openapi(app, settings)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)

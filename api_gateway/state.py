@@ -13,6 +13,7 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
+from api_gateway.openai.conversation_service import ConversationService
 from api_gateway.openai.response_service import ResponseService
 from api_gateway.services import (
     BatchService,
@@ -26,6 +27,7 @@ from api_gateway.services import (
 from shared.broker import create_producer, send_webhook
 from shared.db import session_factory
 from shared.db.batches import BatchRepository
+from shared.db.conversations import ConversationRepository
 from shared.db.engine import ProcessKind, engine_for
 from shared.db.responses import ResponseRepository
 from shared.db.sessions import SessionRepository
@@ -73,6 +75,8 @@ class GatewayState:
     batch_service: BatchService
     session_service: SessionService
     webhook_service: WebhookService
+    conversation_service: ConversationService
+    """Sessions as OpenAI conversations (``/openai/v1/conversations``)."""
     event_streams: EventStreams
     """Serves turns' events as Server-Sent Events (an asyncio Redis connection per stream)."""
     response_service: ResponseService
@@ -162,6 +166,9 @@ def connect_gateway(settings: Settings) -> GatewayState:
         ),
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
         webhook_service=webhook_service,
+        conversation_service=ConversationService(
+            conversations=ConversationRepository(db), sessions=sessions, catalog=catalog, clock=utc_now
+        ),
         event_streams=event_streams,
         response_service=ResponseService(
             settings=settings,

@@ -27,6 +27,7 @@ __all__ = [
     "NUL_FREE",
     "NUL_FREE_PATTERN",
     "UNFINISHED_STATUSES",
+    "ClientMetadata",
     "ClientTool",
     "JsonObject",
     "ModeChange",
@@ -197,6 +198,17 @@ class ClientTool(BaseModel):
         return value
 
 
+ClientMetadata = Annotated[
+    dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=64), _NUL_FREE],
+        Annotated[str, StringConstraints(max_length=512), _NUL_FREE],
+    ],
+    Field(max_length=16, json_schema_extra=_constrain_keys),
+]
+"""The client's own string values: at most 16, keys of 1 to 64 characters, values of at most 512 (a turn's
+``metadata``, an OpenAI conversation's)."""
+
+
 class TurnRequest(BaseModel):
     """`POST /v1/turns`: a new session (no `session_id`) or a follow-up turn."""
 
@@ -213,10 +225,7 @@ class TurnRequest(BaseModel):
     """The user's message; not blank (only whitespace is 422)."""
     tools: Annotated[list[ClientTool], Field(max_length=128)] = Field(default_factory=list)
     """The client's tools, at most 128, with unique names (a repeated name is 422)."""
-    metadata: dict[
-        Annotated[str, StringConstraints(min_length=1, max_length=64), _NUL_FREE],
-        Annotated[str, StringConstraints(max_length=512), _NUL_FREE],
-    ] = Field(default_factory=dict, max_length=16, json_schema_extra=_constrain_keys)
+    metadata: ClientMetadata = Field(default_factory=dict)
     """At most 16 string values of the client's own (keys of 1 to 64, values of at most 512 characters),
     kept with the turn's request."""
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255), _NUL_FREE] | None = None

@@ -238,9 +238,9 @@ def test_accepting_tool_results_keeps_the_paused_round_as_it_stood() -> None:
     assert round_ == 1 and record is not None and (record.round, record.status) == (1, TurnStatus.RUNNING)
     assert record.pending_tool_calls == []
     assert record.paused_rounds == [{
-        "round": 0, "at": FIXED_NOW.isoformat(), "pending_tool_calls": [call.model_dump(mode="json") for call in pending],
-        "output_text": "let me look", "usage": outcome.usage.model_dump(mode="json"), "mode": "general",
-        "mode_changes": [],
+        "round": 0, "at": FIXED_NOW.isoformat(),
+        "pending_tool_calls": [call.model_dump(mode="json") for call in pending], "output_text": "let me look",
+        "usage": outcome.usage.model_dump(mode="json"), "mode": "general", "mode_changes": [],
     }]  # fmt: skip
     # And results posted again while it runs change nothing
     assert ctx.turns.accept_tool_results(turn_id, results=[], now=later, deadline_at=later) is None
