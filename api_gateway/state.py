@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.openai.conversation_service import ConversationService
 from api_gateway.openai.response_service import ResponseService
+from api_gateway.openai.streams import ResponseStreams
 from api_gateway.services import (
     BatchService,
     CeleryPublisher,
@@ -81,6 +82,8 @@ class GatewayState:
     """Serves turns' events as Server-Sent Events (an asyncio Redis connection per stream)."""
     response_service: ResponseService
     """The OpenAI face's Responses over turns (``/openai/v1/responses``)."""
+    response_streams: ResponseStreams
+    """Serves responses' events in OpenAI's types (``stream: true``), on the event streams' Redis client."""
 
 
 def utc_now() -> datetime:
@@ -128,7 +131,8 @@ def connect_gateway(settings: Settings) -> GatewayState:
     )
     follower = aioredis.Redis.from_url(
         settings.redis_url,
-        max_connections=settings.events_max_streams + 16,
+        # Turn event streams and response streams each take up to events_max_streams connections.
+        max_connections=2 * settings.events_max_streams + 16,
         socket_connect_timeout=2,
         socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
     )
@@ -177,6 +181,11 @@ def connect_gateway(settings: Settings) -> GatewayState:
             sessions=sessions,
             catalog=catalog,
             clock=utc_now,
+        ),
+        response_streams=ResponseStreams(
+            client=follower,
+            max_streams=settings.events_max_streams,
+            keepalive_seconds=settings.events_keepalive_seconds,
         ),
     )
 

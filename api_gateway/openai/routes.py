@@ -52,7 +52,7 @@ async def get_response(
     caller: Caller,
     gateway: Gateway,
     stream: bool = False,
-    starting_after: Annotated[int | None, Query(ge=-1)] = None,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
     include: Annotated[list[str] | None, Query(alias="include[]")] = None,
 ) -> Response:
     """The response as it stands; ``?stream=true`` (with ``starting_after``) replays and follows its events."""
@@ -104,6 +104,9 @@ async def _json(request: Request) -> Any:
 
 
 async def _stream(gateway: Gateway, record: ResponseRecord, *, org_id: str, starting_after: int | None) -> Response:
-    del gateway, record, org_id, starting_after
-    # Interim: the streamed answer (api_gateway/openai/streams.py) is being built beside this.
-    raise invalid("stream=true is not served yet", ("stream",))
+    service = gateway.response_service
+
+    async def load() -> dict[str, Any]:
+        return await run_in_threadpool(service.render, record, org_id=org_id)
+
+    return await gateway.response_streams.serve(load, turn_id=record.turn_id, starting_after=starting_after)

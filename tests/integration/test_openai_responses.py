@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import openai
 import pytest
@@ -11,6 +11,7 @@ from openai.types.responses import Response
 
 from tests.conftest import KEY_A, KEY_B
 from tests.integration.conftest import OPEN_FILE, System
+from tests.responses_fixtures import validate_stream_bodies
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -171,6 +172,87 @@ def test_an_idempotency_key_makes_a_retried_create_return_the_same_response(clie
     assert again.id == first.id
     with pytest.raises(openai.ConflictError):
         client.responses.create(model="scripted-model", input="another body", extra_headers=headers)
+
+
+def test_a_streamed_create_sends_openai_events_whose_deltas_join_to_the_text(client: openai.OpenAI) -> None:
+    events = list(client.responses.create(model="scripted-model", input="stream these words please", stream=True))
+
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    final = events[-1].response  # type: ignore[union-attr]  # response.completed carries the response
+    assert text == final.output_text == "Echo: stream these words please"
+    with client.responses.with_streaming_response.create(
+        model="scripted-model", input="stream a raw body", stream=True
+    ) as raw:
+        body = b"".join(raw.iter_bytes())
+    validate_stream_bodies([body])
+
+
+def test_a_function_call_streams_its_arguments(client: openai.OpenAI) -> None:
+    events = list(client.responses.create(
+        model="scripted-model", input='stream a call [[call:open_file {"path": "s.txt"}]]', tools=[_open_file()],  # type: ignore[list-item]
+        stream=True,
+    ))  # fmt: skip
+
+    arguments = "".join(event.delta for event in events if event.type == "response.function_call_arguments.delta")
+    assert json.loads(arguments) == {"path": "s.txt"}
+    assert events[-1].type == "response.completed"
+
+
+def test_a_stream_resumed_on_another_gateway_gets_exactly_the_events_after_n(
+    client: openai.OpenAI, system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    # Given a background response streamed from one gateway, cut after three events
+    stream = client.responses.create(
+        model="scripted-model", input="resume me elsewhere [[sleep:500]]", stream=True, background=True
+    )
+    first = []
+    for event in stream:
+        first.append(event)
+        if len(first) == 3:
+            break
+    stream.close()
+    response_id = first[0].response.id  # type: ignore[union-attr]  # response.created carries the response
+    # When the client resumes after the last event it has, on another gateway process
+    other_url = extra_gateway({})
+    with openai.OpenAI(base_url=other_url + "/openai/v1", api_key=KEY_A, max_retries=0) as other:
+        rest = list(other.responses.retrieve(response_id, stream=True, starting_after=first[-1].sequence_number))
+        replay = list(other.responses.retrieve(response_id, stream=True))
+    # Then it gets exactly the events after N: no gap, no duplicate, the same as a full replay
+    joined = [event.model_dump(mode="json") for event in (*first, *rest)]
+    assert [event["sequence_number"] for event in joined] == list(range(len(joined)))
+    assert joined == [event.model_dump(mode="json") for event in replay]
+    assert joined[-1]["type"] == "response.completed"
+
+
+def test_a_client_that_disconnects_never_cancels_a_background_response(client: openai.OpenAI) -> None:
+    stream = client.responses.create(
+        model="scripted-model", input="keep running [[sleep:1000]]", stream=True, background=True
+    )
+    created = next(iter(stream))
+    stream.close()
+    response_id = created.response.id  # type: ignore[union-attr]  # response.created carries the response
+
+    final = wait_for(lambda: _done(client.responses.retrieve(response_id)), what="the response to finish")
+    assert final.status == "completed" and final.output_text == "Echo: keep running [[sleep:1000]]"
+
+
+def test_the_example_runs_against_a_real_gateway(system: System) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "openai_sdk.py"
+    env = {**os.environ, "APTIX_URL": system.gateway_url, "APTIX_KEY": KEY_A, "APTIX_MODEL": "scripted-model"}
+    done = subprocess.run([sys.executable, str(example)], env=env, capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "sync: completed 'Echo: hello from the openai SDK'"
+    assert lines[2] == "stream: True response.completed 'Echo: stream me please'"
+    assert lines[-1] == "after the tool: completed 'Tool results: open_file=ship on Friday'"
 
 
 def _open_file() -> dict[str, object]:

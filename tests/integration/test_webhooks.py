@@ -314,3 +314,33 @@ def test_deliveries_are_listed_for_the_callers_turns_only(webhooks: WebhookSyste
     assert other.status_code == 404, other.text
     neither = webhooks.system.http.get("/v1/webhook-deliveries", headers=webhooks.system.headers())
     assert neither.status_code == 422, neither.text
+
+
+def test_a_response_of_the_openai_face_sends_openai_events_that_unwrap_verifies(webhooks: WebhookSystem) -> None:
+    # Given a response created through /openai/v1 that pauses for a function call, then resumes, and one cancelled
+    import openai
+
+    path = _path()
+    url = webhooks.receiver.url(path)
+    tool = {"type": "function", "name": "open_file", "parameters": OPEN_FILE["parameters"], "strict": False}
+    with openai.OpenAI(base_url=webhooks.system.gateway_url + "/openai/v1", api_key=KEY_A, max_retries=0) as client:
+        paused = client.responses.create(
+            model="scripted-model", input='[[call:open_file {"path": "w.txt"}]]', tools=[tool],  # type: ignore[list-item]
+            extra_body={"webhook_url": url},
+        )  # fmt: skip
+        call = next(item for item in paused.output if item.type == "function_call")
+        done = client.responses.create(
+            model="scripted-model", previous_response_id=paused.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "text"}],
+        )  # fmt: skip
+        slow = client.responses.create(
+            model="scripted-model", input="[[sleep:3000]] slow", background=True, extra_body={"webhook_url": url}
+        )
+        client.responses.cancel(slow.id)
+        # When the events arrive, Then the SDK verifies and parses each as OpenAI's event type for its response
+        arrived = _arrived(webhooks.receiver, path, 3)
+        events = [client.webhooks.unwrap(request.body, request.headers, secret=SECRET_A) for request in arrived]
+    found = sorted((event.type, event.data.id) for event in events)
+    assert found == sorted([
+        ("response.completed", paused.id), ("response.completed", done.id), ("response.cancelled", slow.id),
+    ])  # fmt: skip
