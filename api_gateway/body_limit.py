@@ -6,11 +6,10 @@ A JSON Lines upload to ``POST /v1/batches`` (``api_gateway.uploads``) has its ow
 
 from __future__ import annotations
 
-import json
-
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api_gateway.errors import error_response
 from api_gateway.uploads import is_upload
 
 __all__ = ["BodyLimitMiddleware"]
@@ -40,10 +39,10 @@ class BodyLimitMiddleware:
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await _respond(send, 400, "bad_request", "Content-Length is not a number")
+                await _respond(scope, send, 400, "bad_request", "Content-Length is not a number")
                 return
             if int(declared) > limit:
-                await _respond(send, 413, "request_too_large", refusal)
+                await _respond(scope, send, 413, "request_too_large", refusal)
                 return
         received = 0
         started = False
@@ -67,7 +66,7 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await _respond(send, 413, "request_too_large", refusal)
+                await _respond(scope, send, 413, "request_too_large", refusal)
 
     def _message(self, upload: bool) -> str:
         if upload:
@@ -75,13 +74,11 @@ class BodyLimitMiddleware:
         return f"the request body is larger than {self.max_bytes} bytes (APTIX_MAX_BODY_BYTES)"
 
 
-async def _respond(send: Send, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": {"code": code, "message": message, "details": None}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _respond(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
+    # The body of errors.py (OpenAI's under /openai/v1); nothing of the request is read any more.
+    response = error_response(status, code, message, path=str(scope.get("path", "")))
+    await response(scope, _nothing, send)
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}

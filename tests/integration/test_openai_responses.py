@@ -11,7 +11,7 @@ from openai.types.responses import Response
 
 from tests.conftest import KEY_A, KEY_B
 from tests.integration.conftest import OPEN_FILE, System
-from tests.responses_fixtures import validate_stream_bodies
+from tests.responses_fixtures import validate_response_bodies, validate_stream_bodies
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -253,6 +253,59 @@ def test_the_example_runs_against_a_real_gateway(system: System) -> None:
     assert lines[0] == "sync: completed 'Echo: hello from the openai SDK'"
     assert lines[2] == "stream: True response.completed 'Echo: stream me please'"
     assert lines[-1] == "after the tool: completed 'Tool results: open_file=ship on Friday'"
+
+
+def test_three_responses_in_one_conversation_share_its_session(client: openai.OpenAI) -> None:
+    conversation = client.conversations.create(metadata={"topic": "three"})
+    answers = [
+        client.responses.create(model="scripted-model", input=f"conversation turn {n}", conversation=conversation.id)
+        for n in range(3)
+    ]
+
+    assert {(answer.model_extra or {})["aptix"]["session_id"] for answer in answers} == {
+        "sess_" + conversation.id.removeprefix("conv_")
+    }
+    assert all(answer.conversation is not None and answer.conversation.id == conversation.id for answer in answers)
+    items = list(client.conversations.items.list(conversation.id, order="asc"))
+    assert [item.content[0].text for item in items] == [  # type: ignore[union-attr]
+        text for n in range(3) for text in (f"conversation turn {n}", f"Echo: conversation turn {n}")
+    ]
+
+
+def test_a_busy_conversation_is_a_conflict_and_an_unknown_one_not_found(client: openai.OpenAI) -> None:
+    conversation = client.conversations.create()
+    client.responses.create(
+        model="scripted-model", input="hold it [[sleep:1500]]", conversation=conversation.id, background=True
+    )
+    with pytest.raises(openai.ConflictError) as busy:
+        client.responses.create(model="scripted-model", input="me too", conversation=conversation.id)
+    assert busy.value.code == "session_busy"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.responses.create(model="scripted-model", input="x", conversation="conv_" + "0" * 32)
+    assert unknown.value.param == "conversation"
+
+
+def test_a_body_over_the_limit_is_a_413_in_openais_shape(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.responses.create(model="scripted-model", input="x" * 70_000)
+    assert refused.value.status_code == 413
+    assert refused.value.code == "request_too_large" and refused.value.type == "invalid_request_error"
+
+
+def test_every_status_renders_as_a_valid_response_body(client: openai.OpenAI) -> None:
+    raw = client.responses.with_raw_response
+    queued = raw.create(model="scripted-model", input="render queued [[sleep:1500]]", background=True)
+    completed = raw.create(model="scripted-model", input="render completed")
+    failed = raw.create(model="scripted-model", input="render failed [[fail:400]]")
+    paused = raw.create(model="scripted-model", input='render paused [[call:open_file {"path": "r"}]]',
+                        tools=[_open_file()])  # type: ignore[list-item]  # fmt: skip
+    bodies = [response.http_response.json() for response in (queued, completed, failed, paused)]
+    bodies.append(client.responses.with_raw_response.cancel(bodies[0]["id"]).http_response.json())
+
+    assert bodies[0]["status"] in ("queued", "in_progress")
+    assert [body["status"] for body in bodies[1:]] == ["completed", "failed", "completed", "cancelled"]
+    assert bodies[2]["error"]["code"] == "server_error" and bodies[2]["error"]["type"] == "llm_error"
+    validate_response_bodies(bodies)
 
 
 def _open_file() -> dict[str, object]:
