@@ -15,6 +15,7 @@ from typing import Any
 
 from api_gateway.openai.errors import invalid
 from api_gateway.openai.items import model_items
+from shared.models.turn import check_json_strings
 
 __all__ = ["IGNORED", "MODEL_OPTIONS", "ResponseCreate", "parse_create"]
 
@@ -99,6 +100,10 @@ def parse_create(body: object) -> ResponseCreate:
     """
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", ())
+    try:
+        check_json_strings(body)
+    except ValueError as exc:
+        raise invalid(f"the request body is not acceptable: {exc}", ()) from exc
     for name in body:
         if name not in _KNOWN:
             raise invalid(f"Unknown parameter: {name!r}.", (name,), code="unknown_parameter")

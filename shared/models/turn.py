@@ -39,6 +39,7 @@ __all__ = [
     "TurnRequest",
     "TurnStatus",
     "Usage",
+    "check_json_strings",
 ]
 
 JsonObject = dict[str, Any]
@@ -102,6 +103,15 @@ def _check_json_strings(value: Any) -> None:
                 stack.extend((child, depth + 1) for child in item.values())
             else:
                 stack.extend((child, depth + 1) for child in item)
+
+
+def check_json_strings(value: Any) -> None:
+    """Refuse NUL, lone surrogates and nesting deeper than 64 levels anywhere in a decoded JSON ``value``.
+
+    Raises:
+        ValueError: what is wrong (PostgreSQL cannot store NUL; a lone surrogate cannot be encoded).
+    """
+    _check_json_strings(value)
 
 
 def _valid_text(value: str) -> str:
