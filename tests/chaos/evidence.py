@@ -35,6 +35,8 @@ class TurnRecord:
     status: str
     error_code: str | None
     output_text: str | None
+    redrives: int
+    """How often the reconciler sent the stalled turn on again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +115,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
 
 
 def _turn_rows(database_url: str) -> list[TurnRecord]:
-    query = "SELECT turn_id, status, error, request, output_text FROM turns"
+    query = "SELECT turn_id, status, error, request, output_text, redrives FROM turns"
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -131,8 +133,9 @@ def _turn_rows(database_url: str) -> list[TurnRecord]:
             status=str(status),
             error_code=_code(error),
             output_text=output_text,
+            redrives=int(redrives),
         )
-        for turn_id, status, error, request, output_text in rows
+        for turn_id, status, error, request, output_text, redrives in rows
     ]
 
 

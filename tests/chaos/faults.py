@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
 from tests.chaos.report import FaultRun
+from tests.chaos.responses_load import ResponseLoad
 from tests.chaos.system import ChaosSystem, SystemOptions
 
 __all__ = ["FAULTS", "Fault", "FaultPlan"]
@@ -26,6 +27,8 @@ _BATCH = 250
 """Turns per batch when a fault submits all its turns up front."""
 _TRIGGER_TIMEOUT = 120.0
 """How long a fault waits for its trigger (a share of terminal turns) before it strikes anyway."""
+_STREAMS_TIMEOUT = 90.0
+"""How long after the kills the stream readers may take to reach their responses' terminal events."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,7 @@ class Fault:
 
 def worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
     """SIGKILL a random worker every period for a window, starting a replacement each time."""
-    period, window = (3.0, 15.0) if plan.small else (5.0, 65.0)
+    period, window = _kill_timings(plan)
     run = FaultRun(f"SIGKILL a random worker every {period:.0f} s for {window:.0f} s, a replacement each time")
     keys = _keys("wk", plan.turns)
     rounds = int(window // period)
@@ -61,21 +64,39 @@ def worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRu
     submitter = _Background(lambda: submit_batches(
         system.gateway_url, keys, ledger=ledger, batches=2 * rounds, spread=window * 0.85
     ))  # fmt: skip
-    rng = random.Random(f"{plan.name}-{plan.seed}")
-    started = time.monotonic()
-    for index in range(1, rounds + 1):
-        time.sleep(max(0.0, started + index * period - time.monotonic()))
-        try:
-            system.kill_worker(rng)
-        except LookupError:
-            run.notes.append(f"no ready worker to kill at {index * period:.0f} s")
-            continue
-        run.workers_killed += 1
-        system.spawn_worker()
-    submitter.join()
-    for worker in list(system.workers):
-        system.wait_worker(worker)
-    run.fault_seconds = time.monotonic() - started
+    _kill_workers(system, plan, run, period=period, window=window, load=submitter)
+    return run
+
+
+def openai_worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """worker_kill's kills while the turns are background responses created with the ``openai`` SDK,
+    some of whose streams are read in pieces, dropped and resumed until their terminal event."""
+    period, window = _kill_timings(plan)
+    streams = min(plan.turns, 12 if plan.small else 20)
+    run = FaultRun(
+        f"SIGKILL a random worker every {period:.0f} s for {window:.0f} s, a replacement each time; the turns are "
+        f"background responses (openai SDK, Idempotency-Key each), {streams} of their streams read a few events "
+        "at a time, dropped and resumed with starting_after"
+    )
+    keys = _keys("ow", plan.turns)
+    spread = window * 0.85
+    # The streams followed are those of the turns created just before a kill: the likeliest to be in flight on
+    # the worker that dies, so that their streams wait, and are resumed, across its recovery.
+    until_kill = {key: period - (index * spread / len(keys)) % period for index, key in enumerate(keys)}
+    watched = set(sorted(keys, key=until_kill.__getitem__)[:streams])
+    load = ResponseLoad(system.gateway_url, ledger=ledger, seed=f"{plan.name}-{plan.seed}")
+    try:
+        submitter = _Background(lambda: load.create(keys, spread=spread, watched=watched))
+        _kill_workers(system, plan, run, period=period, window=window, load=submitter)
+        checks = load.check_streams(timeout=_STREAMS_TIMEOUT)
+    finally:
+        load.close()
+    run.stream_keys = [check.key for check in checks]
+    run.broken_streams = [check.describe() for check in checks if check.problems]
+    connections = sum(check.connections for check in checks)
+    errors = sum(check.errors for check in checks)
+    run.notes.append(f"{len(checks)} streams read over {connections} connections "
+                     f"({connections - len(checks)} resumes; {errors} connections ended in an error)")  # fmt: skip
     return run
 
 
@@ -183,6 +204,7 @@ def reconciler_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> Fau
 
 FAULTS: dict[str, Fault] = {
     "worker_kill": Fault(worker_kill, SystemOptions(), turns=1000, small_turns=100),
+    "openai_worker_kill": Fault(openai_worker_kill, SystemOptions(), turns=300, small_turns=60),
     "redis_restart": Fault(redis_restart, SystemOptions(), turns=500, small_turns=80),
     "model_outage": Fault(model_outage, SystemOptions(), turns=200, small_turns=60),
     "pg_terminate": Fault(pg_terminate, SystemOptions(), turns=500, small_turns=80),
@@ -190,6 +212,33 @@ FAULTS: dict[str, Fault] = {
     "reconciler_kill": Fault(reconciler_kill, SystemOptions(reconcilers=2), turns=300, small_turns=80),
 }
 """Every fault, in the order the matrix runs them."""
+
+
+def _kill_timings(plan: FaultPlan) -> tuple[float, float]:
+    """The kill period and window (seconds) of the worker-kill faults."""
+    return (3.0, 15.0) if plan.small else (5.0, 65.0)
+
+
+def _kill_workers(
+    system: ChaosSystem, plan: FaultPlan, run: FaultRun, *, period: float, window: float, load: _Background
+) -> None:
+    """Kill a random ready worker every ``period`` for ``window`` seconds (a replacement each time), wait for
+    ``load`` and for every worker to be ready again; counts the kills and the fault's length in ``run``."""
+    rng = random.Random(f"{plan.name}-{plan.seed}")
+    started = time.monotonic()
+    for index in range(1, int(window // period) + 1):
+        time.sleep(max(0.0, started + index * period - time.monotonic()))
+        try:
+            system.kill_worker(rng)
+        except LookupError:
+            run.notes.append(f"no ready worker to kill at {index * period:.0f} s")
+            continue
+        run.workers_killed += 1
+        system.spawn_worker()
+    load.join()
+    for worker in list(system.workers):
+        system.wait_worker(worker)
+    run.fault_seconds = time.monotonic() - started
 
 
 def _keys(prefix: str, count: int) -> list[str]:

@@ -78,6 +78,12 @@ class Ledger:
                 (self.accepted if status is not None and status < 300 else self.rejected).update(keys)
             self._changed.notify_all()
 
+    def decide(self, keys: Iterable[str], *, accepted: bool) -> None:
+        """Accept or reject ``keys`` whose HTTP answers were recorded already (with ``final=False``)."""
+        with self._changed:
+            (self.accepted if accepted else self.rejected).update(keys)
+            self._changed.notify_all()
+
     def wait_answered(self, count: int, *, timeout: float) -> int:
         """Block until ``count`` HTTP answers arrived (or ``timeout``); returns how many did."""
         with self._changed:

@@ -2,8 +2,9 @@
 
 A fault fails when a turn is unfinished or lost, a tool ran twice for one turn, a key has two turn
 rows, a turn was never accepted, the gateway answered a 5xx other than 503, a completed turn has
-the wrong answer, the fault could not run to its end, or (when the fault was shorter than the
-model retry budget) any turn failed.
+the wrong answer, a response stream read in pieces broke a promise (a gap, a repeat, no terminal
+event, deltas that do not join to the text), the fault could not run to its end, or (when the fault
+was shorter than the model retry budget) any turn failed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class FaultRun:
     fault_seconds: float = 0.0
     """How long the fault lasted, from its first action to the system being whole again."""
     workers_killed: int = 0
+    stream_keys: list[str] = field(default_factory=list)
+    """The keys whose response streams were read in pieces (dropped and resumed with ``starting_after``) and checked."""
+    broken_streams: list[str] = field(default_factory=list)
+    """Each checked stream that broke a promise, with what broke."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -57,6 +62,8 @@ class FaultReport:
     repeated_model_calls: int = 0
     max_repeated_model_calls: int = 0
     wrong_output: int = 0
+    streams_interrupted: int = 0
+    """Checked streams whose turn a kill interrupted (re-driven by the reconciler, or a model call made again)."""
     outcome_unknown: int = 0
     """Completed turns whose model was told the tool's outcome is unknown (its worker died while it ran):
     the designed answer when a tool that is not idempotent may or may not have taken effect."""
@@ -81,6 +88,7 @@ class FaultReport:
             (self.not_accepted, "turns never accepted"),
             (self.gateway_5xx_not_503(), "gateway answers 5xx other than 503"),
             (self.wrong_output, "completed turns with a wrong answer"),
+            (len(self.run.broken_streams), "resumed response streams broken"),
         ]
         if self.run.fault_seconds < retry_budget_seconds:
             checks.append((sum(self.failed.values()), "failed turns (fault shorter than the retry budget)"))
@@ -120,6 +128,11 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
     report.tool_runs = Counter(_bucket(evidence.tool_runs[key]) for key in keys)
     duplicated = sorted(key for key in keys if evidence.tool_runs[key] > 1)
     report.examples += [f"{key} ran its tool {evidence.tool_runs[key]} times" for key in duplicated[:_EXAMPLES]]
+    report.examples += [f"stream {broken}" for broken in run.broken_streams[:_EXAMPLES]]
+    redriven = {turn.key for turn in evidence.turns if turn.redrives}
+    report.streams_interrupted = sum(
+        1 for key in run.stream_keys if key in redriven or evidence.model_calls[key] > EXPECTED_MODEL_CALLS
+    )
     report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in keys)
     repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
     report.repeated_model_calls = sum(repeats)
@@ -154,6 +167,9 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
         ("gateway 5xx other than 503", str(report.gateway_5xx_not_503())),
         ("gateway non-2xx answers", _with_breakdown(report.http_errors)),
     ]  # fmt: skip
+    if report.run.stream_keys:
+        rows.append(("streams checked / broken", f"{len(report.run.stream_keys)} / {len(report.run.broken_streams)}"
+                     f"  (on a turn a kill interrupted: {report.streams_interrupted})"))  # fmt: skip
     lines += [f"   {label:<27} {value}" for label, value in rows]
     if report.examples and problems:
         lines += ["   for example:", *(f"     {example}" for example in report.examples)]

@@ -26,12 +26,14 @@ from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
 from tests.chaos.backing import Database, RedisServer
 from tests.chaos.processes import REPO_ROOT, spawn
 
-__all__ = ["API_KEY", "ChaosSystem", "SystemOptions"]
+__all__ = ["API_KEY", "MODEL", "ChaosSystem", "SystemOptions"]
 
 logger = logging.getLogger(__name__)
 
 API_KEY = "chaos-key"
 """The bearer key the gateway accepts (``APTIX_API_KEYS``)."""
+MODEL = "scripted-model"
+"""The model the system serves (``APTIX_LLM_MODEL``)."""
 
 _READY = re.compile(r"\bready\b", re.IGNORECASE)
 _RECONCILER_SETTLE_SECONDS = 3.0
@@ -84,7 +86,7 @@ class ChaosSystem:
             "APTIX_BROKER_URL": self.redis.url(1),
             "APTIX_LLM_BASE_URL": f"{self.model_url}/v1",
             "APTIX_LLM_API_KEY": "chaos",
-            "APTIX_LLM_MODEL": "scripted-model",
+            "APTIX_LLM_MODEL": MODEL,
             "APTIX_API_KEYS": f"{API_KEY}:chaos-org:chaos-user",
             "APTIX_LLM_LOCAL_ONLY": "1",
             "APTIX_MODES_FILE": str(self._catalog),
