@@ -29,12 +29,18 @@ lock: $(BIN)/python
 services: install-test
 	$(BIN)/python -m tests.services_check
 
+# The browser tests' Chromium: installed with apt-get when it is missing and the machine allows it
+# (root, apt-get); otherwise tests/browser_check.py says how, and those tests fail saying the same.
+.PHONY: browser
+browser: install-test
+	$(BIN)/python -m tests.browser_check
+
 # The real-traffic Responses API fixtures, when they sit beside the checkout (they are not part of
 # it); an APTIX_FIXTURES_DIR from the environment wins. Without them those tests say they did not run.
 APTIX_FIXTURES_DIR ?= $(abspath $(wildcard ../shared/fixtures/responses_api))
 export APTIX_FIXTURES_DIR
 
-test: install-test services
+test: install-test services browser
 	$(BIN)/python -m pytest -q
 
 demo: install

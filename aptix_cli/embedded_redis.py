@@ -3,7 +3,7 @@
 Chosen over kombu's ``memory://`` transport because it is the real thing from the code's point of
 view: the same ``redis://`` URLs, the same kombu Redis transport (acks late, visibility timeout,
 message priorities) and the same RedisStateStore as production, so dev mode runs the production
-code paths. Measured figures are in the README ("Embedded dev mode"). Nagle is switched off: with it
+code paths. Why it is embedded: docs/dev.md. Nagle is switched off: with it
 on, every pipelined request waited ≈ 40 ms (FIELD-NOTES).
 """
 

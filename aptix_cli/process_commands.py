@@ -152,7 +152,7 @@ def _worker_metrics_listener(command: str) -> MultiProcessListener | None:
     Runs before anything imports prometheus_client (``aptix_cli.metrics_dir``). A port that cannot be
     bound stops the command with a message when ``APTIX_WORKER_METRICS_PORT`` chose it; the default
     port taken (a second ``aptix worker``, or ``aptix reconciler``, on the same host) only costs this
-    process its metrics page, with a warning, so that following the README never fails to start.
+    process its metrics page, with a warning, so that following the guides never fails to start.
     """
     from aptix_cli.metrics_dir import prepare_directory
     from shared.settings import get_settings

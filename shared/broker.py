@@ -75,7 +75,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        # Off at start: task events cost the worker CPU on every task (README, "Task events"). Flower
+        # Off at start: task events cost the worker CPU on every task (docs/operations.md, "Flower"). Flower
         # sends ``enable_events`` to every worker when it starts (and every few seconds after), so
         # Flower still shows every task from the moment it runs; without Flower nothing pays.
         "worker_send_task_events": False,

@@ -129,7 +129,7 @@ class Settings(BaseSettings):
     """Re-drives after which a turn that still does not move fails (``internal_error``)."""
     org_max_in_flight: PositiveInt = 128
     """Most turns of one organisation in flight at once: its batch turns past it wait, released round-robin
-    across organisations as turns end (README, "Fair admission"); size it to the worker pool."""
+    across organisations as turns end (docs/batches.md, "Fair admission"); size it to the worker pool."""
     tool_threads: PositiveInt = 16
     """Threads a worker process runs server tools on; a handler that overruns its timeout keeps its thread."""
     metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = None

@@ -1,7 +1,7 @@
 """Worker liveness: every Celery process of ``aptix worker`` keeps a heartbeat file, and ``aptix
 worker-health`` reads them and says whether each process is alive and making progress.
 
-A process is **hung** (README, "Worker health") when any of these holds:
+A process is **hung** (docs/operations.md, "Worker health") when any of these holds:
 
 - its heartbeat is older than ``APTIX_WORKER_HEARTBEAT_STALE_SECONDS``: the process is stopped
   (SIGSTOP, a frozen container) or every thread is blocked (under gevent: the hub is blocked);

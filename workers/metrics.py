@@ -24,7 +24,7 @@ one), sums the files of every process at each scrape, on ``APTIX_WORKER_METRICS_
 processes that died (a recycled prefork child) are folded into one file per kind at scrape time:
 their counts stay in the sums, and the directory does not grow with every child. An event (one
 counter increment or histogram observation) costs about 2.6-3.9 µs of CPU in this mode
-(``benchmarks/metrics_cost.py``; README, "Metrics"): under 0.5 % of a ~1 ms task.
+(``benchmarks/metrics_cost.py``; docs/benchmarks.md, "Metrics"): under 0.5 % of a ~1 ms task.
 
 Outside ``aptix worker`` (tests, ``aptix dev``) the same collectors count in memory, on the
 registry given to :class:`WorkerMetrics`.

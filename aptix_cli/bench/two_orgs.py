@@ -1,4 +1,4 @@
-"""``aptix bench --two-orgs``: two organisations' batches side by side (README, "Fair admission").
+"""``aptix bench --two-orgs``: two organisations' batches side by side (docs/batches.md, "Fair admission").
 
 Organisation A submits a batch of ``--turns`` plain turns, then organisation B the same; both are
 followed to the end. Printed, from the database's timestamps: each organisation's throughput over

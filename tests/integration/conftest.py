@@ -243,7 +243,7 @@ def task_events(system: System) -> Iterator[TaskEventRecorder]:
 
 @pytest.fixture(scope="session")
 def flower(system: System) -> Iterator[Flower]:
-    """Real Flower on the running system, as the README starts it (password and history bound from
+    """Real Flower on the running system, as docs/operations.md starts it (password and history bound from
     its environment); stopped at the end of the run."""
     import uuid
 

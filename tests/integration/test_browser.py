@@ -16,6 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
+from tests.browser_check import EXECUTABLE, HOW_TO_INSTALL
 from tests.integration.conftest import System
 from tests.support.flower import Flower
 from tests.support.waiting import wait_for
@@ -39,9 +40,9 @@ class Chromium:
     def page(self, **context_options: Any) -> Page:
         """A page in a fresh browser context (no cookies or local storage from another test)."""
         if self._browser is None:
-            executable = shutil.which("chromium")
+            executable = shutil.which(EXECUTABLE)
             if executable is None:
-                pytest.fail("the browser tests need Chromium: apt-get install chromium", pytrace=False)
+                pytest.fail(HOW_TO_INSTALL, pytrace=False)
             self._browser = self._playwright.chromium.launch(
                 executable_path=executable, headless=True, args=CHROMIUM_ARGS
             )

@@ -1,4 +1,4 @@
-"""A worker's database pool bounds its PostgreSQL connections (README, "Database connections").
+"""A worker's database pool bounds its PostgreSQL connections (docs/scaling.md, "Database connections").
 
 The worker logs in as a role of its own whose ``CONNECTION LIMIT`` is its pool + overflow, so
 PostgreSQL itself refuses a connection past the bound (the step would then be run again later, and

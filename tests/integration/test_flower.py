@@ -1,4 +1,4 @@
-"""Real Flower, started as the README says, against the running gateway and workers: every task of a
+"""Real Flower, started as docs/operations.md says, against the running gateway and workers: every task of a
 turn is found through its API with the turn id in what it returns, a failed turn is found by Flower's
 Failed filter, and nothing answers without the password."""
 

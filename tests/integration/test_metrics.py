@@ -269,8 +269,8 @@ def test_a_worker_on_a_host_whose_default_metrics_port_is_taken_starts_without_m
             holder = held.enter_context(socket.socket())
             holder.bind(("127.0.0.1", default))
             holder.listen()
-        # When `aptix worker` starts with no APTIX_WORKER_METRICS_PORT of its own (as the README's
-        # second worker on a host would)
+        # When `aptix worker` starts with no APTIX_WORKER_METRICS_PORT of its own (as a second worker on a
+        # host would, docs/scaling.md)
         env = {key: value for key, value in metered.system.stack.env.items() if key != "APTIX_WORKER_METRICS_PORT"}
         worker = ManagedProcess("metrics-default-taken", [sys.executable, "-m", "aptix_cli", "worker"], env,
                                 metered.system.stack.log_dir)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Worker liveness with real processes (README, "Worker health"): ``aptix worker-health`` passes for
+"""Worker liveness with real processes (docs/operations.md, "Worker health"): ``aptix worker-health`` passes for
 every Celery process of a healthy ``aptix worker`` and fails, naming the process, when one is
 stopped (SIGSTOP), holds a task past ``APTIX_WORKER_TASK_STUCK_SECONDS``, or has every tool thread
 held by a hanging handler; it keeps passing while the broker is down, and recovers each time.

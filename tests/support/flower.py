@@ -1,4 +1,4 @@
-"""Flower as the README starts it next to plain-process workers, and its HTTP API for the tests.
+"""Flower as docs/operations.md starts it next to plain-process workers, and its HTTP API for the tests.
 
 ``celery -A workers.app:celery_app flower`` with the project's app, its password and task history
 bound from the environment (``FLOWER_BASIC_AUTH``, ``FLOWER_MAX_TASKS``: never on the command line,

@@ -230,7 +230,7 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         return "gateway", options
     if argv[:2] == ["aptix", "worker"]:
         options = _options(argv[2:], where)
-        # --processes is ours (README, "Worker processes and pools"); the others are API.md's
+        # --processes is ours (docs/scaling.md, "Worker processes and pools"); the others are API.md's
         assert set(options) <= {"--queues", "--pool", "--concurrency", "--processes", "--hostname"}, f"{where}: {argv}"
         if "--queues" in options:
             assert set(options["--queues"].split(",")) <= QUEUES, f"{where}: {argv}"
@@ -416,7 +416,7 @@ _METRICS_SETTINGS = {
     "gateway": ("APTIX_METRICS_HOST", "APTIX_METRICS_PORT"),
     "worker": ("APTIX_WORKER_METRICS_HOST", "APTIX_WORKER_METRICS_PORT"),
 }
-"""The settings that put a process's metrics on their own port (README, "Metrics")."""
+"""The settings that put a process's metrics on their own port (docs/operations.md, "Metrics")."""
 
 
 def test_k8s_every_deployment_exposes_its_metrics_port_and_only_the_monitoring_side_reaches_it() -> None:
@@ -554,7 +554,7 @@ def test_locks_pin_every_dependency_with_hashes() -> None:
     test = _lock_pins(REPO / "requirements" / "test.lock")
     for requirement in pyproject["dependencies"]:
         name = re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ;]", requirement)[0]).lower()
-        assert name in runtime and runtime[name] == test.get(name), f"{name}: regenerate the locks (README)"
+        assert name in runtime and runtime[name] == test.get(name), f"{name}: run `make lock`"
     for requirement in pyproject["optional-dependencies"]["test"]:
         name = re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~ ;]", requirement)[0]).lower()
         assert name in test and name not in runtime, name
@@ -567,13 +567,15 @@ def test_locks_pin_every_dependency_with_hashes() -> None:
 # Flower: every worker named apart, every Flower command with the turn id in its task list
 
 
-def test_every_worker_command_names_each_of_its_processes_apart_in_every_deploy_file_and_readme() -> None:
+def test_every_worker_command_names_each_of_its_processes_apart_in_every_deploy_file_and_guide() -> None:
     commands = {
         "docker-compose.yml": [(name, svc["command"]) for name, svc in _our_services().items()],
         "deploy/k8s": [(where, c["command"]) for where, pod in _pod_specs() for c in pod["containers"]],
-        "README.md": _readme_commands(REPO / "README.md"),
-        "deploy/README.md": _readme_commands(REPO / "deploy" / "README.md"),
+        "deploy/README.md": _shell_commands(REPO / "deploy" / "README.md"),
     }
+    # Every guide's commands, each guide on its own: the README and the guides under docs/.
+    for guide in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        commands[str(guide.relative_to(REPO))] = _shell_commands(guide)
     for source, found in commands.items():
         names: list[str] = []
         for where, command in found:
@@ -586,11 +588,12 @@ def test_every_worker_command_names_each_of_its_processes_apart_in_every_deploy_
                 names += [node_name(s, options["--hostname"], pid=1, grouped=len(specs) > 1) for s in specs]
         # Then no two worker processes of one deployment share a Celery node name on a host
         assert len(names) == len(set(names)), f"{source}: {names}"
-    assert any(kind == "flower" for kind, _ in (_process(c, w) for w, c in commands["README.md"]))
+    # docs/operations.md starts Flower next to plain-process workers
+    assert any(kind == "flower" for kind, _ in (_process(c, w) for w, c in commands["docs/operations.md"]))
 
 
-def _readme_commands(path: Path) -> list[tuple[str, str]]:
-    """The ``aptix worker`` and ``celery`` commands of a README's shell code blocks, as typed."""
+def _shell_commands(path: Path) -> list[tuple[str, str]]:
+    """The ``aptix worker`` and ``celery`` commands of a Markdown file's shell code blocks, as typed."""
     commands = []
     for block in re.findall(r"```(?:bash|sh)\n(.*?)```", path.read_text(), flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():

@@ -39,7 +39,8 @@ from tests.unit.test_deploy_files import (
 
 WORKER_HOST_FILE = REPO / "deploy" / "compose.worker-host.yml"
 DEPLOY_README = REPO / "deploy" / "README.md"
-README = REPO / "README.md"
+SCALING_GUIDE = REPO / "docs" / "scaling.md"
+"""The guide that owns "Adding a worker host"."""
 
 POSTGRES_MAX_CONNECTIONS = 100
 POSTGRES_RESERVED = 3
@@ -293,10 +294,10 @@ def test_worker_host_requires_the_shared_services_and_documents_its_variables() 
     names = set(next(iter(_worker_host()["services"].values()))["environment"])
     interpolated = set(re.findall(r"(?<!\$)\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))
     assert not sorted(n for n in names | interpolated if not _allowed_env_name(n))
-    section = README.read_text().split("### Adding a worker host", 1)[1].split("\n## ", 1)[0]
+    section = SCALING_GUIDE.read_text().split("\n## Adding a worker host\n", 1)[1].split("\n## ", 1)[0]
     assert "docker compose -f deploy/compose.worker-host.yml up" in section
     for name in interpolated:
-        assert name in section, f"README.md, 'Adding a worker host', does not mention {name}"
+        assert name in section, f"docs/scaling.md, 'Adding a worker host', does not mention {name}"
 
 
 @pytest.mark.parametrize("path", [COMPOSE_FILE, WORKER_HOST_FILE], ids=lambda p: p.name)

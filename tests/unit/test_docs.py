@@ -61,12 +61,95 @@ def test_every_http_error_code_the_services_raise_is_documented() -> None:
     assert raised and not sorted(code for code in raised if f"`{code}`" not in text)
 
 
-def test_every_setting_is_documented_in_docs_and_the_readme() -> None:
+def test_every_setting_is_documented_in_the_configuration_guide() -> None:
     from shared.settings import known_variables
 
     configuration = (DOCS / "configuration.md").read_text()
-    readme = (DOCS.parent / "README.md").read_text()
-    missing_docs = sorted(name for name in known_variables() if f"`{name}`" not in configuration)
-    missing_readme = sorted(name for name in Settings.model_fields if f"APTIX_{name.upper()}" not in readme)
-    assert not missing_docs, f"not in docs/configuration.md: {missing_docs}"
-    assert not missing_readme, f"not in README.md: {missing_readme}"
+    missing = sorted(name for name in known_variables() if f"`{name}`" not in configuration)
+    assert not missing, f"not in docs/configuration.md: {missing}"
+
+
+# The README is a door (STYLE.md §10): what Aptix is, the two commands, the quick start and a map of
+# docs/; each fact lives in one guide, and the tests above read the guide that owns it.
+
+README = DOCS.parent / "README.md"
+README_MAX_LINES = 250
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+_TABLE = re.compile(r"(?:^\|.*\n?)+", re.MULTILINE)
+_SETTING_CELL = re.compile(r"\s*`APTIX_[A-Z0-9_]+`(?:\s*,\s*`APTIX_[A-Z0-9_]+`)*\s*")
+_ENDPOINT_CELL = re.compile(r"\s*(?:endpoint\s+)?`(?:GET|POST|PUT|PATCH|DELETE) /[^`]*`.*")
+
+
+def _guides() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def test_readme_is_at_most_250_lines() -> None:
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move what is not the door into a guide"
+
+
+def test_every_guide_is_on_the_readme_map() -> None:
+    linked = {target.split("#", 1)[0] for target in _LINK.findall(README.read_text())}
+    missing = sorted(f"docs/{guide.name}" for guide in _guides() if f"docs/{guide.name}" not in linked)
+    assert not missing, f"README.md does not link these guides: {missing}"
+
+
+def test_every_link_between_the_readme_and_the_guides_resolves() -> None:
+    # Every relative link of README.md, docs/*.md and deploy/README.md names a file that exists and,
+    # when it has one, a heading of that file (GitHub's anchors).
+    broken = []
+    for source in [README, DOCS.parent / "deploy" / "README.md", *_guides()]:
+        for target in _LINK.findall(source.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            resolved = (source.parent / path).resolve() if path else source
+            if not resolved.exists():
+                broken.append(f"{source.name}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{source.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_only_the_configuration_guide_has_a_settings_table() -> None:
+    # A table of settings: one headed "variable" or "setting", or whose rows are mostly setting names.
+    found = [
+        f"{path.name}: {header}"
+        for path in [README, *_guides()]
+        if path.name != "configuration.md"
+        for header, cells in _tables(path)
+        if header.strip().lower() in {"variable", "setting", "settings"} or _mostly(cells, _SETTING_CELL)
+    ]
+    assert not found, f"settings belong in docs/configuration.md: {found}"
+
+
+def test_only_the_api_guides_have_an_endpoint_table() -> None:
+    found = [
+        f"{path.name}: {header}"
+        for path in [README, *_guides()]
+        if path.name not in {"api.md", "openai.md"}
+        for header, cells in _tables(path)
+        if header.strip().lower() in {"endpoint", "method and path"} or _mostly(cells, _ENDPOINT_CELL)
+    ]
+    assert not found, f"endpoints belong in docs/api.md (or docs/openai.md): {found}"
+
+
+def _tables(path: Path) -> list[tuple[str, list[str]]]:
+    """Each Markdown table of a file (outside code blocks): its first header cell and its rows' first cells."""
+    tables = []
+    for table in _TABLE.findall(_FENCE.sub("", path.read_text())):
+        first_cells = [line.split("|")[1] for line in table.splitlines()]
+        tables.append((first_cells[0], first_cells[2:]))
+    return tables
+
+
+def _mostly(cells: list[str], pattern: re.Pattern[str]) -> bool:
+    return len(cells) >= 2 and sum(1 for cell in cells if pattern.fullmatch(cell)) * 2 > len(cells)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", _FENCE.sub("", path.read_text()), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
