@@ -21,6 +21,8 @@ from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.state import RedisStateStore, StateStore
+from shared.state.admission import AdmissionQueue
+from shared.turn_ending import AdmissionSlots, TurnEnding
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
@@ -131,11 +133,25 @@ class StepContext:
     """The process's Prometheus collectors (:mod:`workers.metrics`); a private set when not given (tests)."""
     limiter: Callable[[str], LimiterPort] = field(default=lambda model: Unlimited())
     """The shared rate limiter of a model, by model name; none limits anything when not given (tests)."""
+    admission: AdmissionSlots | None = None
+    """The organisations' admission slots, which a turn ended outside ``persist`` leaves (none when not given)."""
 
     @property
     def state_ttl_seconds(self) -> int:
         """How long Redis keeps a turn's state; past the client-tool timeout the snapshot takes over."""
         return self.settings.state_ttl_seconds
+
+    @property
+    def ending(self) -> TurnEnding:
+        """Ends a turn outside the pipeline's ``persist`` step, with all its cleanup (``shared.turn_ending``)."""
+        return TurnEnding(
+            turns=self.turns,
+            store=self.store,
+            metrics=self.metrics,
+            clock=self.clock,
+            events=self.events,
+            admission=self.admission,
+        )
 
     def deadline(self) -> datetime:
         """The database deadline of a turn that moves now (``APTIX_RECONCILER_DEADLINE_SECONDS`` ahead)."""
@@ -237,6 +253,7 @@ def build_context(
         hostname=hostname,
         metrics=metrics or WorkerMetrics(),
         limiter=limiters_on(store.client, settings, catalog),
+        admission=AdmissionQueue(store.client),
     )
 
 

@@ -41,7 +41,6 @@ from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import Lease, ModelRetry, TurnState
 from shared.task_names import LAYER_OF, Layer, StepName, task_name
-from shared.turn_events import append_ended
 from workers import retry
 from workers.context import StepContext
 from workers.metrics import MessageTally
@@ -108,13 +107,8 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
 
 
 def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
-    """Commit an unfinished turn as failed (``internal_error``) when the pipeline cannot carry it on."""
-    error = ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message)
-    ended = ctx.turns.finish_early(turn_id, status=TurnStatus.FAILED, error=error, now=ctx.clock())
-    if ended is not None:
-        ctx.metrics.count_ended(TurnStatus.FAILED, error)
-        append_ended(ctx.events, ended)
-    ctx.store.forget(turn_id)
+    """End an unfinished turn as failed (``internal_error``) when the pipeline cannot carry it on."""
+    ctx.ending.end(turn_id, ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message))
 
 
 def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:

@@ -57,7 +57,8 @@ from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONC
 from shared.state.leader import LeaderLease
 from shared.task_names import TASK_QUEUES, StepName, task_name
 from shared.telemetry import turn_span
-from shared.turn_events import TurnEventLog, append_ended
+from shared.turn_ending import TurnEnding
+from shared.turn_events import TurnEventLog
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
@@ -125,8 +126,9 @@ class Reconciler:
             metrics: counts scans, re-drives and turns given up on (a private set when None).
             webhooks: sends the due webhook deliveries at each scan; None: no webhooks here.
             events: the turns' event logs, which get ``turn.failed`` of a turn given up on (none when None).
-            admission: the admission sets: a batch turn held there is waiting, not stalled, and one
-                that is neither held nor released is held again (None: no admission control).
+            admission: the admission sets: a batch turn held there is waiting, not stalled, one that
+                is neither held nor released is held again, and a turn given up on leaves them
+                (``shared.turn_ending``; None: no admission control).
         """
         self._settings = settings
         self._turns = turns
@@ -138,8 +140,10 @@ class Reconciler:
         self._clock = clock
         self._metrics = metrics or WorkerMetrics()
         self._webhooks = webhooks
-        self._events = events
         self._admission = admission
+        self._ending = TurnEnding(
+            turns=turns, store=store, metrics=self._metrics, clock=clock, events=events, admission=admission
+        )
         self._lease = LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner)
         self.stats = ReconcilerStats()
 
@@ -238,7 +242,7 @@ class Reconciler:
                 assert until is not None
                 moving[turn.turn_id] = datetime.fromtimestamp(until, UTC)
             elif turn.redrives >= self._settings.reconciler_max_redrives:
-                self._give_up(turn, now)
+                self._give_up(turn)
             else:
                 self.redrive(turn, now)
         if moving:
@@ -301,23 +305,15 @@ class Reconciler:
             turn.turn_id, turn.status.value, turn.redrives + 1, source, envelope.step_key,
         )  # fmt: skip
 
-    def _give_up(self, turn: InFlightTurn, now: datetime) -> None:
+    def _give_up(self, turn: InFlightTurn) -> None:
         message = f"the turn did not move after {turn.redrives} re-drives by the reconciler"
         logger.error("turn %s: %s; failing it", turn.turn_id, message)
         error = ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message)
-        ended = self._turns.finish_early(
-            turn.turn_id, status=TurnStatus.FAILED, error=error, now=now, only_if=TurnStatus.in_flight()
-        )
-        if ended is not None:
-            self._metrics.count_ended(TurnStatus.FAILED, error)
-            if self._events is not None:
-                append_ended(self._events, ended)
-        self._store.forget(turn.turn_id)
-        if self._admission is not None and turn.org_id:
-            self._admission.finished(turn.org_id, [turn.turn_id])
+        ended = self._ending.end(turn.turn_id, error, only_if=TurnStatus.in_flight())
         self.stats.db_calls += 1
-        self.stats.redis_calls += 1
-        self.stats.failed += 1
+        if ended is not None:
+            self.stats.redis_calls += 3  # at most: the event, the marker, the admission slot
+            self.stats.failed += 1
 
     def _first_step_backlog(self) -> int | None:
         """Messages waiting in the queue of every turn's first step; None when the broker is not Redis."""

@@ -132,16 +132,6 @@ class TurnSender:
             logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
             raise unavailable("the results were not accepted") from exc
 
-    def free(self, org_id: str, turn_ids: list[str]) -> None:
-        """Cancelled turns leave admission: held ones are never sent, released ones free their slots.
-
-        Raises:
-            RedisError: Redis refused (the caller decides whether that matters).
-        """
-        if self._admission is not None and turn_ids:
-            self._admission.withdraw(org_id, turn_ids)
-            self._admission.finished(org_id, turn_ids)
-
 
 def _start_traces(turn_ids: list[str]) -> None:
     """With tracing on, each held turn's root span now, linked to the request that accepted it.

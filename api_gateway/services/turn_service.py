@@ -38,14 +38,12 @@ from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore
 from shared.state.admission import AdmissionQueue
-from shared.turn_events import TurnEventLog, append_ended
+from shared.turn_ending import CANCELLED_BY_CLIENT, TurnEnding
+from shared.turn_events import TurnEventLog
 
 __all__ = ["TurnService"]
 
 logger = logging.getLogger(__name__)
-
-_CANCEL_FLAG_SECONDS = 7 * 86400
-"""How long the state store keeps a cancelled turn's flag (longer than any turn runs)."""
 
 
 class TurnService:
@@ -72,12 +70,13 @@ class TurnService:
         self._sessions = sessions
         self._catalog = catalog
         self._store = store
-        self._events = events
         self._publisher = publisher
         self._clock = clock
-        self._metrics = metrics
         self.sender = TurnSender(
             settings=settings, store=store, publisher=publisher, clock=clock, metrics=metrics, admission=admission
+        )
+        self._ending = TurnEnding(
+            turns=turns, store=store, metrics=metrics, clock=clock, events=events, admission=admission
         )
 
     def record(
@@ -246,7 +245,7 @@ class TurnService:
         return self.require(turn_id, org_id=org_id)
 
     def cancel(self, turn_id: str, *, org_id: str) -> TurnRecord:
-        """Cancel a turn that has not finished; its session is free at once.
+        """Cancel a turn that has not finished; its session is free at once (``shared.turn_ending``).
 
         Returns:
             The turn, cancelled.
@@ -257,45 +256,27 @@ class TurnService:
         """
         self.require(turn_id, org_id=org_id)
         self.expire_overdue(turn_id=turn_id)
-        error = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client")
-        cancelled = self._turns.finish_early(turn_id, status=TurnStatus.CANCELLED, error=error, now=self._clock())
+        cancelled = self._ending.end(turn_id, CANCELLED_BY_CLIENT)
         if cancelled is None:
             current = self.require(turn_id, org_id=org_id)
             raise Conflict("turn_finished", f"turn {turn_id!r} already finished ({current.status})")
-        self._metrics.count_ended(TurnStatus.CANCELLED, error)
-        append_ended(self._events, cancelled)
-        try:
-            self._store.mark_cancelled(turn_id, ttl_seconds=_CANCEL_FLAG_SECONDS)
-            self._store.forget(turn_id)
-            self.sender.free(org_id, [turn_id])
-        except RedisError:
-            # The database already says cancelled and the commit point will not overwrite it; the
-            # flag only stops the remaining steps early.
-            logger.warning("could not flag turn %s as cancelled in Redis", turn_id)
         return cancelled
 
     def cancel_queued(self, turn_ids: list[str], *, org_id: str) -> list[TurnRecord]:
         """Cancel those of ``turn_ids`` (the caller's, checked) not started yet, at once: a batch's cancel.
 
-        One bulk update (a turn that started meanwhile is left alone), then what :meth:`cancel` gives one
-        turn (ended event, webhook, metrics) and the cancel flags that stop their queued first messages.
+        The held ones are withdrawn from admission first, so that none is released while they are
+        cancelled; then one bulk update (a turn that started meanwhile is left alone) and what
+        :meth:`cancel` does for one turn (``shared.turn_ending``).
 
         Returns:
             The turns this call cancelled.
+
+        Raises:
+            Unavailable: Redis refused the withdrawal; nothing was cancelled.
         """
         self.sender.withdraw(turn_ids, org_id=org_id)
-        error = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client")
-        cancelled = self._turns.cancel_queued(turn_ids, error=error, now=self._clock())
-        for row in cancelled:
-            self._metrics.count_ended(TurnStatus.CANCELLED, error)
-            append_ended(self._events, row)
-        try:
-            self._store.cancel_many([row.turn_id for row in cancelled], ttl_seconds=_CANCEL_FLAG_SECONDS)
-            self.sender.free(org_id, [row.turn_id for row in cancelled])
-        except RedisError:
-            # As in cancel: the database says cancelled; a step that starts anyway finds it so at its commit.
-            logger.warning("could not flag %d cancelled turns in Redis", len(cancelled))
-        return cancelled
+        return self._ending.cancel_queued(turn_ids)
 
     def trace(self, turn_id: str, *, org_id: str) -> list[TraceStep]:
         """The turn's CompositionTrace: the live one while it runs, else the committed one.
@@ -330,13 +311,8 @@ class TurnService:
         )
         expired = 0
         for found in overdue:
-            row = self._turns.finish_early(
-                found, status=TurnStatus.FAILED, error=error, now=now, only_if=(TurnStatus.REQUIRES_CLIENT_TOOLS,)
-            )
-            if row is not None:
+            if self._ending.end(found, error, only_if=(TurnStatus.REQUIRES_CLIENT_TOOLS,)) is not None:
                 expired += 1
-                self._metrics.count_ended(TurnStatus.FAILED, error)
-                append_ended(self._events, row)
                 logger.info("turn %s timed out waiting for client tool results", found)
         return expired
 

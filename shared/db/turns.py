@@ -248,7 +248,7 @@ class TurnRepository:
         now: datetime,
         only_if: Collection[str] = UNFINISHED_STATUSES,
     ) -> TurnRecord | None:
-        """End a turn from outside the pipeline (cancel, client-tool timeout) if its status is in ``only_if``.
+        """End a turn from outside the pipeline if its status is in ``only_if`` (for ``shared.turn_ending``).
 
         With a webhook outbox, the same transaction records the turn's webhook event, sent once it committed.
 

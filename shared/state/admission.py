@@ -6,8 +6,8 @@ organisation's held set (sorted by acceptance). The admission scheduler (``worke
 organisation with nothing held or with ``APTIX_ORG_MAX_IN_FLIGHT`` turns in flight. A turn is in
 flight from its release (or, for an interactive turn or a re-entry, which are never held, from its
 acceptance) until it ends or pauses: the worker's last state save removes it (``RedisStateStore.save``),
-as does whoever ends it early; the scheduler's sweep drops the entries of turns that ended without
-saying so, so a lost removal costs capacity for seconds, not for ever.
+as does whoever ends it early (``shared.turn_ending``); the scheduler's sweep drops the entries of turns
+that ended without saying so, so a lost removal costs capacity for seconds, not for ever.
 
 Crash safety: one Lua script moves turns from held to in flight *and* writes a releasing note (the
 turns and the time) in the same step; the scheduler deletes the note once it has sent their first
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -111,10 +111,13 @@ if #released > 0 then
 end
 return released
 """
+# ``finished`` and ``leave``: with a third key (the held set, ``leave``), the turns leave it too.
 _FINISHED = """
 local removed = 0
 for i = 1, #ARGV, 1000 do
-  removed = removed + redis.call('zrem', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+  local last = math.min(i + 999, #ARGV)
+  if KEYS[3] then redis.call('zrem', KEYS[3], unpack(ARGV, i, last)) end
+  removed = removed + redis.call('zrem', KEYS[1], unpack(ARGV, i, last))
 end
 if removed > 0 then
   redis.call('lpush', KEYS[2], '1')
@@ -212,6 +215,18 @@ class AdmissionQueue:
         if not ids:
             return 0
         return int(self._finished(keys=[in_flight_key(org_id), ADMISSION_NUDGE_KEY], args=ids))
+
+    def leave(self, org_id: str, turn_ids: Sequence[str]) -> int:
+        """Turns of ``org_id`` that ended early leave admission, in one round trip: a held one is never
+        sent, a released one frees its slot (and wakes the scheduler, as :meth:`finished` does).
+
+        Returns:
+            How many were in flight.
+        """
+        if not turn_ids:
+            return 0
+        keys = [in_flight_key(org_id), ADMISSION_NUDGE_KEY, held_key(org_id)]
+        return int(self._finished(keys=keys, args=list(turn_ids)))
 
     def withdraw(self, org_id: str, turn_ids: list[str]) -> int:
         """Take held turns out of the queue (released turns are untouched); how many were held."""

@@ -2,7 +2,7 @@
 
 Round-robin order across organisations, the per-organisation cap, in-flight removal (also by the
 worker's last state save), a releasing note re-sent after a scheduler "died" between the move and
-the send, two schedulers at once, and withdraw. Times are injected: nothing here waits.
+the send, two schedulers at once, withdraw, and turns that end early leaving. Times are injected: nothing here waits.
 """
 
 from __future__ import annotations
@@ -182,6 +182,21 @@ def test_withdraw_takes_held_turns_out_but_leaves_released_ones(client: redis.Re
     assert queue.where("org-a", ["a0", "a1", "a2"]) == {"a0": "in_flight", "a1": "held", "a2": None}
     released = queue.release(cap=10, limit=10, now=T0)
     assert released is not None and released.turn_ids == ["a1"]
+
+
+def test_turns_that_end_early_leave_held_and_in_flight_in_one_call_and_wake_the_scheduler(
+    client: redis.Redis,
+) -> None:
+    queue = AdmissionQueue(client)
+    queue.hold("org-a", ["a0", "a1", "a2"])
+    queue.release(cap=10, limit=1, now=T0)  # a0 released
+    assert queue.wait(0.01)
+    assert queue.leave("org-a", ["a0", "a1", "other"]) == 1  # a0 was in flight, a1 held
+    assert queue.where("org-a", ["a0", "a1", "a2"]) == {"a0": None, "a1": None, "a2": "held"}
+    assert queue.wait(0.01)  # a slot was freed
+    assert queue.leave("org-a", ["a2"]) == 0
+    assert not queue.wait(0.01)  # only a held turn left: no slot was freed
+    assert queue.release(cap=10, limit=10, now=T0) is None
 
 
 def test_the_sweep_drops_turns_that_ended_unannounced(client: redis.Redis) -> None:

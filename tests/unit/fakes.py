@@ -20,6 +20,7 @@ from shared.db.sessions import SessionRepository
 from shared.db.tables import Base
 from shared.db.tool_runs import ToolRunRepository
 from shared.db.turns import NewTurn, TurnRepository
+from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.envelope import TurnEnvelope
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
@@ -86,9 +87,11 @@ def make_context(
     *,
     clock: Callable[[], datetime] | None = None,
     catalog: ModeCatalog | None = None,
+    webhooks: WebhookOutbox | None = None,
     **settings: Any,
 ) -> StepContext:
-    """A StepContext with every port in process (the breakers on fakeredis)."""
+    """A StepContext with every port in process (the breakers on fakeredis); its turn repository records
+    webhook events in ``webhooks`` when given."""
     engine = _sqlite_engine()
     db = session_factory(engine)
     catalog = catalog or _default_catalog()
@@ -100,7 +103,7 @@ def make_context(
         store=store,
         events=events,
         sessions=SessionRepository(db),
-        turns=TurnRepository(db),
+        turns=TurnRepository(db, webhooks=webhooks),
         tool_runs=ToolRunRepository(db),
         catalog=catalog,
         tools=_registry(catalog),

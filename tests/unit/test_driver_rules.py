@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 
@@ -18,6 +19,7 @@ from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode
 from shared.state import Lease, MemoryStateStore
+from shared.state.admission import AdmissionQueue
 from shared.task_names import StepName
 from tests.unit.fakes import (
     FIXED_NOW,
@@ -229,6 +231,21 @@ def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stran
     assert row is not None
     assert row.status == TurnStatus.FAILED.value and row.error is not None
     assert row.error["code"] == ErrorCode.INTERNAL_ERROR.value
+
+
+def test_a_turn_failed_outside_any_step_leaves_flight_and_frees_its_admission_slot() -> None:
+    # Given an interactive turn the gateway sent: marked in flight and counted in its organisation's slots
+    admission = AdmissionQueue(fakeredis.FakeRedis())
+    ctx = replace(make_context(), store=_BeginFails(), admission=admission)
+    first = record_turn(ctx)
+    ctx.store.mark_alive([TURN_ID], until=FIXED_NOW.timestamp() + 60)
+    admission.admit_now("o", [TURN_ID], now=FIXED_NOW.timestamp())
+    # When the driver fails it outside any step
+    with pytest.raises(TurnFailed):
+        run_step(ctx, first)
+    # Then its slot is free at once (not only when the scheduler's sweep notices), and its marker is gone
+    assert admission.where("o", [TURN_ID]) == {TURN_ID: None}
+    assert ctx.store.alive_until([TURN_ID]) == {}
 
 
 # What the task reports (Flower shows a task whose step failed its turn as failed)

@@ -15,6 +15,7 @@ from shared.models.turn import TurnStatus
 from shared.state import MemoryStateStore
 from shared.state.admission import AdmissionQueue
 from shared.task_names import StepName
+from shared.turn_events import MemoryTurnEventLog
 from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state
 from workers.context import StepContext
 from workers.dispatcher import Dispatcher
@@ -164,6 +165,32 @@ def test_turn_that_never_moves_fails_internal_error_after_the_re_drive_limit() -
     row = ctx.turns.get(TURN_ID)
     assert len(sent) == 2 and row is not None and row.status == "failed"
     assert row.error is not None and row.error["code"] == "internal_error" and "re-drives" in row.error["message"]
+
+
+def test_a_turn_given_up_on_gets_its_event_and_leaves_flight_and_admission() -> None:
+    # Given an interactive turn counted in flight whose every message is lost
+    clock = Clock()
+    ctx = make_context(clock=clock, reconciler_max_redrives=1)
+    _accept(ctx)
+    admission = AdmissionQueue(fakeredis.FakeRedis())
+    admission.admit_now("o", [TURN_ID], now=FIXED_NOW.timestamp())
+    reconciler = Reconciler(
+        settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
+        dispatcher=Dispatcher(_Sent(), ctx.store, park_after=30), owner="unit", clock=clock, events=ctx.events,
+        admission=admission,
+    )  # fmt: skip
+    # When the reconciler re-drives it once, then gives up on it
+    for step in (1, 2):
+        clock.now = FIXED_NOW + timedelta(seconds=100 * step)
+        assert isinstance(ctx.store, MemoryStateStore)
+        ctx.store.forget(TURN_ID)
+        reconciler.scan()
+    # Then it failed, its end is in its event log, and it holds neither a marker nor a slot
+    assert reconciler.stats.failed == 1
+    assert isinstance(ctx.events, MemoryTurnEventLog)
+    assert [event.event for event in ctx.events.events(TURN_ID)] == ["turn.failed"]
+    assert ctx.store.alive_until([TURN_ID]) == {}
+    assert admission.where("o", [TURN_ID]) == {TURN_ID: None}
 
 
 def test_markers_are_dropped_when_the_broker_lost_its_sentinel() -> None:

@@ -521,6 +521,22 @@ def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too() -
     assert admission.where(ORG, held) == {held[0]: None, held[1]: None, held[2]: "held"}
 
 
+def test_a_client_tool_timeout_frees_the_marker_and_slot_a_refused_resume_left_behind() -> None:
+    # Given a paused turn whose resume the broker refused after its marker and admission slot were written
+    gateway, admission, _ = _admitting()
+    turn_id = gateway.paused_turn(gateway.session())
+    gateway.publisher.refuse = OSError("connection refused")
+    with pytest.raises(Unavailable):
+        gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
+    assert admission.where(ORG, [turn_id]) == {turn_id: "in_flight"} and gateway.store.alive_until([turn_id])
+    # When the client-tool timeout fails it
+    gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS + 1)
+    assert gateway.service.expire_overdue() == 1
+    # Then it is out of flight: no marker, no slot
+    assert admission.where(ORG, [turn_id]) == {turn_id: None}
+    assert gateway.store.alive_until([turn_id]) == {}
+
+
 def test_a_batch_cancel_withdraws_its_held_turns_and_frees_the_slots_of_released_ones() -> None:
     # Given a batch of 3 with two turns released (in flight, not started) and one still held
     gateway, admission, _ = _admitting()
