@@ -33,11 +33,11 @@ import redis
 import redis.asyncio as aioredis
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from api_gateway.openai.stream_events import sse_frame, stream_events
 from api_gateway.openai.view import TERMINAL_STATUSES
 from api_gateway.services.errors import Unavailable
+from api_gateway.sse import EventStreamResponse
 from shared.state.keys import events_key
 from shared.turn_events import ROUND_END_EVENTS
 
@@ -112,7 +112,7 @@ class ResponseStreams:
             raise
         sent = -1 if starting_after is None else starting_after
         frames = self._frames(first, load, waker, turn_id=turn_id, sent=sent)
-        return _PlacedStreamingResponse(frames, headers=_HEADERS, on_end=self._give_back)
+        return EventStreamResponse(frames, headers=_HEADERS, on_end=self._give_back)
 
     async def _frames(
         self, response: dict[str, Any], load: Load, waker: _Waker, *, turn_id: str, sent: int
@@ -195,20 +195,6 @@ class _Waker:
         logger.warning("response stream on %s: Redis failed (%s: %s); polling the response from now on", self.key,
                        type(exc).__name__, exc)  # fmt: skip
         self._client = None
-
-
-class _PlacedStreamingResponse(StreamingResponse):
-    """A ``text/event-stream`` response that calls ``on_end`` once it is over, even if it never started."""
-
-    def __init__(self, frames: AsyncIterator[bytes], *, headers: dict[str, str], on_end: Callable[[], None]) -> None:
-        super().__init__(frames, media_type="text/event-stream", headers=headers)
-        self._on_end = on_end
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_end()
 
 
 def _text(value: bytes | str) -> str:

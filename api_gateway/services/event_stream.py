@@ -34,10 +34,10 @@ import redis.asyncio as aioredis
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from api_gateway.services.errors import InvalidRequest, NotFound, Unavailable
 from api_gateway.services.turn_service import TurnService
+from api_gateway.sse import EventStreamResponse
 from shared.db.records import TurnRecord
 from shared.models.turn import TurnStatus
 from shared.state.keys import INFLIGHT_KEY, events_key
@@ -165,7 +165,7 @@ class EventStreams:
             raise
         headers = {**_HEADERS, "Aptix-Turn-Id": record.turn_id, "Aptix-Session-Id": record.session_id}
         frames = self._frames(record, org_id=org_id, last=last, first=first)
-        return _EventStreamResponse(frames, headers=headers, on_end=self._give_back)
+        return EventStreamResponse(frames, headers=headers, on_end=self._give_back)
 
     async def close(self) -> None:
         """Close the Redis connections (the gateway is stopping)."""
@@ -243,20 +243,6 @@ class EventStreams:
         ]  # fmt: skip
         found: Any = await self._append_once(keys=[events_key(turn_id)], args=args)
         return None if found is None else (found.decode() if isinstance(found, bytes) else str(found))
-
-
-class _EventStreamResponse(StreamingResponse):
-    """A ``text/event-stream`` response that calls ``on_end`` once it is over, even if it never started."""
-
-    def __init__(self, frames: AsyncIterator[bytes], *, headers: dict[str, str], on_end: Callable[[], None]) -> None:
-        super().__init__(frames, media_type="text/event-stream", headers=headers)
-        self._on_end = on_end
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_end()
 
 
 def _ends(fields: dict[bytes, bytes], round_: int) -> bool:
