@@ -1,4 +1,4 @@
-"""run_step: the one driver every step task goes through, and the only user of the retry policy.
+"""run_step: the one driver every step task goes through, and where the retry policy's decisions are applied.
 
 It takes the step's lease and loads the turn state in one Redis round trip (the state from Redis;
 else from the turn's durable checkpoint when the message is the step that checkpoint carries on
