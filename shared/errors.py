@@ -4,6 +4,7 @@ AptixError
 ├── ConfigurationError      bad settings or mode catalog, refused at start-up
 ├── LlmError                the Responses API answered with an error or an unusable body
 ├── StateConflict           a concurrent writer changed turn state first
+├── StepBusy                another worker holds the step's lease
 ├── TurnNotRecorded         a message arrived before the gateway's commit of its turn was visible
 └── TurnFailed              a step failed its turn: the step's task reports it, so Celery and
                             Flower show that task as failed (the turn's failure is already recorded)
@@ -11,7 +12,15 @@ AptixError
 
 from __future__ import annotations
 
-__all__ = ["AptixError", "ConfigurationError", "LlmError", "StateConflict", "TurnFailed", "TurnNotRecorded"]
+__all__ = [
+    "AptixError",
+    "ConfigurationError",
+    "LlmError",
+    "StateConflict",
+    "StepBusy",
+    "TurnFailed",
+    "TurnNotRecorded",
+]
 
 
 class AptixError(Exception):
@@ -24,6 +33,10 @@ class ConfigurationError(AptixError):
 
 class StateConflict(AptixError):
     """Turn state changed under us (a duplicate delivery raced this one)."""
+
+
+class StepBusy(AptixError):
+    """Another worker holds this step's lease: it is running the step now."""
 
 
 class TurnNotRecorded(AptixError):

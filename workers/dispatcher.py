@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from shared.broker import visibility_timeout
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import StateStore
+from workers.retry import park_after
 
 __all__ = ["Dispatcher", "SendStep"]
 
@@ -48,8 +48,8 @@ class Dispatcher:
 
     @classmethod
     def for_settings(cls, send: SendStep, store: StateStore, settings: Settings) -> Dispatcher:
-        """A dispatcher that parks waits longer than half the broker's visibility timeout."""
-        return cls(send, store, park_after=visibility_timeout(settings) / 2)
+        """A dispatcher that parks the waits the retry policy says to park (:func:`workers.retry.park_after`)."""
+        return cls(send, store, park_after=park_after(settings))
 
     def dispatch(self, envelope: TurnEnvelope, countdown: float, *, now: float) -> None:
         """Send ``envelope`` after ``countdown`` seconds (``now`` is the Unix time)."""

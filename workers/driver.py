@@ -1,4 +1,4 @@
-"""run_step: the one driver every step task goes through, and the only user of the retry policy.
+"""run_step: the one driver every step task goes through, and where the retry policy's decisions are applied.
 
 It takes the step's lease and loads the turn state in one Redis round trip (the state from Redis;
 else from the turn's durable checkpoint when the message is the step that checkpoint carries on
@@ -12,10 +12,11 @@ which message to send next. What the steps did is counted (:mod:`workers.metrics
 succeeded: a step runs again when its save failed, and a redelivered step that already ran is
 counted as a redelivery only.
 
-Every kind of "not now" ends here as the same message sent again later, with a delay and a budget
-from :mod:`workers.retry`: a model that cannot answer (RetryAfter from the step), a step leased by
-another worker, a turn whose row is not visible yet, an unreachable Redis, database or broker. It is
-the only place an unexpected exception becomes ``internal_error``.
+Every kind of "not now" ends here: the step's RetryAfter (the model could not answer), a step leased by
+another worker, a turn whose row is not visible yet, an unreachable Redis or database. The driver
+names the trouble and applies what the retry policy (:func:`workers.retry.decide`) decides: the same
+message sent again later, the turn failed, or the message dropped. It is the only place an unexpected
+exception becomes ``internal_error``.
 
 A step that fails its turn still hands on a message (persist records the failure); the
 :class:`Dispatch` says the turn failed, so the task can report the failure to Celery *after* sending
@@ -30,16 +31,14 @@ import uuid
 from dataclasses import dataclass
 
 import redis
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DBAPIError
 
-from shared.db.retry import retry_dropped_connection
-from shared.errors import StateConflict, TurnFailed, TurnNotRecorded
+from shared.errors import StepBusy, TurnFailed, TurnNotRecorded
 from shared.logging import bind, log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
-from shared.state import Lease, ModelRetry, TurnState
+from shared.state import Lease, TurnState
 from shared.task_names import LAYER_OF, Layer, StepName, task_name
 from workers import retry
 from workers.context import StepContext
@@ -49,21 +48,9 @@ from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
 from workers.steps import request_handler, session_context_resolver
 from workers.trace import trace
 
-__all__ = ["TRANSIENT_ERRORS", "Dispatch", "fail_turn", "run_step"]
+__all__ = ["Dispatch", "fail_turn", "run_step"]
 
 logger = logging.getLogger(__name__)
-
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    OperationalError,
-    InterfaceError,
-    PoolTimeout,
-    StateConflict,
-)
-"""Errors after which the step runs again later: its work is either undone or recorded."""
-_PASSED_ON: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, TurnNotRecorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +61,6 @@ class Dispatch:
     countdown: float = 0.0
     failed: ErrorInfo | None = None
     """The error this step failed the turn with (the message then persists the failure), else None."""
-
-
-class _StepBusy(Exception):
-    """Another worker holds this step's lease."""
 
 
 def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
@@ -94,14 +77,13 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
         try:
             return _run(ctx, env)
-        except _StepBusy:
-            return _later(ctx, env, retry.Reason.STEP_BUSY)
-        except TurnNotRecorded:
-            return _later(ctx, env, retry.Reason.TURN_NOT_RECORDED)
-        except TRANSIENT_ERRORS as exc:
-            logger.warning("step %s of turn %s: %s; running it again later", env.step_key, env.turn_id, _name(exc))
-            return _later(ctx, env, retry.Reason.INFRASTRUCTURE)
-        except Exception:  # outside any step (loading, saving): fail the turn rather than strand it
+        except Exception as exc:
+            trouble = retry.trouble_of(exc)
+            if trouble is retry.Trouble.INFRASTRUCTURE:
+                logger.warning("step %s of turn %s: %s; running it again later", env.step_key, env.turn_id, _name(exc))
+            if trouble is not None:
+                return _later(ctx, env, trouble)
+            # outside any step (loading, saving): fail the turn rather than strand it
             logger.exception("turn %s could not run %s", env.turn_id, env.step_key)
             return _fail_outside_step(ctx, env)
 
@@ -123,7 +105,7 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
         logger.info("turn %s was cancelled; stopping at %s", env.turn_id, env.step_key)
         return None
     if not start.claimed:
-        raise _StepBusy
+        raise StepBusy(env.step_key)
     saved = False
     try:
         with ctx.leases.holding(lease):
@@ -231,9 +213,10 @@ def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResu
         return failure(ErrorCode.INTERNAL_ERROR, f"no step {env.step.value!r} in the step map")
     try:
         result = spec.run(ctx, env, state)
-    except _PASSED_ON:
-        raise
-    except Exception:  # the one place a bug becomes a failed turn instead of a stuck one
+    except Exception as exc:
+        if retry.trouble_of(exc) is not None:
+            raise  # not now: run_step asks the retry policy
+        # the one place a bug becomes a failed turn instead of a stuck one
         logger.exception("step %s of turn %s raised", env.step_key, env.turn_id)
         return failure(ErrorCode.INTERNAL_ERROR, f"step {env.step.value!r} failed unexpectedly")
     if result.ok and isinstance(result.value, Continue):
@@ -252,9 +235,7 @@ def _conclude(
         assert result.error is not None
         dispatch = _fail(ctx, env, state, result.error)
     elif isinstance(result.value, RetryAfter):
-        dispatch = _retry_model(ctx, env, state, result.value)
-        if dispatch.envelope.step_key == env.step_key and not result.value.paced:  # a slot is no model failure
-            tally.model_retry = env.step
+        dispatch = _retry_step(ctx, env, state, result.value, tally)
     else:
         dispatch = _dispatch_for(env, result.value)
     moved_on = dispatch is None or dispatch.envelope.step_key != env.step_key
@@ -264,7 +245,7 @@ def _conclude(
     state.next_envelope = None if dispatch is None else dispatch.envelope.model_dump(mode="json")
     if moved_on and result.ok and STEP_MAP[env.step].checkpoint:
         checkpoint = state.checkpoint()
-        retry_dropped_connection(
+        retry.retry_dropped_connection(
             lambda: ctx.turns.checkpoint(env.turn_id, checkpoint, now=ctx.clock(), deadline_at=ctx.deadline())
         )
     return dispatch
@@ -277,40 +258,46 @@ def _dispatch_for(env: TurnEnvelope, next_step: Next | None) -> Dispatch | None:
     return None
 
 
-def _retry_model(ctx: StepContext, env: TurnEnvelope, state: TurnState, later: RetryAfter) -> Dispatch:
-    if later.paced and later.hint is not None:  # a slot of the model's rate limit: no failure, no jitter
-        return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=later.hint)
-    now = ctx.clock()
-    tries = state.model_retry
-    if tries is None or tries.step_key != env.step_key:
-        tries = ModelRetry(step_key=env.step_key, since=now)
-    if later.called:
-        tries.calls += 1
-    wait = retry.model_delay(tries, now=now, hint=later.hint, settings=ctx.settings, rand=ctx.random())
-    if wait is None:
-        spent = (now - tries.since).total_seconds()
-        message = (
-            f"{later.failure.message} (gave up after {tries.calls} call(s) over {spent:.0f}s: "
-            f"APTIX_LLM_RETRY_BUDGET_SECONDS={ctx.settings.llm_retry_budget_seconds:g}, "
-            f"APTIX_LLM_MAX_ATTEMPTS={ctx.settings.llm_max_attempts})"
-        )
-        return _fail(ctx, env, state, ErrorInfo(code=later.failure.code, message=message))
-    state.model_retry = tries
-    return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=wait)
+def _retry_step(
+    ctx: StepContext, env: TurnEnvelope, state: TurnState, later: RetryAfter, tally: MessageTally
+) -> Dispatch:
+    """Apply the retry policy's decision on a step that could not do its work now."""
+    decision = retry.decide(
+        later.trouble,
+        settings=ctx.settings,
+        now=ctx.clock(),
+        rand=ctx.random(),
+        attempt=env.attempt,
+        hint=later.hint,
+        message=later.message,
+        step_key=env.step_key,
+        model_retry=state.model_retry,
+    )
+    if isinstance(decision, retry.Later):
+        if decision.model_retry is not None:
+            state.model_retry = decision.model_retry
+        if decision.counted_as is not None:  # counted once the state is saved
+            tally.retried = (decision.counted_as, env.step)
+        return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=decision.seconds)
+    if isinstance(decision, retry.Drop):  # a step always has a turn to fail
+        decision = retry.GiveUp(ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=decision.why))
+    return _fail(ctx, env, state, decision.error)
 
 
-def _later(ctx: StepContext, env: TurnEnvelope, reason: retry.Reason) -> Dispatch | None:
-    wait = retry.delay(reason, attempt=env.attempt, settings=ctx.settings, rand=ctx.random())
-    if wait is None:
-        logger.warning(
-            "dropping %s of turn %s: %s for too long (the turn was never recorded)",
-            env.step_key,
-            env.turn_id,
-            reason.value,
-        )
+def _later(ctx: StepContext, env: TurnEnvelope, trouble: retry.Trouble) -> Dispatch | None:
+    """Apply the retry policy's decision on a message that met ``trouble`` outside its step's work."""
+    decision = retry.decide(
+        trouble, settings=ctx.settings, now=ctx.clock(), rand=ctx.random(), attempt=env.attempt, message=trouble.value
+    )
+    if isinstance(decision, retry.Later):
+        if decision.counted_as is not None:
+            ctx.metrics.count_retry(decision.counted_as, env.step)
+        return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=decision.seconds)
+    if isinstance(decision, retry.Drop):
+        logger.warning("dropping %s of turn %s: %s", env.step_key, env.turn_id, decision.why)
         return None
-    ctx.metrics.count_retry(reason, env.step)
-    return Dispatch(env.model_copy(update={"attempt": env.attempt + 1}), countdown=wait)
+    ctx.ending.end(env.turn_id, decision.error)
+    return None
 
 
 def _fail(ctx: StepContext, env: TurnEnvelope, state: TurnState, error: ErrorInfo) -> Dispatch:
@@ -326,8 +313,11 @@ def _fail_outside_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     message = "the pipeline could not run this turn"
     try:
         fail_turn(ctx, env.turn_id, message)
-    except TRANSIENT_ERRORS:
-        return _later(ctx, env, retry.Reason.INFRASTRUCTURE)
+    except Exception as exc:
+        trouble = retry.trouble_of(exc)
+        if trouble is None:
+            raise
+        return _later(ctx, env, trouble)
     # from None: the bug's traceback is in the log line above, not in what Flower shows
     raise TurnFailed(ErrorCode.INTERNAL_ERROR.value, message) from None
 

@@ -60,8 +60,8 @@ class MessageTally:
 
     steps: list[tuple[StepName, float]] = field(default_factory=list)
     """Each step run, with its duration in seconds."""
-    model_retry: StepName | None = None
-    """The step sent again later because the model could not answer (RetryAfter)."""
+    retried: tuple[Reason, StepName] | None = None
+    """Why and which step was sent again later by its own RetryAfter (the model could not answer)."""
     committed: TurnStatus | None = None
     """The status a ``persist`` step wrote (None when it wrote none: the turn had ended otherwise)."""
     error: ErrorInfo | None = None
@@ -152,8 +152,9 @@ class WorkerMetrics:
         """Count what one message's steps did; the driver calls it once their outcome is saved."""
         for step, seconds in tally.steps:
             self.step_seconds.labels(LAYER_OF[step].value, step.value).observe(seconds)
-        if tally.model_retry is not None:
-            self.step_retries.labels(Reason.MODEL.value, tally.model_retry.value).inc()
+        if tally.retried is not None:
+            reason, step = tally.retried
+            self.step_retries.labels(reason.value, step.value).inc()
         if tally.committed is TurnStatus.REQUIRES_CLIENT_TOOLS:
             self.turns_paused.inc()
         elif tally.committed is not None and tally.committed.is_terminal:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.models.turn import TurnStatus
-from shared.result import ErrorInfo
 from shared.task_names import StepName
+from workers.retry import Trouble
 
 __all__ = ["Continue", "Next", "RetryAfter", "Stop"]
 
@@ -29,21 +29,16 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class RetryAfter:
-    """The model cannot answer now: run this same step again later, holding no worker slot meanwhile.
+    """The step could not do its work now, and says why: the retry policy (:func:`workers.retry.decide`)
+    sends the same step again later, holding no worker slot meanwhile, or fails the turn once the
+    trouble's budget is spent (at once for a trouble no retry can fix)."""
 
-    The driver's retry policy (``workers.retry``) picks the delay and keeps the budget (a paced wait
-    has neither).
-    """
-
-    failure: ErrorInfo
-    """What the turn fails with once the budget is spent."""
+    trouble: Trouble
+    """What happened."""
+    message: str
+    """What happened, in words: the turn's error message if it gives up."""
     hint: float | None = None
-    """Seconds the server (Retry-After) or the model's breaker asked to wait."""
-    called: bool = True
-    """Whether this try made a call (counts against ``APTIX_LLM_MAX_ATTEMPTS``)."""
-    paced: bool = False
-    """The wait is this call's slot in the model's shared rate limit (``workers.llm.limiter``), not a
-    failure: the step is sent again after exactly ``hint`` seconds, spending no attempt and no budget."""
+    """Seconds the server (Retry-After), the model's breaker or its rate limiter asked to wait."""
 
 
 Next = Continue | Stop | RetryAfter

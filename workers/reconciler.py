@@ -49,7 +49,7 @@ from shared.broker import queue_depth
 from shared.db.turns import InFlightTurn, TurnRepository
 from shared.models.envelope import TurnEnvelope, first_step
 from shared.models.turn import TurnStatus
-from shared.result import ErrorCode, ErrorInfo
+from shared.result import ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore, TurnState
 from shared.state.admission import AdmissionQueue
@@ -59,6 +59,7 @@ from shared.task_names import TASK_QUEUES, StepName, task_name
 from shared.telemetry import turn_span
 from shared.turn_ending import TurnEnding
 from shared.turn_events import TurnEventLog
+from workers import retry
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
@@ -241,10 +242,8 @@ class Reconciler:
             if vouched and not (queue_drained and turn.status is TurnStatus.QUEUED):
                 assert until is not None
                 moving[turn.turn_id] = datetime.fromtimestamp(until, UTC)
-            elif turn.redrives >= self._settings.reconciler_max_redrives:
-                self._give_up(turn)
             else:
-                self.redrive(turn, now)
+                self._stalled(turn, now)
         if moving:
             self._turns.set_deadlines(moving)
             self.stats.db_calls += 1
@@ -305,10 +304,23 @@ class Reconciler:
             turn.turn_id, turn.status.value, turn.redrives + 1, source, envelope.step_key,
         )  # fmt: skip
 
-    def _give_up(self, turn: InFlightTurn) -> None:
-        message = f"the turn did not move after {turn.redrives} re-drives by the reconciler"
-        logger.error("turn %s: %s; failing it", turn.turn_id, message)
-        error = ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message)
+    def _stalled(self, turn: InFlightTurn, now: datetime) -> None:
+        """Re-drive a stalled turn, or give it up, as the retry policy decides."""
+        decision = retry.decide(
+            retry.Trouble.STALLED,
+            settings=self._settings,
+            now=now,
+            rand=0.0,  # the row has no jitter
+            attempt=turn.redrives,
+            message="the turn did not move",
+        )
+        if isinstance(decision, retry.GiveUp):
+            self._give_up(turn, decision.error)
+        else:
+            self.redrive(turn, now)
+
+    def _give_up(self, turn: InFlightTurn, error: ErrorInfo) -> None:
+        logger.error("turn %s: %s; failing it", turn.turn_id, error.message)
         ended = self._ending.end(turn.turn_id, error, only_if=TurnStatus.in_flight())
         self.stats.db_calls += 1
         if ended is not None:

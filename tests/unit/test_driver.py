@@ -153,6 +153,54 @@ def test_model_outage_is_retried_with_growing_delays_and_fails_llm_error_when_th
     assert row.error["code"] == "llm_error" and "APTIX_LLM_RETRY_BUDGET_SECONDS" in row.error["message"]
 
 
+def test_model_answer_no_retry_can_fix_fails_the_turn_llm_error_at_once_in_the_servers_words() -> None:
+    llm = FakeLlm(LlmError("LLM server answered 400: bad request", status_code=400))
+    ctx = make_context(llm)
+    _drive(ctx, _record_turn(ctx))
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "failed" and row.error is not None
+    assert row.error == {"code": "llm_error", "message": "LLM server answered 400: bad request"}
+    assert len(llm.requests) == 1
+
+
+def test_generation_that_failed_rate_limited_is_retried_as_a_429_and_fails_llm_rate_limited() -> None:
+    # A generation that failed ``rate_limit_exceeded`` is the model's rate limit, as a 429 is (it was
+    # llm_error before the one policy; the OpenAI face shows llm_rate_limited as rate_limit_exceeded).
+    failed = LlmError("LLM response failed (rate_limit_exceeded)", code="rate_limit_exceeded", retryable=True)
+    llm = FakeLlm(failed, failed)
+    ctx = make_context(llm, llm_max_attempts=2, llm_breaker_failures=1)
+    _drive(ctx, _record_turn(ctx))
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "failed" and row.error is not None
+    assert row.error["code"] == "llm_rate_limited" and "APTIX_LLM_MAX_ATTEMPTS=2" in row.error["message"]
+    assert len(llm.requests) == 2  # and a rate limit never opened the breaker (threshold 1) between them
+
+
+@pytest.mark.parametrize(
+    ("errors", "settings"),
+    [
+        ([LlmError("LLM server answered 400: bad", status_code=400)], {}),
+        ([LlmError("down", status_code=503, retryable=True)], {"llm_max_attempts": 1}),
+    ],
+    ids=["no retry can fix it", "budget spent"],
+)
+def test_turn_given_up_at_the_model_is_failed_from_its_checkpoint_when_redis_loses_the_state(
+    errors: list[Exception], settings: dict[str, Any]
+) -> None:
+    # Given a turn whose model call was given up (at once, or once its budget was spent)
+    llm = FakeLlm(*errors)
+    ctx = make_context(llm, **settings)
+    persist = _drive(ctx, _record_turn(ctx), until=StepName.PERSIST)[-1].envelope
+    # When Redis loses everything before persist runs
+    assert isinstance(ctx.store, MemoryStateStore)
+    ctx.store.flush()
+    _drive(ctx, persist)
+    # Then persist carries on from the checkpoint the give-up left: the turn fails, the model is not asked again
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "failed" and row.error is not None and row.error["code"] == "llm_error"
+    assert len(llm.requests) == 1
+
+
 def test_open_breaker_wait_is_no_call_and_the_turn_completes_when_the_model_returns() -> None:
     clock = Clock()
     answers: list[LlmResponse | Exception] = [LlmError("down", status_code=0, retryable=True) for _ in range(2)]

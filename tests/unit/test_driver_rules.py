@@ -32,6 +32,7 @@ from tests.unit.fakes import (
     make_context,
     record_turn,
 )
+from workers import retry
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step
 from workers.llm.types import LlmResponse
@@ -218,6 +219,23 @@ def test_step_that_meets_an_infrastructure_error_runs_again_later() -> None:
     drive(ctx, dispatch.envelope)
     row = ctx.turns.get(TURN_ID)
     assert row is not None and row.output_text == "second try"
+
+
+def test_driver_fails_the_turn_when_the_policy_gives_up_on_a_trouble_outside_any_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a policy whose row for a busy step gives up at once (the driver applies whatever the table says)
+    monkeypatch.setitem(retry.POLICY, retry.Trouble.STEP_BUSY,  # type: ignore[arg-type]  # a test's own table
+                        retry.Rule(None, retry.Budget.SPENT, ErrorCode.INTERNAL_ERROR))  # fmt: skip
+    ctx = make_context()
+    env = record_turn(ctx)
+    _memory(ctx).claim(Lease(TURN_ID, env.step_key, "other"), ttl_seconds=30)
+    # When the step's message finds the lease held elsewhere
+    assert run_step(ctx, env) is None
+    # Then the turn is failed with the row's code
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "failed" and row.error is not None
+    assert row.error["code"] == "internal_error"
 
 
 def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stranding_it() -> None:

@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from shared.errors import ConfigurationError, LlmError
 from shared.models.envelope import TurnEnvelope
 from shared.modes import ModeCatalog, load_catalog
-from shared.result import ErrorCode
 from shared.settings import Settings
 from shared.task_names import StepName
 from tests.unit.fakes import FakeLlm, drive, make_context, make_state, record_turn
@@ -28,6 +27,7 @@ from workers.driver import run_step
 from workers.llm.limiter import OUTPUT_TOKENS_GUESS, Admission, Limits, estimate_tokens, limits_for
 from workers.llm.types import LlmResponse
 from workers.next_step import Continue, RetryAfter
+from workers.retry import Trouble
 from workers.steps import llm_call
 
 REQUEST: dict[str, Any] = {"model": "m", "input": [{"role": "user", "content": "hello there"}], "store": False}
@@ -164,8 +164,7 @@ def test_llm_call_makes_no_call_and_asks_for_its_slot_when_the_rate_limit_holds_
     ctx = _with_limiter(make_context(llm), limiter)
     result = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST))
     later = result.unwrap()
-    assert isinstance(later, RetryAfter) and later.paced and not later.called and later.hint == 1.25
-    assert later.failure.code is ErrorCode.LLM_RATE_LIMITED
+    assert later == RetryAfter(Trouble.MODEL_PACED, later.message, hint=1.25)
     assert llm.requests == [] and limiter.settled == []
     held = ctx.metrics.registry.get_sample_value("aptix_model_rate_limited_total", {"model": "m", "reason": "requests"})
     assert held == 1
@@ -175,7 +174,7 @@ def test_llm_call_waits_out_a_pause_like_a_429_not_as_a_paced_slot() -> None:
     limiter = RecordingLimiter(Admission(wait=1.5, reason="paused"))
     ctx = _with_limiter(make_context(FakeLlm()), limiter)
     later = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST)).unwrap()
-    assert isinstance(later, RetryAfter) and not later.paced and not later.called and later.hint == 1.5
+    assert later == RetryAfter(Trouble.MODEL_PAUSED, later.message, hint=1.5)
 
 
 def test_llm_call_settles_with_the_tokens_the_answer_reports() -> None:
@@ -199,7 +198,7 @@ def test_llm_call_pauses_the_model_for_every_worker_on_a_429_with_retry_after() 
     llm = FakeLlm(LlmError("slow down", status_code=429, retryable=True, retry_after=2.0))
     ctx = _with_limiter(make_context(llm), limiter)
     later = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST)).unwrap()
-    assert isinstance(later, RetryAfter) and later.hint == 2.0 and later.called
+    assert isinstance(later, RetryAfter) and later.trouble is Trouble.MODEL_RATE_LIMITED and later.hint == 2.0
     assert limiter.paused == [2.0] and limiter.settled == [(limiter.answer, 0, True)]
 
 
@@ -229,7 +228,7 @@ def test_llm_call_gives_the_whole_charge_back_when_the_breaker_stops_the_call() 
         llm_call.run(ctx, _env(), make_state(pending_request=REQUEST))
     limiter.settled.clear()
     later = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST)).unwrap()
-    assert isinstance(later, RetryAfter) and not later.called and len(llm.requests) == 2
+    assert isinstance(later, RetryAfter) and later.trouble is Trouble.MODEL_BREAKER_OPEN and len(llm.requests) == 2
     assert limiter.settled == [(limiter.answer, 0, False)]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import ClientTool, TurnStatus
@@ -10,6 +12,7 @@ from shared.task_names import StepName
 from tests.unit.fakes import FakeLlm, make_context, make_state
 from workers.llm.types import FunctionCall, LlmResponse, response_to_dict
 from workers.next_step import Continue, RetryAfter
+from workers.retry import Trouble
 from workers.steps import compose, llm_call, reasoner
 
 
@@ -77,8 +80,7 @@ def test_llm_call_asks_to_retry_with_the_servers_delay_when_rate_limited() -> No
     state = make_state(pending_request={"model": "m", "input": []})
     result = llm_call.run(ctx, _env(StepName.LLM_CALL), state)
     later = result.unwrap()
-    assert isinstance(later, RetryAfter) and later.hint == 1.5 and later.called
-    assert later.failure.code is ErrorCode.LLM_RATE_LIMITED
+    assert later == RetryAfter(Trouble.MODEL_RATE_LIMITED, "slow down", hint=1.5)
     assert state.usage.llm_calls == 0
 
 
@@ -89,17 +91,39 @@ def test_llm_call_makes_no_call_while_the_models_breaker_is_open() -> None:
         llm_call.run(ctx, _env(StepName.LLM_CALL), make_state(pending_request={"model": "m", "input": []}))
     result = llm_call.run(ctx, _env(StepName.LLM_CALL), make_state(pending_request={"model": "m", "input": []}))
     later = result.unwrap()
-    assert isinstance(later, RetryAfter) and not later.called and later.hint is not None and later.hint > 0
-    assert len(llm.requests) == 3 and later.failure.code is ErrorCode.LLM_ERROR
+    assert isinstance(later, RetryAfter) and later.trouble is Trouble.MODEL_BREAKER_OPEN
+    assert later.hint is not None and later.hint > 0 and len(llm.requests) == 3
 
 
-def test_llm_call_fails_llm_error_at_once_when_the_error_is_not_retryable() -> None:
+def test_llm_call_reports_an_answer_no_retry_can_fix_as_rejected() -> None:
     llm = FakeLlm(LlmError("LLM server answered 400: bad", status_code=400))
     ctx = make_context(llm)
     state = make_state(pending_request={"model": "m", "input": []})
     result = llm_call.run(ctx, _env(StepName.LLM_CALL), state)
-    assert result.error is not None and result.error.code is ErrorCode.LLM_ERROR
-    assert "400" in result.error.message
+    assert result.unwrap() == RetryAfter(Trouble.MODEL_REJECTED, "LLM server answered 400: bad")
+
+
+@pytest.mark.parametrize(
+    ("error", "opens"),
+    [
+        (LlmError("down", status_code=503, retryable=True), True),
+        (LlmError("no answer", retryable=True), True),  # timeout, connection error, broken stream
+        (LlmError("timed out", status_code=408, retryable=True), True),
+        (LlmError("failed", code="server_error", retryable=True), True),
+        (LlmError("slow down", status_code=429, retryable=True), False),
+        (LlmError("failed", code="rate_limit_exceeded", retryable=True), False),
+        (LlmError("incomplete", code="incomplete"), False),  # an answer about this request, not the model's health
+        (LlmError("not JSON"), False),
+        (LlmError("bad", status_code=400), False),
+    ],
+)
+def test_llm_call_counts_only_a_down_model_against_its_breaker(error: LlmError, opens: bool) -> None:
+    llm = FakeLlm(error, LlmResponse(response_id="r", output_text="hi"))
+    ctx = make_context(llm, llm_breaker_failures=1)
+    llm_call.run(ctx, _env(StepName.LLM_CALL), make_state(pending_request={"model": "m", "input": []}))
+    result = llm_call.run(ctx, _env(StepName.LLM_CALL), make_state(pending_request={"model": "m", "input": []}))
+    blocked = isinstance(result.value, RetryAfter) and result.value.trouble is Trouble.MODEL_BREAKER_OPEN
+    assert blocked is opens and len(llm.requests) == (1 if opens else 2)
 
 
 def test_llm_call_records_usage_and_trace_when_the_model_answers() -> None:

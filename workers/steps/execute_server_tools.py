@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Callable
 
-from shared.db.retry import retry_dropped_connection
 from shared.db.tool_runs import ToolRunStatus
 from shared.models.envelope import TurnEnvelope
 from shared.modes import CHANGE_MODE_TOOL
@@ -30,6 +29,7 @@ from shared.state import LedgerEntry, TurnState
 from shared.task_names import StepName
 from workers.context import StepContext
 from workers.next_step import Continue, Next
+from workers.retry import retry_dropped_connection
 from workers.tools.executor import ToolContext, parse_arguments
 from workers.tools.mode_change import change_mode
 from workers.tools.registry import ServerTool

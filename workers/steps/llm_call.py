@@ -7,13 +7,12 @@ failed call); the breaker's count; the rate limiter's charge (settled with the a
 worker's metrics, as it returns; for a turn that streams, the model's text to the turn's event log
 while it is generated (:mod:`workers.text_relay`: ``output_text.delta``, and ``output_text.reset``
 when a call fails after some of its text went out). The recorded response is the same either way.
-Next: reasoner. A call the model's rate limits (``APTIX_LLM_RPM``/``TPM``) hold back is not made: it
-returns a paced RetryAfter, and the driver sends the step again when its slot comes. When the model
-cannot answer now (429, 5xx, timeout, connection error, a pause, or its breaker is
-open so no call is made) it returns RetryAfter, and the driver's retry policy sends the step again
-later, holding no worker slot meanwhile, until the budget (``APTIX_LLM_RETRY_BUDGET_SECONDS``,
-``APTIX_LLM_MAX_ATTEMPTS``) is spent. Fails with: ``llm_rate_limited`` / ``llm_error`` (through that
-budget), ``llm_error`` at once for an answer no retry can fix (4xx other than 429, unusable body).
+Next: reasoner. When the call cannot be made or answered now it returns RetryAfter naming what
+happened (:class:`workers.retry.Trouble`: held back by the model's rate limits, a pause, an open
+breaker, a 429, 5xx, timeout or connection error, an answer no retry can fix) and the retry policy
+decides the rest: when the step runs again (holding no worker slot meanwhile), against which budget
+(``APTIX_LLM_RETRY_BUDGET_SECONDS``, ``APTIX_LLM_MAX_ATTEMPTS``), and what the turn fails with once it
+is spent. Fails with: ``llm_rate_limited`` / ``llm_error`` (through that policy).
 The driver writes a durable checkpoint after this step: the model's answer is never asked twice
 because Redis lost it.
 """
@@ -25,13 +24,14 @@ import time
 
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
-from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure, success
+from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.state import TurnState
 from shared.task_names import StepName
 from workers.context import BreakerPort, LimiterPort, StepContext
 from workers.llm.limiter import Admission
 from workers.llm.types import response_to_dict
 from workers.next_step import Continue, Next, RetryAfter
+from workers.retry import MODEL_DOWN, Trouble, model_trouble
 from workers.text_relay import TextRelay
 from workers.trace import trace
 
@@ -56,8 +56,8 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         limiter.settle(admission, used=0, called=False)
         logger.info("turn %s: the model's circuit breaker is open; trying again in %.1fs", state.turn_id, wait)
         ctx.metrics.count_breaker_open(model)
-        reason = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
-        return success(RetryAfter(ErrorInfo(code=ErrorCode.LLM_ERROR, message=reason), hint=wait, called=False))
+        message = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
+        return success(RetryAfter(Trouble.MODEL_BREAKER_OPEN, message, hint=wait))
     relay = TextRelay(ctx.events, state.turn_id, flush_seconds=ctx.settings.llm_stream_flush_ms / 1000)
     started = time.perf_counter()
     try:
@@ -103,13 +103,11 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
 def _on_error(
     ctx: StepContext, env: TurnEnvelope, state: TurnState, exc: LlmError, breaker: BreakerPort
 ) -> InvokeResult[Next]:
-    if exc.status_code == 0 or exc.status_code >= 500:  # the model is down or broken, not throttling us
+    trouble = model_trouble(exc)
+    if trouble in MODEL_DOWN:
         breaker.record_failure(ctx.clock().timestamp())
     trace(ctx, state, env, "llm_error", status=exc.status_code, code=exc.code, retryable=exc.retryable)
-    code = ErrorCode.LLM_RATE_LIMITED if exc.status_code == 429 else ErrorCode.LLM_ERROR
-    if exc.retryable:
-        return success(RetryAfter(ErrorInfo(code=code, message=exc.message), hint=exc.retry_after))
-    return failure(code, exc.message)
+    return success(RetryAfter(trouble, exc.message, hint=exc.retry_after))
 
 
 def _held_back(ctx: StepContext, state: TurnState, model: str, admission: Admission) -> InvokeResult[Next]:
@@ -119,10 +117,9 @@ def _held_back(ctx: StepContext, state: TurnState, model: str, admission: Admiss
     logger.info("turn %s: model %s held back (%s); trying again in %.2fs", state.turn_id, model, reason, admission.wait)
     if reason == "paused":
         message = "the model did not answer: it asked every caller to wait (429 with Retry-After)"
-    else:
-        message = f"the model's shared rate limit ({reason} per minute) held the call back"
-    info = ErrorInfo(code=ErrorCode.LLM_RATE_LIMITED, message=message)
-    return success(RetryAfter(info, hint=admission.wait, called=False, paced=reason != "paused"))
+        return success(RetryAfter(Trouble.MODEL_PAUSED, message, hint=admission.wait))
+    message = f"the model's shared rate limit ({reason} per minute) held the call back"
+    return success(RetryAfter(Trouble.MODEL_PACED, message, hint=admission.wait))
 
 
 def _settle_error(limiter: LimiterPort, admission: Admission, exc: LlmError) -> None:
