@@ -16,7 +16,7 @@ from collections.abc import Callable
 from shared.broker import visibility_timeout
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
-from shared.state import StateStore
+from shared.state import Timers
 
 __all__ = ["Dispatcher", "SendStep"]
 
@@ -29,7 +29,7 @@ SendStep = Callable[[TurnEnvelope, float], None]
 class Dispatcher:
     """Routes each outgoing message to the broker or to the parked timers."""
 
-    def __init__(self, send: SendStep, store: StateStore, *, park_after: float) -> None:
+    def __init__(self, send: SendStep, store: Timers, *, park_after: float) -> None:
         """Build the dispatcher.
 
         Args:
@@ -47,7 +47,7 @@ class Dispatcher:
         return self._park_after
 
     @classmethod
-    def for_settings(cls, send: SendStep, store: StateStore, settings: Settings) -> Dispatcher:
+    def for_settings(cls, send: SendStep, store: Timers, settings: Settings) -> Dispatcher:
         """A dispatcher that parks waits longer than half the broker's visibility timeout."""
         return cls(send, store, park_after=visibility_timeout(settings) / 2)
 
