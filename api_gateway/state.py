@@ -1,9 +1,12 @@
-"""GatewayState: the gateway's ports and services, built once by ``create_app``."""
+"""GatewayState: what the gateway's routes see, built once by ``create_app`` through :func:`connect_gateway`.
+
+The routes call services; the ports those services are built on (repositories, the state store,
+the publisher, the event log, the clock) stay inside :func:`connect_gateway`, which wires them.
+"""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -21,7 +24,6 @@ from api_gateway.services import (
     CeleryPublisher,
     EventStreams,
     SessionService,
-    TurnPublisher,
     TurnService,
     WebhookService,
 )
@@ -37,17 +39,17 @@ from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
-from shared.state import RedisStateStore, StateStore
+from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
-from shared.turn_events import RedisTurnEventLog, TurnEventLog
-from shared.webhooks import WebhookConfig
+from shared.turn_events import RedisTurnEventLog
+from shared.webhooks import WebhookConfig, WebhookSender
 
 __all__ = ["GatewayState", "connect_gateway", "utc_now"]
 
 
 @dataclass(frozen=True)
 class GatewayState:
-    """The gateway's ports, each built once per process, and the services built on them.
+    """What the routes use, built once per process: the services, and what ``/readyz`` pings.
 
     Routes call the services; ``/readyz`` pings the engine, Redis and the producer.
     """
@@ -57,20 +59,12 @@ class GatewayState:
     """Accepted bearer keys, each with its caller's identity."""
     engine: Engine
     """The database engine (``/readyz`` pings it)."""
-    sessions: SessionRepository
-    turns: TurnRepository
-    batches: BatchRepository
     catalog: ModeCatalog
+    """The modes (``GET /v1/modes``)."""
     producer: Celery
     """The producer-only Celery app (``/readyz`` checks its broker)."""
-    publisher: TurnPublisher
-    """Sends turns' steps through ``producer``."""
     redis: redis.Redis
-    store: StateStore
-    """The turn state store (cancel flags, in-flight markers, live traces), one for the process."""
-    events: TurnEventLog
-    """The turns' event logs (Redis Streams): the gateway appends ``turn.cancelled`` to them."""
-    clock: Callable[[], datetime]
+    """The state store's Redis (``/readyz`` pings it)."""
     metrics: GatewayMetrics
     turn_service: TurnService
     batch_service: BatchService
@@ -107,7 +101,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
     publisher = CeleryPublisher(producer)
     webhooks = WebhookConfig.from_settings(settings)
     sessions = SessionRepository(db)
-    turns = TurnRepository(db, webhooks=_outbox(webhooks, producer))
+    turns = TurnRepository(db, webhooks=WebhookOutbox(webhooks) if webhooks.enabled else None)
     batches = BatchRepository(db)
     catalog = load_catalog(settings.modes_file)
     webhook_service = WebhookService(
@@ -121,13 +115,16 @@ def connect_gateway(settings: Settings) -> GatewayState:
         turns=turns,
         sessions=sessions,
         catalog=catalog,
-        store=store,
+        states=store,
+        cancel_flags=store,
+        in_flight=store,
         events=events,
         publisher=publisher,
         clock=utc_now,
         metrics=metrics,
         webhooks=webhook_service,
         admission=AdmissionQueue(client),
+        webhook_sender=_webhook_sender(webhooks, producer),
     )
     follower = aioredis.Redis.from_url(
         settings.redis_url,
@@ -149,16 +146,9 @@ def connect_gateway(settings: Settings) -> GatewayState:
         settings=settings,
         api_keys=settings.accepted_api_keys,
         engine=engine,
-        sessions=sessions,
-        turns=turns,
-        batches=batches,
         catalog=catalog,
         producer=producer,
-        publisher=publisher,
         redis=client,
-        store=store,
-        events=events,
-        clock=utc_now,
         metrics=metrics,
         turn_service=turn_service,
         batch_service=BatchService(
@@ -190,12 +180,13 @@ def connect_gateway(settings: Settings) -> GatewayState:
     )
 
 
-def _outbox(config: WebhookConfig, producer: Celery) -> WebhookOutbox | None:
-    """What records the webhook event of a turn the gateway ends (cancel, client-tool timeout)."""
+def _webhook_sender(config: WebhookConfig, producer: Celery) -> WebhookSender | None:
+    """What sends the webhook event of a turn the gateway ends (cancel, client-tool timeout), once its
+    end (with the event, the outbox) committed."""
     if not config.enabled:
         return None
 
     def first_attempt(delivery_id: str) -> None:
         send_webhook(producer, delivery_id, attempt=1)
 
-    return WebhookOutbox(config, first_attempt)
+    return WebhookSender(first_attempt)

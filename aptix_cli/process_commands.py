@@ -220,9 +220,10 @@ def reconciler(args: argparse.Namespace) -> int:
     from shared.models.envelope import TurnEnvelope
     from shared.settings import get_settings
     from shared.state import RedisStateStore
+    from workers.context import state_client
     from workers.dispatcher import Dispatcher
     from workers.metrics import WorkerMetrics
-    from workers.runtime import build_reconciler, webhook_outbox
+    from workers.runtime import build_reconciler, webhook_outbox, webhook_sender
     from workers.webhooks import WebhookSweeper
 
     settings = get_settings()
@@ -238,18 +239,19 @@ def reconciler(args: argparse.Namespace) -> int:
     def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
         send_webhook(producer, delivery_id, attempt=attempt, countdown=countdown)
 
-    store = RedisStateStore.from_url(settings.redis_url, max_connections=settings.redis_max_connections)
+    client = state_client(settings)
     owner = f"reconciler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     outbox = webhook_outbox(settings, send_attempt)
     reconciler = build_reconciler(
         settings,
+        client=client,
         turns=TurnRepository(db, webhooks=outbox),
-        store=store,
-        dispatcher=Dispatcher.for_settings(send, store, settings),
+        dispatcher=Dispatcher.for_settings(send, RedisStateStore(client), settings),
         owner=owner,
         metrics=WorkerMetrics(),
         webhooks=None if outbox is None else WebhookSweeper(WebhookDeliveryRepository(db), send_attempt),
+        webhook_sender=webhook_sender(settings, send_attempt),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -276,7 +278,7 @@ def scheduler(args: argparse.Namespace) -> int:
     from shared.db.turns import TurnRepository
     from shared.models.envelope import TurnEnvelope
     from shared.settings import get_settings
-    from shared.state import RedisStateStore
+    from shared.state.redis_store import connect
     from workers.metrics import WorkerMetrics
     from workers.runtime import build_scheduler
 
@@ -286,11 +288,11 @@ def scheduler(args: argparse.Namespace) -> int:
     def publish(envelopes: Sequence[TurnEnvelope]) -> None:
         send_steps(producer, envelopes)
 
-    store = RedisStateStore.from_url(settings.redis_url, max_connections=8)
+    client = connect(settings.redis_url, max_connections=8)
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     scheduler = build_scheduler(
-        settings, turns=TurnRepository(db), store=store, publish=publish, owner=owner, metrics=WorkerMetrics()
+        settings, client=client, turns=TurnRepository(db), publish=publish, owner=owner, metrics=WorkerMetrics()
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -34,8 +34,13 @@ from shared.logging import configure_logging
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import RedisStateStore, TurnState
+from shared.state.keys import RECONCILER_LEADER_KEY
+from shared.state.leader import LeaderLease
 from shared.task_names import StepName
+from shared.turn_ending import TurnEnding
+from workers.context import utc_now
 from workers.dispatcher import Dispatcher
+from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
 
 __all__ = ["run_recovery_costs"]
@@ -83,8 +88,10 @@ def run_recovery_costs(*, turns: int = 500, writes: int = 300) -> int:
 
         _say(f"  server tool started + outcome records:                  {_timed(writes, tool_records)}")
         sent: list[TurnEnvelope] = []
+        ending = TurnEnding(turns=repo, cancel_flags=store, in_flight=store, metrics=WorkerMetrics(), clock=utc_now)
         reconciler = Reconciler(
-            settings=settings, turns=repo, store=store, client=store.client, owner=f"costs-{run}",
+            settings=settings, turns=repo, states=store, in_flight=store, ending=ending,
+            leader=LeaderLease(store.client, key=RECONCILER_LEADER_KEY, owner=f"costs-{run}"),
             dispatcher=Dispatcher(lambda envelope, _countdown: sent.append(envelope), store, park_after=30),
         )  # fmt: skip
         scanned = ids[:turns]

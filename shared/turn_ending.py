@@ -1,16 +1,18 @@
 """TurnEnding: the one way a turn ends early (cancelled, timed out, failed outside a step, given up on).
 
-A turn ends normally in a worker's ``persist`` step: its commit writes the end, and its last state
-save takes the turn out of flight (in-flight marker and admission slot, in the same script). Every
-other end goes through :meth:`TurnEnding.end` (one turn) or :meth:`TurnEnding.cancel_queued` (a
+A turn ends normally in a worker's ``persist`` step: its commit writes the end (and its webhook
+event, which the driver then sends), and the driver's last state save takes the turn out of flight
+(``TurnStates.save``: in-flight marker and, as the driver asks, admission slot, in the same script).
+Every other end goes through :meth:`TurnEnding.end` (one turn) or :meth:`TurnEnding.cancel_queued` (a
 batch's turns not started yet, at once), which do the whole of it, in this order:
 
-1. The database writes the end, with the turn's webhook event in the same transaction
-   (``TurnRepository.finish_early`` / ``cancel_queued``). A turn no longer in a status the caller
+1. The database writes the end, with the turn's webhook event in the same transaction (the outbox:
+   ``TurnRepository.finish_early`` / ``cancel_queued``). A turn no longer in a status the caller
    allows is left alone, and nothing below happens for it: whoever ended it cleaned up.
-2. The end is counted (``aptix_turns_finished_total``) and its round-end event (``turn.cancelled``,
+2. The webhook deliveries that transaction recorded go to the webhooks queue (``WebhookSender``).
+3. The end is counted (``aptix_turns_finished_total``) and its round-end event (``turn.cancelled``,
    ``turn.failed``) goes to the turn's event log.
-3. Redis takes the turn out of flight: a cancelled turn's cancel flag (its remaining steps stop at
+4. Redis takes the turn out of flight: a cancelled turn's cancel flag (its remaining steps stop at
    their start) with its in-flight marker in one round trip, a failed turn's marker alone; then its
    admission slot, held or in flight, in one more.
 
@@ -35,13 +37,15 @@ from typing import Protocol
 
 import redis
 
-from shared.db.records import TurnRecord
+from shared.db.records import Ended, TurnRecord
 from shared.db.turns import TurnRepository
 from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
 from shared.result import ErrorCode, ErrorInfo
+from shared.state.store import CancelFlags, InFlightMarkers
 from shared.turn_events import TurnEventLog, append_ended
+from shared.webhooks.sender import WebhookSender
 
-__all__ = ["CANCELLED_BY_CLIENT", "CANCEL_FLAG_SECONDS", "AdmissionSlots", "EndCounter", "TurnEnding", "TurnMarkers"]
+__all__ = ["CANCELLED_BY_CLIENT", "CANCEL_FLAG_SECONDS", "AdmissionSlots", "EndCounter", "TurnEnding"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +53,6 @@ CANCELLED_BY_CLIENT = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was 
 """The error of every cancelled turn (one turn's cancel, a batch's)."""
 CANCEL_FLAG_SECONDS = 7 * 86400
 """How long the state store keeps a cancelled turn's flag (longer than any turn runs)."""
-
-
-class TurnMarkers(Protocol):
-    """What ending a turn needs of the state store: its cancel flag and its in-flight marker."""
-
-    def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
-        """Flag each turn cancelled and remove its in-flight marker."""
-
-    def forget(self, turn_id: str) -> None:
-        """Remove the turn's in-flight marker."""
 
 
 class AdmissionSlots(Protocol):
@@ -81,8 +75,10 @@ class TurnEnding:
 
     turns: TurnRepository
     """Writes the end (and the webhook event with it)."""
-    store: TurnMarkers
-    """The cancel flags and in-flight markers."""
+    cancel_flags: CancelFlags
+    """The cancel flags (a cancel also removes the turn's in-flight marker)."""
+    in_flight: InFlightMarkers
+    """The in-flight markers."""
     metrics: EndCounter
     """Counts each end."""
     clock: Callable[[], datetime]
@@ -91,6 +87,8 @@ class TurnEnding:
     """The turns' event logs (None: no event, the reconciler's unit tests)."""
     admission: AdmissionSlots | None = None
     """The organisations' admission slots (None: no admission control)."""
+    webhook_sender: WebhookSender | None = None
+    """Sends the webhook deliveries an end recorded (None: this process sends none; the sweep does)."""
 
     def end(
         self, turn_id: str, error: ErrorInfo, *, only_if: Collection[str] = UNFINISHED_STATUSES
@@ -108,9 +106,10 @@ class TurnEnding:
         """
         status = TurnStatus.CANCELLED if error.code is ErrorCode.CANCELLED else TurnStatus.FAILED
         ended = self.turns.finish_early(turn_id, status=status, error=error, now=self.clock(), only_if=only_if)
-        if ended is not None:
-            self._clean_up([ended], status, error)
-        return ended
+        if ended is None:
+            return None
+        self._clean_up(ended, status, error)
+        return ended.records[0]
 
     def cancel_queued(self, turn_ids: Sequence[str]) -> list[TurnRecord]:
         """Cancel those of ``turn_ids`` not started yet, at once (a batch's cancel), and clean up after them.
@@ -122,24 +121,26 @@ class TurnEnding:
             The turns this call cancelled.
         """
         cancelled = self.turns.cancel_queued(turn_ids, error=CANCELLED_BY_CLIENT, now=self.clock())
-        if cancelled:
+        if cancelled.records:
             self._clean_up(cancelled, TurnStatus.CANCELLED, CANCELLED_BY_CLIENT)
-        return cancelled
+        return cancelled.records
 
-    def _clean_up(self, ended: list[TurnRecord], status: TurnStatus, error: ErrorInfo) -> None:
-        for record in ended:
+    def _clean_up(self, ended: Ended, status: TurnStatus, error: ErrorInfo) -> None:
+        if self.webhook_sender is not None:
+            self.webhook_sender.send(ended.deliveries)
+        for record in ended.records:
             self.metrics.count_ended(status, error)
             if self.events is not None:
                 append_ended(self.events, record)
-        turn_ids = [record.turn_id for record in ended]
+        turn_ids = [record.turn_id for record in ended.records]
         try:
             if status is TurnStatus.CANCELLED:
-                self.store.cancel_many(turn_ids, ttl_seconds=CANCEL_FLAG_SECONDS)
+                self.cancel_flags.cancel_many(turn_ids, ttl_seconds=CANCEL_FLAG_SECONDS)
             else:
                 for turn_id in turn_ids:
-                    self.store.forget(turn_id)
+                    self.in_flight.forget(turn_id)
             if self.admission is not None:
-                for org_id, of_org in _by_org(ended).items():
+                for org_id, of_org in _by_org(ended.records).items():
                     self.admission.leave(org_id, of_org)
         except redis.RedisError as exc:
             logger.warning(

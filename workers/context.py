@@ -20,10 +20,12 @@ from shared.db.turns import TurnRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
-from shared.state import RedisStateStore, StateStore
+from shared.state import CancelFlags, InFlightMarkers, RedisStateStore, StepLeases, Timers, TurnStates
 from shared.state.admission import AdmissionQueue
+from shared.state.redis_store import connect
 from shared.turn_ending import AdmissionSlots, TurnEnding
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
+from shared.webhooks import WebhookSender
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.limiter import Admission, RateLimiter, Unlimited, limiter_keys, limits_for
@@ -41,6 +43,7 @@ __all__ = [
     "build_context",
     "lease_renewer",
     "limiters_on",
+    "state_client",
     "utc_now",
     "worker_engine",
 ]
@@ -101,8 +104,14 @@ class StepContext:
 
     settings: Settings
     """The worker's settings; steps read their limits and timeouts here."""
-    store: StateStore
-    """The hot turn state (Redis), with its leases and in-flight markers."""
+    states: TurnStates
+    """The turns' hot state (Redis): each step begins on it (lease, cancel check, load) and saves it."""
+    cancel_flags: CancelFlags
+    """The turns' cancel flags (ending a turn early sets them)."""
+    in_flight: InFlightMarkers
+    """The turns' in-flight markers, which the reconciler reads."""
+    timers: Timers
+    """Messages parked until due (the dispatcher's long waits)."""
     events: TurnEventLog
     """The turns' event logs (Redis Streams), which clients follow live (``GET /v1/turns/{id}/events``)."""
     sessions: SessionRepository
@@ -122,7 +131,7 @@ class StepContext:
     breaker: Callable[[str], BreakerPort]
     """The breaker of a model, by model name."""
     leases: LeaseRenewer
-    """Renews the step leases this process holds."""
+    """Holds, renews and gives back the step leases this process holds."""
     hostname: str
     """The worker node's name (Celery's ``-n``), stamped on trace steps and lease owners."""
     clock: Callable[[], datetime] = utc_now
@@ -135,6 +144,8 @@ class StepContext:
     """The shared rate limiter of a model, by model name; none limits anything when not given (tests)."""
     admission: AdmissionSlots | None = None
     """The organisations' admission slots, which a turn ended outside ``persist`` leaves (none when not given)."""
+    webhook_sender: WebhookSender | None = None
+    """Sends the webhook deliveries a commit or an early end recorded (none when not given: the sweep does)."""
 
     @property
     def state_ttl_seconds(self) -> int:
@@ -146,11 +157,13 @@ class StepContext:
         """Ends a turn outside the pipeline's ``persist`` step, with all its cleanup (``shared.turn_ending``)."""
         return TurnEnding(
             turns=self.turns,
-            store=self.store,
+            cancel_flags=self.cancel_flags,
+            in_flight=self.in_flight,
             metrics=self.metrics,
             clock=self.clock,
             events=self.events,
             admission=self.admission,
+            webhook_sender=self.webhook_sender,
         )
 
     def deadline(self) -> datetime:
@@ -208,7 +221,9 @@ def build_context(
     hostname: str,
     llm: LlmPort | None = None,
     metrics: WorkerMetrics | None = None,
-    webhooks: WebhookOutbox | None = None,
+    client: redis.Redis | None = None,
+    outbox: WebhookOutbox | None = None,
+    webhook_sender: WebhookSender | None = None,
 ) -> StepContext:
     """Build the context of a worker process from its settings (nothing connects until first use).
 
@@ -218,7 +233,9 @@ def build_context(
         hostname: the worker node's name, stamped on trace steps and lease owners.
         llm: the model client; a Responses API client for ``settings`` when None.
         metrics: the process's collectors; a private set when None.
-        webhooks: records and sends the turns' webhook events at their commit points; none when None.
+        client: the state store's Redis (:func:`state_client`); a new one for ``settings`` when None.
+        outbox: records the turns' webhook events at their commit points; none when None.
+        webhook_sender: sends the deliveries ``outbox`` recorded once committed; none when None.
 
     Returns:
         The context every step of this process receives.
@@ -227,17 +244,19 @@ def build_context(
 
     db = session_factory(engine)
     catalog = load_catalog(settings.modes_file)
-    store = RedisStateStore.from_url(
-        settings.redis_url, max_connections=settings.redis_max_connections, max_events=settings.events_max_per_turn
-    )
+    client = client or state_client(settings)
+    store = RedisStateStore(client, max_events=settings.events_max_per_turn)
     return StepContext(
         settings=settings,
-        store=store,
+        states=store,
+        cancel_flags=store,
+        in_flight=store,
+        timers=store,
         events=RedisTurnEventLog(
-            store.client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
+            client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
         ),
         sessions=SessionRepository(db),
-        turns=TurnRepository(db, webhooks=webhooks),
+        turns=TurnRepository(db, webhooks=outbox),
         tool_runs=ToolRunRepository(db),
         catalog=catalog,
         tools=ToolRegistry.from_catalog(catalog),
@@ -248,19 +267,25 @@ def build_context(
             api_key=settings.llm_api_key.get_secret_value(),
             timeout=settings.llm_timeout_seconds,
         ),
-        breaker=breakers_on(store.client, settings),
+        breaker=breakers_on(client, settings),
         leases=lease_renewer(store, settings),
         hostname=hostname,
         metrics=metrics or WorkerMetrics(),
-        limiter=limiters_on(store.client, settings, catalog),
-        admission=AdmissionQueue(store.client),
+        limiter=limiters_on(client, settings, catalog),
+        admission=AdmissionQueue(client),
+        webhook_sender=webhook_sender,
     )
 
 
-def lease_renewer(store: StateStore, settings: Settings) -> LeaseRenewer:
+def state_client(settings: Settings) -> redis.Redis:
+    """A worker process's client of the state store's Redis (``APTIX_REDIS_URL``), on a pool of its own."""
+    return connect(settings.redis_url, max_connections=settings.redis_max_connections)
+
+
+def lease_renewer(leases: StepLeases, settings: Settings) -> LeaseRenewer:
     """The renewer of a process's step leases (``APTIX_STEP_LEASE_SECONDS``)."""
 
     def alive_until() -> float:
         return utc_now().timestamp() + settings.reconciler_deadline_seconds
 
-    return LeaseRenewer(store, ttl_seconds=settings.step_lease_seconds, alive_until=alive_until)
+    return LeaseRenewer(leases, ttl_seconds=settings.step_lease_seconds, alive_until=alive_until)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
-from shared.state import StateStore
+from shared.state import Timers
 from workers.retry import park_after
 
 __all__ = ["Dispatcher", "SendStep"]
@@ -29,7 +29,7 @@ SendStep = Callable[[TurnEnvelope, float], None]
 class Dispatcher:
     """Routes each outgoing message to the broker or to the parked timers."""
 
-    def __init__(self, send: SendStep, store: StateStore, *, park_after: float) -> None:
+    def __init__(self, send: SendStep, store: Timers, *, park_after: float) -> None:
         """Build the dispatcher.
 
         Args:
@@ -47,7 +47,7 @@ class Dispatcher:
         return self._park_after
 
     @classmethod
-    def for_settings(cls, send: SendStep, store: StateStore, settings: Settings) -> Dispatcher:
+    def for_settings(cls, send: SendStep, store: Timers, settings: Settings) -> Dispatcher:
         """A dispatcher that parks the waits the retry policy says to park (:func:`workers.retry.park_after`)."""
         return cls(send, store, park_after=park_after(settings))
 

@@ -6,11 +6,12 @@ with; else, for the turn's first message, from the recorded request), skips a st
 (redelivery), keeps the lease renewed (by the process's one :class:`~workers.leases.LeaseRenewer`),
 runs the step and, in the same task, the steps after it that belong to the same layer (the AGN-032 entry steps are one
 layer: ``shared.task_names.LAYER_OF``), writes a durable checkpoint after the steps the step map
-marks, records each outcome and the turn's frontier (the next message), saves the state once
-(moving the turn's in-flight marker and giving the lease back, in one more round trip) and says
-which message to send next. What the steps did is counted (:mod:`workers.metrics`) once that save
-succeeded: a step runs again when its save failed, and a redelivered step that already ran is
-counted as a redelivery only.
+marks, hands the webhook deliveries a ``persist`` step's commit recorded to the webhooks queue,
+records each outcome and the turn's frontier (the next message), saves the state once (moving the
+turn's in-flight marker and giving the lease back, in one more round trip; when the chain ends there,
+the same write frees the turn's admission slot) and says which message to send next. What the steps
+did is counted (:mod:`workers.metrics`) once that save succeeded: a step runs again when its save
+failed, and a redelivered step that already ran is counted as a redelivery only.
 
 Every kind of "not now" ends here: the step's RetryAfter (the model could not answer), a step leased by
 another worker, a turn whose row is not visible yet, an unreachable Redis or database. The driver
@@ -95,7 +96,7 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
 
 def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     lease = Lease(env.turn_id, env.step_key, owner=f"{ctx.hostname}:{uuid.uuid4().hex}")
-    start = ctx.store.begin(
+    start = ctx.states.begin(
         lease,
         ttl_seconds=ctx.settings.step_lease_seconds,
         check_cancel=env.step is not StepName.PERSIST,
@@ -119,15 +120,14 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
                 return _recorded(state, env)
             tally = MessageTally()
             dispatch = _run_layer(ctx, env, state, tally)
-            alive_until = None if dispatch is None else ctx.alive_until(dispatch.countdown)
-            ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until, release=lease)
+            _save(ctx, state, lease, dispatch)
             saved = True
             ctx.metrics.count_message(tally)
             return dispatch
     finally:
         if not saved:
             try:
-                ctx.store.release(lease)
+                ctx.leases.release(lease)
             except redis.RedisError:
                 logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
 
@@ -146,12 +146,27 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
                 trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
             if result.ok and isinstance(result.value, Stop) and result.value.committed is not None:
                 tally.committed, tally.error = result.value.committed, state.error
+                if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
+                    ctx.webhook_sender.send(result.value.deliveries)
             dispatch = _conclude(ctx, current, state, result, tally)
         if dispatch is None or dispatch.countdown or task_name(dispatch.envelope.step) != task_name(current.step):
             return dispatch
         if dispatch.failed is not None:  # a failed step ends its task, which reports the failure
             return dispatch  # (a persist that raised runs again as a message of its own)
         current = dispatch.envelope
+
+
+def _save(ctx: StepContext, state: TurnState, lease: Lease, dispatch: Dispatch | None) -> None:
+    """Save the state, moving the turn's in-flight marker and giving the lease back, in one round trip.
+
+    When no message follows (the turn finished or paused), the same write takes the turn out of
+    flight: its marker goes and it leaves its organisation's admission slot (``shared.state.admission``).
+    """
+    if dispatch is None:
+        ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True)
+    else:
+        alive_until = ctx.alive_until(dispatch.countdown)
+        ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until, release=lease)
 
 
 def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import redis
 
-from shared.state import Lease, StateStore
+from shared.state import Lease, StepLeases
 
 __all__ = ["LeaseRenewer"]
 
@@ -30,15 +30,15 @@ _BATCH = 500
 class LeaseRenewer:
     """Holds this process's step leases and renews them until they are let go."""
 
-    def __init__(self, store: StateStore, *, ttl_seconds: int, alive_until: Callable[[], float]) -> None:
+    def __init__(self, leases: StepLeases, *, ttl_seconds: int, alive_until: Callable[[], float]) -> None:
         """Prepare the renewer; its thread starts with the first :meth:`holding`.
 
         Args:
-            store: where the leases live.
+            leases: where the leases live.
             ttl_seconds: the lease length; renewals come every third of it.
             alive_until: the in-flight marker of a turn whose step is running now.
         """
-        self._store = store
+        self._leases = leases
         self._ttl = ttl_seconds
         self._alive_until = alive_until
         self._held: dict[Lease, None] = {}
@@ -61,6 +61,10 @@ class LeaseRenewer:
             with self._lock:
                 self._held.pop(lease, None)
 
+    def release(self, lease: Lease) -> None:
+        """Give ``lease`` back now (its step ends without a save, which would have given it back)."""
+        self._leases.release(lease)
+
     def held(self) -> list[Lease]:
         """The leases held now."""
         with self._lock:
@@ -71,7 +75,7 @@ class LeaseRenewer:
         leases = self.held()
         lost: list[Lease] = []
         for start in range(0, len(leases), _BATCH):
-            lost += self._store.renew(
+            lost += self._leases.renew(
                 leases[start : start + _BATCH], ttl_seconds=self._ttl, alive_until=self._alive_until()
             )
         return lost

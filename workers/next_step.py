@@ -25,6 +25,8 @@ class Stop:
 
     committed: TurnStatus | None = None
     """The status this step's commit wrote; None when it wrote none (the turn had ended otherwise)."""
+    deliveries: tuple[str, ...] = ()
+    """The webhook deliveries the commit recorded (its outbox rows); the driver sends them."""
 
 
 @dataclass(frozen=True, slots=True)

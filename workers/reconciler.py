@@ -40,32 +40,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import redis
 from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import SQLAlchemyError
 
-from shared.broker import queue_depth
 from shared.db.turns import InFlightTurn, TurnRepository
 from shared.models.envelope import TurnEnvelope, first_step
 from shared.models.turn import TurnStatus
 from shared.result import ErrorInfo
 from shared.settings import Settings
-from shared.state import StateStore, TurnState
-from shared.state.admission import AdmissionQueue
-from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
-from shared.state.leader import LeaderLease
-from shared.task_names import TASK_QUEUES, StepName, task_name
+from shared.state import InFlightMarkers, TurnState, TurnStates
+from shared.state.admission import Place
+from shared.state.leader import Leader
 from shared.telemetry import turn_span
 from shared.turn_ending import TurnEnding
-from shared.turn_events import TurnEventLog
 from workers import retry
+from workers.broker_watch import BrokerWatch
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
 from workers.webhooks.sweep import WebhookSweeper
 
-__all__ = ["Reconciler", "ReconcilerStats", "frontier"]
+__all__ = ["AdmissionPlaces", "Reconciler", "ReconcilerStats", "frontier"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +71,16 @@ _BATCH = 500
 _MAX_BATCHES_PER_SCAN = 20
 _PRUNE_AFTER_SECONDS = 86400.0
 _ERRORS = (redis.RedisError, SQLAlchemyError, BrokerError, OSError)
+
+
+class AdmissionPlaces(Protocol):
+    """What the reconciler needs of admission (``shared.state.admission.AdmissionQueue``)."""
+
+    def where(self, org_id: str, turn_ids: list[str]) -> dict[str, Place | None]:
+        """Whether each turn is held, in flight, or neither."""
+
+    def hold(self, org_id: str, turn_ids: list[str]) -> None:
+        """Hold turns again, at the back of their organisation's queue."""
 
 
 @dataclass
@@ -102,50 +110,46 @@ class Reconciler:
         *,
         settings: Settings,
         turns: TurnRepository,
-        store: StateStore,
-        client: redis.Redis,
+        states: TurnStates,
+        in_flight: InFlightMarkers,
         dispatcher: Dispatcher,
-        owner: str,
-        broker_client: redis.Redis | None = None,
+        leader: Leader,
+        ending: TurnEnding,
+        broker: BrokerWatch | None = None,
         clock: Callable[[], datetime] = utc_now,
         metrics: WorkerMetrics | None = None,
         webhooks: WebhookSweeper | None = None,
-        events: TurnEventLog | None = None,
-        admission: AdmissionQueue | None = None,
+        admission: AdmissionPlaces | None = None,
     ) -> None:
         """Build one copy.
 
         Args:
             settings: deadlines, interval, re-drive limit.
             turns: the turn repository (deadlines, checkpoints).
-            store: the state store (states, markers, parked messages).
-            client: the state store's Redis, for the leader lease.
-            dispatcher: sends re-driven and due messages.
-            owner: this copy's name in the leader lease.
-            broker_client: the broker's Redis, when the broker is Redis (for the sentinel).
+            states: the turns' states in Redis (the frontier they record; the reconciler loads and drops them).
+            in_flight: the turns' in-flight markers.
+            dispatcher: sends re-driven and due messages (and keeps the parked ones).
+            leader: the leader lease (``RECONCILER_LEADER_KEY``): only its holder scans.
+            ending: ends a turn given up on, with all its cleanup (``shared.turn_ending``).
+            broker: the broker, when it is Redis (its sentinel, the first step's queue); None otherwise.
             clock: the wall clock.
             metrics: counts scans, re-drives and turns given up on (a private set when None).
             webhooks: sends the due webhook deliveries at each scan; None: no webhooks here.
-            events: the turns' event logs, which get ``turn.failed`` of a turn given up on (none when None).
             admission: the admission sets: a batch turn held there is waiting, not stalled, one that
-                is neither held nor released is held again, and a turn given up on leaves them
-                (``shared.turn_ending``; None: no admission control).
+                is neither held nor released is held again (None: no admission control).
         """
         self._settings = settings
         self._turns = turns
-        self._store = store
-        self._client = client
+        self._states = states
+        self._in_flight = in_flight
         self._dispatcher = dispatcher
-        self._owner = owner
-        self._broker = broker_client
+        self._broker = broker
         self._clock = clock
         self._metrics = metrics or WorkerMetrics()
         self._webhooks = webhooks
         self._admission = admission
-        self._ending = TurnEnding(
-            turns=turns, store=store, metrics=self._metrics, clock=clock, events=events, admission=admission
-        )
-        self._lease = LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner)
+        self._ending = ending
+        self._lease = leader
         self.stats = ReconcilerStats()
 
     def run(self, stop: threading.Event) -> None:
@@ -200,7 +204,7 @@ class Reconciler:
         for _ in range(_MAX_BATCHES_PER_SCAN):
             if self._scan_batch(queue_drained=backlog == 0) < _BATCH:
                 break
-        self._store.prune_markers(before=self._clock().timestamp() - _PRUNE_AFTER_SECONDS)
+        self._in_flight.prune_markers(before=self._clock().timestamp() - _PRUNE_AFTER_SECONDS)
         self.stats.redis_calls += 1
         self.stats.scans += 1
         self._metrics.count_scan()
@@ -230,7 +234,7 @@ class Reconciler:
     def _scan_batch(self, *, queue_drained: bool) -> int:
         now = self._clock()
         overdue = self._turns.overdue(now=now, limit=_BATCH)
-        alive = self._store.alive_until([turn.turn_id for turn in overdue]) if overdue else {}
+        alive = self._in_flight.alive_until([turn.turn_id for turn in overdue]) if overdue else {}
         self.stats.db_calls += 1
         self.stats.redis_calls += 1 if overdue else 0
         self.stats.checked += len(overdue)
@@ -272,7 +276,7 @@ class Reconciler:
             lost = [turn_id for turn_id in turn_ids if places.get(turn_id) is None]
             if lost:
                 logger.warning("holding %d batch turn(s) of %s again (not held, not released)", len(lost), org_id)
-                self._store.mark_alive(lost, until=now.timestamp() + self._settings.reconciler_queued_seconds)
+                self._in_flight.mark_alive(lost, until=now.timestamp() + self._settings.reconciler_queued_seconds)
                 self._admission.hold(org_id, lost)
             self.stats.redis_calls += 2 if lost else 1
             for turn_id in turn_ids:
@@ -283,17 +287,17 @@ class Reconciler:
 
     def redrive(self, turn: InFlightTurn, now: datetime) -> None:
         """Send the turn's frontier message again (from Redis, else its checkpoint, else its first step)."""
-        state = self._store.load(turn.turn_id)
+        state = self._states.load(turn.turn_id)
         raw = self._turns.load_snapshot(turn.turn_id)
         checkpoint = None if raw is None else TurnState.model_validate(raw)
         envelope, source = frontier(turn, state, checkpoint)
         if source == "checkpoint" and state is not None:
-            self._store.drop(turn.turn_id)  # older than the checkpoint: the step carries on from the checkpoint
+            self._states.drop(turn.turn_id)  # older than the checkpoint: the step carries on from the checkpoint
             self.stats.redis_calls += 1
         with turn_span(turn.turn_id, "reconciler re-drive", source=source, step_key=envelope.step_key):
             self._dispatcher.dispatch(envelope, 0.0, now=now.timestamp())
         window = self._settings.reconciler_queued_seconds if turn.status is TurnStatus.QUEUED else self._deadline()
-        self._store.mark_alive([turn.turn_id], until=now.timestamp() + window)
+        self._in_flight.mark_alive([turn.turn_id], until=now.timestamp() + window)
         self._turns.note_redrive(turn.turn_id, deadline_at=now + timedelta(seconds=self._deadline()))
         self.stats.redis_calls += 2  # load the state, set the marker (plus the message itself)
         self.stats.db_calls += 2  # load the checkpoint, count the re-drive
@@ -332,19 +336,15 @@ class Reconciler:
         if self._broker is None:
             return None
         self.stats.redis_calls += 1
-        return queue_depth(self._broker, TASK_QUEUES[task_name(StepName.REQUEST_HANDLER)])
+        return self._broker.first_step_backlog()
 
     def _check_broker(self) -> None:
         if self._broker is None:
             return
-        self.stats.redis_calls += 1
-        if not self._broker.set(BROKER_SENTINEL_KEY, self._owner, nx=True):
-            return
-        self.stats.redis_calls += 2
-        if self._client.exists(BROKER_EPOCH_SEEN_KEY):
+        self.stats.redis_calls += 1  # the sentinel's check (two more, uncounted, the rare time it is set again)
+        if self._broker.lost_messages():
             logger.warning("the broker lost its messages (its sentinel vanished): every turn in flight is re-driven")
-            self._store.forget_all()
-        self._client.set(BROKER_EPOCH_SEEN_KEY, b"1")
+            self._in_flight.forget_all()
 
     def _deadline(self) -> int:
         return self._settings.reconciler_deadline_seconds

@@ -25,11 +25,15 @@ from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
-from shared.state import StateStore
+from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
+from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
+from shared.state.leader import LeaderLease
+from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
-from shared.webhooks import WebhookConfig
-from workers.context import StepContext, build_context, utc_now, worker_engine
+from shared.webhooks import WebhookConfig, WebhookSender
+from workers.broker_watch import RedisBrokerWatch
+from workers.context import StepContext, build_context, state_client, utc_now, worker_engine
 from workers.dispatcher import Dispatcher, SendStep
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
@@ -37,7 +41,7 @@ from workers.scheduler import AdmissionScheduler, Publish
 from workers.webhooks import WebhookDeliverer, WebhookSweeper
 from workers.webhooks.delivery import SendAttempt, http_client
 
-__all__ = ["WorkerRuntime", "build_reconciler", "build_scheduler", "webhook_outbox"]
+__all__ = ["WorkerRuntime", "build_reconciler", "build_scheduler", "webhook_outbox", "webhook_sender"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +83,7 @@ class WorkerRuntime:
         self._metrics = metrics
         self._hostname: str | None = None
         self._engine: Engine | None = None
+        self._redis: redis.Redis | None = None
         self._ctx: StepContext | None = None
         self._dispatcher: Dispatcher | None = None
         self._stop = threading.Event()
@@ -103,11 +108,17 @@ class WorkerRuntime:
         # values to the child's own files when it sees the new pid).
         self._metrics = self._metrics or WorkerMetrics()
         self._engine = worker_engine(self._settings, hostname=hostname)
-        outbox = webhook_outbox(self._settings, self._send_webhook)
+        self._redis = state_client(self._settings)
         self._ctx = build_context(
-            self._settings, engine=self._engine, hostname=hostname, metrics=self._metrics, webhooks=outbox
+            self._settings,
+            engine=self._engine,
+            hostname=hostname,
+            metrics=self._metrics,
+            client=self._redis,
+            outbox=webhook_outbox(self._settings, self._send_webhook),
+            webhook_sender=webhook_sender(self._settings, self._send_webhook),
         )
-        self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
+        self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.timers, self._settings)
         if self._send_webhook is not None:
             if self._http is not None:
                 self._http.close()
@@ -165,14 +176,16 @@ class WorkerRuntime:
         if not self._with_reconciler or self._reconciler_thread is not None:
             return
         ctx = self.context
+        assert self._redis is not None  # built with the context
         reconciler = build_reconciler(
             self._settings,
+            client=self._redis,
             turns=ctx.turns,
-            store=ctx.store,
             dispatcher=self.dispatcher,
             owner=f"{ctx.hostname}:{os.getpid()}",
             metrics=ctx.metrics,
             webhooks=self._sweeper(),
+            webhook_sender=ctx.webhook_sender,
         )
         self._stop.clear()
         self._reconciler_thread = threading.Thread(
@@ -193,10 +206,11 @@ class WorkerRuntime:
                 send(envelope, 0.0)
 
         publish = self._send_now or send_each
+        assert self._redis is not None  # built with the context
         scheduler = build_scheduler(
             self._settings,
+            client=self._redis,
             turns=ctx.turns,
-            store=ctx.store,
             publish=publish,
             owner=f"{ctx.hostname}:{os.getpid()}",
             metrics=ctx.metrics,
@@ -232,68 +246,90 @@ class WorkerRuntime:
 def build_reconciler(
     settings: Settings,
     *,
+    client: redis.Redis,
     turns: TurnRepository,
-    store: StateStore,
     dispatcher: Dispatcher,
     owner: str,
     metrics: WorkerMetrics | None = None,
     webhooks: WebhookSweeper | None = None,
+    webhook_sender: WebhookSender | None = None,
 ) -> Reconciler:
-    """A reconciler on a process's ports (``store`` must be the Redis state store); it counts on ``metrics``
-    and, given ``webhooks``, sends the webhook deliveries that are due."""
+    """A reconciler on the state store's Redis ``client`` and a process's ports: it counts on ``metrics``,
+    given ``webhooks`` sends the webhook deliveries that are due, and given ``webhook_sender`` sends
+    the webhook event of a turn it gives up on at once."""
     broker_url = settings.effective_broker_url
     broker = (
-        redis.Redis.from_url(broker_url, socket_timeout=10)
+        RedisBrokerWatch(redis.Redis.from_url(broker_url, socket_timeout=10), client, owner=owner)
         if broker_url.startswith(("redis://", "rediss://"))
         else None
     )
-    client = getattr(store, "client", None)
-    if not isinstance(client, redis.Redis):
-        raise TypeError("the reconciler needs the Redis state store")
-    return Reconciler(
-        settings=settings,
+    store = RedisStateStore(client, max_events=settings.events_max_per_turn)
+    metrics = metrics or WorkerMetrics()
+    admission = AdmissionQueue(client)
+    ending = TurnEnding(
         turns=turns,
-        store=store,
-        client=client,
-        dispatcher=dispatcher,
-        owner=owner,
-        broker_client=broker,
+        cancel_flags=store,
+        in_flight=store,
         metrics=metrics,
-        webhooks=webhooks,
+        clock=utc_now,
         events=RedisTurnEventLog(
             client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn
         ),
-        admission=AdmissionQueue(client),
+        admission=admission,
+        webhook_sender=webhook_sender,
+    )
+    return Reconciler(
+        settings=settings,
+        turns=turns,
+        states=store,
+        in_flight=store,
+        dispatcher=dispatcher,
+        leader=LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner),
+        ending=ending,
+        broker=broker,
+        metrics=metrics,
+        webhooks=webhooks,
+        admission=admission,
     )
 
 
 def build_scheduler(
     settings: Settings,
     *,
+    client: redis.Redis,
     turns: TurnRepository,
-    store: StateStore,
     publish: Publish,
     owner: str,
     metrics: WorkerMetrics | None = None,
 ) -> AdmissionScheduler:
-    """An admission scheduler on a process's ports (``store`` must be the Redis state store)."""
-    client = getattr(store, "client", None)
-    if not isinstance(client, redis.Redis):
-        raise TypeError("the admission scheduler needs the Redis state store")
+    """An admission scheduler on the state store's Redis ``client`` and a process's ports."""
     return AdmissionScheduler(
-        settings=settings, admission=AdmissionQueue(client), turns=turns, publish=publish, owner=owner, metrics=metrics
+        settings=settings,
+        admission=AdmissionQueue(client),
+        turns=turns,
+        publish=publish,
+        leader=LeaderLease(client, key=SCHEDULER_LEADER_KEY, owner=owner),
+        metrics=metrics,
     )
 
 
 def webhook_outbox(settings: Settings, send_webhook: SendAttempt | None) -> WebhookOutbox | None:
-    """The outbox that records turns' webhook events and sends their first attempt; None when no
-    organisation has a webhook secret or the process cannot send."""
+    """The outbox that records turns' webhook events in their commits; None when no organisation has a
+    webhook secret or the process cannot send them (:func:`webhook_sender`)."""
     config = WebhookConfig.from_settings(settings)
     if send_webhook is None or not config.enabled:
+        return None
+    return WebhookOutbox(config)
+
+
+def webhook_sender(settings: Settings, send_webhook: SendAttempt | None) -> WebhookSender | None:
+    """What sends the first attempt of the deliveries the outbox recorded (:func:`webhook_outbox`), once
+    committed; None when the process records none."""
+    if send_webhook is None or not WebhookConfig.from_settings(settings).enabled:
         return None
     send = send_webhook
 
     def first_attempt(delivery_id: str) -> None:
         send(delivery_id, 1, 0.0)
 
-    return WebhookOutbox(config, first_attempt)
+    return WebhookSender(first_attempt)

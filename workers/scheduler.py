@@ -38,8 +38,7 @@ from shared.models.envelope import TurnEnvelope, first_step
 from shared.models.turn import TurnStatus
 from shared.settings import Settings
 from shared.state.admission import AdmissionQueue, Release
-from shared.state.keys import SCHEDULER_LEADER_KEY
-from shared.state.leader import LeaderLease
+from shared.state.leader import Leader
 from workers.metrics import WorkerMetrics
 
 __all__ = ["AdmissionScheduler", "Publish"]
@@ -75,7 +74,7 @@ class AdmissionScheduler:
         admission: AdmissionQueue,
         turns: TurnRepository,
         publish: Publish,
-        owner: str,
+        leader: Leader,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -86,7 +85,7 @@ class AdmissionScheduler:
             admission: the held and in-flight sets.
             turns: the turn repository (the sweep reads turns' statuses).
             publish: sends first-step messages.
-            owner: this copy's name in the leader lease.
+            leader: the leader lease (``SCHEDULER_LEADER_KEY``): only its holder releases turns.
             metrics: counts releases and shows the sets (a private set when None).
             clock: the wall clock (Unix time).
         """
@@ -96,7 +95,7 @@ class AdmissionScheduler:
         self._publish = publish
         self._metrics = metrics or WorkerMetrics()
         self._clock = clock
-        self._lease = LeaderLease(admission.client, key=SCHEDULER_LEADER_KEY, owner=owner)
+        self._lease = leader
         self._lease_renewed = 0.0
         self._leading = False
         self._next_sweep = 0.0

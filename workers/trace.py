@@ -1,7 +1,7 @@
 """Writing CompositionTrace steps (AGN-031 §9) from inside a pipeline step.
 
 A record is final when the state that holds it is saved: that save also sends it to the turn's event
-log as a ``trace`` event (``StateStore.save``), so watchers see it as soon as it is kept, and a step
+log as a ``trace`` event (``TurnStates.save``), so watchers see it as soon as it is kept, and a step
 that runs again after a failed save (and makes its records again) sends them once.
 """
 

@@ -20,7 +20,7 @@ from api_gateway.services.errors import Unavailable
 from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
 from shared.models.envelope import first_step
 from shared.settings import Settings
-from shared.state import StateStore
+from shared.state import InFlightMarkers
 from shared.state.admission import AdmissionQueue
 from shared.telemetry import active_tracing, turn_accepted
 
@@ -39,7 +39,7 @@ class TurnSender:
         self,
         *,
         settings: Settings,
-        store: StateStore,
+        store: InFlightMarkers,
         publisher: TurnPublisher,
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,

@@ -36,10 +36,11 @@ from shared.modes import ModeCatalog
 from shared.openai.extras import TurnExtras
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
-from shared.state import StateStore
+from shared.state import CancelFlags, InFlightMarkers, TurnStates
 from shared.state.admission import AdmissionQueue
 from shared.turn_ending import CANCELLED_BY_CLIENT, TurnEnding
 from shared.turn_events import TurnEventLog
+from shared.webhooks import WebhookSender
 
 __all__ = ["TurnService"]
 
@@ -56,28 +57,32 @@ class TurnService:
         turns: TurnRepository,
         sessions: SessionRepository,
         catalog: ModeCatalog,
-        store: StateStore,
+        states: TurnStates,
+        cancel_flags: CancelFlags,
+        in_flight: InFlightMarkers,
         events: TurnEventLog,
         publisher: TurnPublisher,
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,
         webhooks: WebhookService | None = None,
         admission: AdmissionQueue | None = None,
+        webhook_sender: WebhookSender | None = None,
     ) -> None:
         self._settings = settings
         self._webhooks = webhooks
         self._turns = turns
         self._sessions = sessions
         self._catalog = catalog
-        self._store = store
+        self._states = states
         self._publisher = publisher
         self._clock = clock
         self.sender = TurnSender(
-            settings=settings, store=store, publisher=publisher, clock=clock, metrics=metrics, admission=admission
+            settings=settings, store=in_flight, publisher=publisher, clock=clock, metrics=metrics, admission=admission
         )
         self._ending = TurnEnding(
-            turns=turns, store=store, metrics=metrics, clock=clock, events=events, admission=admission
-        )
+            turns=turns, cancel_flags=cancel_flags, in_flight=in_flight, metrics=metrics, clock=clock, events=events,
+            admission=admission, webhook_sender=webhook_sender,
+        )  # fmt: skip
 
     def record(
         self,
@@ -318,7 +323,7 @@ class TurnService:
 
     def _live_trace(self, turn_id: str) -> list[TraceStep] | None:
         try:
-            state = self._store.load(turn_id)
+            state = self._states.load(turn_id)
         except RedisError:
             return None
         return None if state is None else state.trace

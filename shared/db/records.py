@@ -11,6 +11,9 @@ Which fields each shape of a turn carries is said here, once:
   stay JSON (``error["code"]``, ``trace[0]["kind"]``).
 - ``IDENTITY_FIELDS``: what a starting turn's state copies from its record (the snapshot, being
   the state itself, carries them on).
+- ``Committed``, ``Ended``: what a commit or an early end wrote, with the webhook deliveries it
+  recorded in the same transaction (the outbox, ``shared.db.webhook_outbox``), which the caller
+  sends once it committed (``shared.webhooks.WebhookSender``).
 
 Plain frozen dataclasses: no SQLAlchemy object leaves ``shared.db``.
 """
@@ -25,7 +28,7 @@ from shared.models.trace import TraceStep
 from shared.models.turn import JsonObject, ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.result import ErrorInfo
 
-__all__ = ["IDENTITY_FIELDS", "InFlightTurn", "NewTurn", "TurnOutcome", "TurnRecord"]
+__all__ = ["IDENTITY_FIELDS", "Committed", "Ended", "InFlightTurn", "NewTurn", "TurnOutcome", "TurnRecord"]
 
 IDENTITY_FIELDS: tuple[str, ...] = (
     "turn_id", "session_id", "org_id", "user_id", "batch_id", "new_session", "requested_mode",
@@ -139,6 +142,25 @@ class InFlightTurn:
     redrives: int
     org_id: str = ""
     """The turn's organisation (its admission sets, ``shared.state.admission``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A commit point that wrote (``TurnRepository.commit``)."""
+
+    deliveries: list[str]
+    """The webhook deliveries it recorded, for the caller to send now that they are committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """Turns an early end wrote (``TurnRepository.finish_early``, ``cancel_queued``)."""
+
+    records: list[TurnRecord]
+    """The turns as ended."""
+    deliveries: list[str]
+    """The webhook deliveries it recorded (the turns' events, their batches'), for the caller to send
+    now that they are committed."""
 
 
 _OUTCOME_FIELDS = tuple(field.name for field in fields(TurnOutcome))

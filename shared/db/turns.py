@@ -1,7 +1,9 @@
 """TurnRepository: turns, their transcript items and provider-state snapshots.
 
 It takes and returns the records of ``shared.db.records``; its statements and row conversions are
-in ``shared.db.turn_sql``.
+in ``shared.db.turn_sql``. It sends nothing: a write that ends or pauses a turn records its webhook
+event in the same transaction (``shared.db.webhook_outbox``) and returns the deliveries' ids, which
+the caller sends once committed.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db import turn_sql as sql
-from shared.db.records import InFlightTurn, NewTurn, TurnOutcome, TurnRecord
+from shared.db.records import Committed, Ended, InFlightTurn, NewTurn, TurnOutcome, TurnRecord
 from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
 from shared.result import ErrorInfo
 
 __all__ = [
+    "Committed",
+    "Ended",
     "IdempotencyConflict",
     "InFlightTurn",
     "NewTurn",
@@ -52,8 +56,8 @@ class TurnRepository:
 
         Args:
             db: the session factory.
-            webhooks: records each turn's webhook event in the transaction that ends or pauses it,
-                and sends it after; None when no organisation gets webhooks.
+            webhooks: records each turn's webhook event in the transaction that ends or pauses it
+                (the ids come back to the caller, to send); None when no organisation gets webhooks.
         """
         self._db = db
         self._webhooks = webhooks
@@ -163,25 +167,25 @@ class TurnRepository:
         transcript: list[tuple[str, str]],
         snapshot: dict[str, Any],
         now: datetime,
-    ) -> bool:
+    ) -> Committed | None:
         """The commit point: the turn's outcome, transcript items, state snapshot and session's last use, at once.
 
         Idempotent: writing the same outcome twice leaves the same rows. A turn that already
         reached a terminal status (cancelled, say) is left as it is. With a webhook outbox, the same
-        transaction records the status's webhook event (``shared.db.webhook_outbox``), sent once it
-        committed.
+        transaction records the status's webhook event (``shared.db.webhook_outbox``).
 
         Returns:
-            False when the turn was already terminal and nothing was written.
+            What was written, with the webhook deliveries to send now; None when the turn was already
+            terminal and nothing was written.
         """
         statement = sql.FINISH_IN_FLIGHT if outcome.status.is_in_flight else sql.FINISH
-        events: list[str] = []
+        deliveries: list[str] = []
         with self._db.begin() as orm:
             # The UPDATE locks the row until the commit, as SELECT ... FOR UPDATE did; it changes
             # nothing when the turn is unknown or already ended otherwise (cancelled, say).
             written = orm.execute(statement, sql.finish_values(turn_id, outcome, now=now)).one_or_none()
             if written is None:
-                return False
+                return None
             session_id, org_id = written
             orm.execute(sql.CLEAR_TRANSCRIPT, {"p_turn_id": turn_id})
             if transcript:
@@ -196,10 +200,8 @@ class TurnRepository:
             if self._webhooks is not None and self._webhooks.applies_to(org_id):
                 row = orm.get(TurnRow, turn_id, populate_existing=True)
                 if row is not None:
-                    events = self._webhooks.record_turn(orm, row, now=now)
-        if events and self._webhooks is not None:
-            self._webhooks.send(events)
-        return True
+                    deliveries = self._webhooks.record_turn(orm, row, now=now)
+        return Committed(deliveries)
 
     def accept_tool_results(
         self,
@@ -247,15 +249,16 @@ class TurnRepository:
         error: ErrorInfo,
         now: datetime,
         only_if: Collection[str] = UNFINISHED_STATUSES,
-    ) -> TurnRecord | None:
+    ) -> Ended | None:
         """End a turn from outside the pipeline if its status is in ``only_if`` (for ``shared.turn_ending``).
 
-        With a webhook outbox, the same transaction records the turn's webhook event, sent once it committed.
+        With a webhook outbox, the same transaction records the turn's webhook event.
 
         Returns:
-            The ended turn, or None when the turn was not in one of those statuses.
+            The ended turn (one record) with the webhook deliveries to send now, or None when the turn
+            was not in one of those statuses.
         """
-        events: list[str] = []
+        deliveries: list[str] = []
         with self._db.begin() as orm:
             row = orm.get(TurnRow, turn_id, with_for_update=True)
             if row is None or row.status not in only_if:
@@ -274,20 +277,19 @@ class TurnRepository:
             ]  # fmt: skip
             if self._webhooks is not None:
                 orm.flush()
-                events = self._webhooks.record_turn(orm, row, now=now)
-        if events and self._webhooks is not None:
-            self._webhooks.send(events)
-        return sql.to_record(row)
+                deliveries = self._webhooks.record_turn(orm, row, now=now)
+        return Ended([sql.to_record(row)], deliveries)
 
-    def cancel_queued(self, turn_ids: Sequence[str], *, error: ErrorInfo, now: datetime) -> list[TurnRecord]:
+    def cancel_queued(self, turn_ids: Sequence[str], *, error: ErrorInfo, now: datetime) -> Ended:
         """Cancel those of ``turn_ids`` still queued (never started): one ``UPDATE`` per 1,000 ids, one transaction.
 
         A queued turn's trace is empty, so it becomes the one ``turn_cancelled`` record ``finish_early``
         would add. With a webhook outbox, the same transaction records each turn's webhook event (and
-        its batch's, once), sent once it committed.
+        its batch's, once).
 
         Returns:
-            The turns this call cancelled (a turn that started meanwhile is left to run).
+            The turns this call cancelled (a turn that started meanwhile is left to run), with the
+            webhook deliveries to send now.
         """
         trace = [
             {"seq": 1, "kind": "turn_" + TurnStatus.CANCELLED.value, "at": now.isoformat(), "step": "gateway",
@@ -298,7 +300,7 @@ class TurnRepository:
             "updated_at": now, "completed_at": now, "deadline_at": None, "trace": trace,
         }  # fmt: skip
         cancelled: list[TurnRow] = []
-        events: list[str] = []
+        deliveries: list[str] = []
         with self._db.begin() as orm:
             for start in range(0, len(turn_ids), _CANCEL_CHUNK):
                 chunk = list(turn_ids[start : start + _CANCEL_CHUNK])
@@ -311,11 +313,9 @@ class TurnRepository:
                 )
                 cancelled.extend(orm.scalars(statement))
             if self._webhooks is not None and cancelled:
-                events = self._webhooks.record_turns(orm, cancelled, now=now)
+                deliveries = self._webhooks.record_turns(orm, cancelled, now=now)
             records = [sql.to_record(row) for row in cancelled]
-        if events and self._webhooks is not None:
-            self._webhooks.send(events)
-        return records
+        return Ended(records, deliveries)
 
     def by_idempotency_keys(self, org_id: str, keys: Collection[str]) -> dict[str, TurnRecord]:
         """The organisation's turns recorded with any of ``keys``, by key."""

@@ -1,13 +1,15 @@
-"""WebhookOutbox: a webhook event is written in the transaction of what raised it, and sent after it.
+"""WebhookOutbox: a webhook event is written in the transaction of what raised it; someone else sends it.
 
 A turn's commit (the ``persist`` step), its end outside the pipeline (a cancel, a client-tool
 timeout, a failure the reconciler or the driver writes) and a batch's last turn each record their
 event as a ``webhook_deliveries`` row inside their own database transaction, so an event exists if
-and only if what it reports was committed. Once that transaction has committed, :meth:`send` hands
-each new delivery to the webhooks queue, best effort: if the process dies first or the broker
-refuses, the row stays pending and the reconciler's sweep sends it. A committed delivery is never
-lost, and a webhook never fails nor delays the turn: an error recording the event is logged and the
-turn commits without it.
+and only if what it reports was committed. The repository returns the ids of the deliveries it
+recorded (``shared.db.records.Committed``, ``Ended``) and sends nothing: once the transaction has
+committed, the caller hands them to the webhooks queue through a ``shared.webhooks.WebhookSender``
+(the driver after ``persist``, ``shared.turn_ending`` after an early end), best effort: if the
+process dies first or the broker refuses, the row stays pending and the reconciler's sweep sends it.
+A committed delivery is never lost, and a webhook never fails nor delays the turn: an error
+recording the event is logged and the turn commits without it.
 
 Each event has a key (``turn:<id>:<round>:<status>``, ``batch:<id>``) written at most once, so a
 commit that runs twice (a redelivered ``persist``) raises its event once.
@@ -20,7 +22,7 @@ under the same keys, signed the same way; every other turn raises ours.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import Table, func, select
@@ -39,32 +41,23 @@ from shared.turn_view import to_turn
 from shared.webhooks.config import WebhookConfig
 from shared.webhooks.events import EventType, event_body, new_delivery_id, response_event_body, turn_event_type
 
-__all__ = ["PENDING", "SendDelivery", "WebhookOutbox"]
+__all__ = ["PENDING", "WebhookOutbox"]
 
 logger = logging.getLogger(__name__)
 
 PENDING = "pending"
 """The status of a delivery still to attempt."""
 
-SendDelivery = Callable[[str], None]
-"""Sends the first attempt of a delivery, by id, to the webhooks queue (``shared.broker.send_webhook``)."""
-
 _DELIVERIES: Table = WebhookDeliveryRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 _INSERT: dict[str, Insert] = {}
 
 
 class WebhookOutbox:
-    """Records webhook events in the caller's transaction, and sends them once it committed."""
+    """Records webhook events in the caller's transaction (sending them is the caller's next step)."""
 
-    def __init__(self, config: WebhookConfig, send: SendDelivery) -> None:
-        """Build the outbox.
-
-        Args:
-            config: which organisations get webhooks, and where.
-            send: enqueues a delivery's first attempt.
-        """
+    def __init__(self, config: WebhookConfig) -> None:
+        """Build the outbox on ``config``: which organisations get webhooks, and where."""
         self._config = config
-        self._send = send
 
     def applies_to(self, org_id: str) -> bool:
         """Whether events of ``org_id`` may be recorded at all (it has a secret): else nothing to do."""
@@ -130,20 +123,6 @@ class WebhookOutbox:
             except Exception:  # as above
                 logger.exception("could not record the webhook event of batch %s", batch_id)
         return recorded
-
-    def send(self, delivery_ids: Sequence[str]) -> None:
-        """Enqueue each delivery's first attempt (after the commit that recorded it); never raises.
-
-        A delivery that cannot be enqueued now stays pending: the sweep sends it.
-        """
-        for delivery_id in delivery_ids:
-            try:
-                self._send(delivery_id)
-            except Exception as exc:  # the broker, a connection: whatever it is, the sweep catches up
-                logger.warning(
-                    "could not enqueue webhook delivery %s (%s: %s); the sweep sends it",
-                    delivery_id, type(exc).__name__, exc,
-                )  # fmt: skip
 
     def _record_turn(self, orm: Session, row: TurnRow, *, now: datetime, with_batch: bool = True) -> list[str]:
         record = to_record(row)

@@ -1,11 +1,11 @@
-"""Hot turn state: the TurnState document, its keys, and the stores that hold it."""
+"""Hot turn state: the TurnState document, its keys, the ports of the store that holds it, and the stores."""
 
 from shared.state.memory_store import MemoryStateStore
 from shared.state.redis_store import RedisStateStore
-from shared.state.store import Lease, StateStore, StepStart
+from shared.state.store import CancelFlags, InFlightMarkers, Lease, StepLeases, StepStart, Timers, TurnStates
 from shared.state.turn_state import LedgerEntry, ModelRetry, OutboxEvent, Providers, TurnState
 
 __all__ = [
-    "Lease", "LedgerEntry", "MemoryStateStore", "ModelRetry", "OutboxEvent", "Providers", "RedisStateStore",
-    "StateStore", "StepStart", "TurnState",
+    "CancelFlags", "InFlightMarkers", "Lease", "LedgerEntry", "MemoryStateStore", "ModelRetry", "OutboxEvent",
+    "Providers", "RedisStateStore", "StepLeases", "StepStart", "Timers", "TurnState", "TurnStates",
 ]  # fmt: skip

@@ -5,9 +5,10 @@ organisation's held set (sorted by acceptance). The admission scheduler (``worke
 *releases* them round-robin across organisations, one turn per organisation per round, skipping an
 organisation with nothing held or with ``APTIX_ORG_MAX_IN_FLIGHT`` turns in flight. A turn is in
 flight from its release (or, for an interactive turn or a re-entry, which are never held, from its
-acceptance) until it ends or pauses: the worker's last state save removes it (``RedisStateStore.save``),
-as does whoever ends it early (``shared.turn_ending``); the scheduler's sweep drops the entries of turns
-that ended without saying so, so a lost removal costs capacity for seconds, not for ever.
+acceptance) until it ends or pauses: the worker driver's last state save removes it, in the same
+round trip (``TurnStates.save(leave_admission=True)`` does what :meth:`AdmissionQueue.finished` does),
+as does whoever ends it early (``shared.turn_ending``); the scheduler's sweep drops the entries of
+turns that ended without saying so, so a lost removal costs capacity for seconds, not for ever.
 
 Crash safety: one Lua script moves turns from held to in flight *and* writes a releasing note (the
 turns and the time) in the same step; the scheduler deletes the note once it has sent their first

@@ -8,9 +8,11 @@ safe for two copies at once, so the lease only saves duplicated effort.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import redis
 
-__all__ = ["LeaderLease"]
+__all__ = ["Leader", "LeaderLease"]
 
 _LEAD = """
 local holder = redis.call('get', KEYS[1])
@@ -18,6 +20,20 @@ if holder == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end
 if not holder then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0
 """
+
+
+class Leader(Protocol):
+    """The port of a copy that leads only while it holds the lease (the reconciler's, the scheduler's)."""
+
+    @property
+    def owner(self) -> str:
+        """This copy's name in the lease."""
+
+    def hold(self, ttl_seconds: float) -> bool:
+        """Take or renew the lease for ``ttl_seconds``; whether this copy holds it."""
+
+    def give_up(self) -> None:
+        """Let the lease go at once if this copy holds it."""
 
 
 class LeaderLease:

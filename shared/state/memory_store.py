@@ -1,4 +1,5 @@
-"""MemoryStateStore: the StateStore in one process (unit tests), with the same semantics as Redis."""
+"""MemoryStateStore: every port of ``shared.state.store`` in one process (unit tests), with the same
+semantics as Redis, except that it keeps no admission books (``leave_admission`` is a no-op)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ __all__ = ["MemoryStateStore"]
 
 
 class MemoryStateStore:
-    """A thread-safe in-memory StateStore; a save's events go to ``events`` (dropped when None)."""
+    """A thread-safe in-memory state store; a save's events go to ``events`` (dropped when None)."""
 
     def __init__(self, events: EventSink | None = None) -> None:
         self._events = events
@@ -46,7 +47,13 @@ class MemoryStateStore:
         )
 
     def save(
-        self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None
+        self,
+        state: TurnState,
+        *,
+        ttl_seconds: int,
+        alive_until: float | None = None,
+        release: Lease | None = None,
+        leave_admission: bool = False,
     ) -> None:
         with self._lock:
             raw = self._states.get(state.turn_id)
@@ -158,6 +165,3 @@ class MemoryStateStore:
             self._cancelled.clear()
             self.markers.clear()
             self.timers.clear()
-
-    def ping(self) -> bool:
-        return True

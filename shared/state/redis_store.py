@@ -1,9 +1,11 @@
-"""RedisStateStore: TurnState as one JSON value per turn, saved with optimistic concurrency (Lua CAS).
+"""RedisStateStore: every port of ``shared.state.store`` on one Redis, TurnState as one JSON value per
+turn, saved with optimistic concurrency (Lua CAS).
 
-Besides the documents it keeps the in-flight markers the reconciler reads (``INFLIGHT_KEY``) and the
-parked timers of long waits (``TIMERS_KEY``). A step costs two round trips of state work: ``begin``
-(cancel check, lease, load) and ``save`` (write, marker, lease back); one more per renewal period
-renews every lease a worker process holds.
+Besides the documents it keeps the step leases, the cancel flags, the in-flight markers the
+reconciler reads (``INFLIGHT_KEY``) and the parked timers of long waits (``TIMERS_KEY``). A step
+costs two round trips of state work: ``begin`` (cancel check, lease, load) and ``save`` (write,
+events, marker, lease back and, when the turn's chain ended and the caller says so, its admission
+slot); one more per renewal period renews every lease a worker process holds.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from shared.state.keys import (
 from shared.state.store import Lease, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
-__all__ = ["RedisStateStore"]
+__all__ = ["RedisStateStore", "connect"]
 
 _PIPELINE_CHUNK = 1000
 """Commands per pipeline of a bulk write (``cancel_many``)."""
@@ -35,11 +37,12 @@ _PIPELINE_CHUNK = 1000
 # One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled and
 # returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is
 # refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
-# in-flight marker (a removal also takes the turn out of its organisation's admission in-flight set,
-# ``shared.state.admission``, and wakes the admission scheduler) and gives the step's lease back; a
-# lease is renewed or released only by its holder, and a renewal pushes the marker forward (never
-# back). A save appends the events it carries (name, data pairs after ARGV[9]) to the turn's event
-# log, with the state's TTL and round.
+# in-flight marker, gives the step's lease back and, when told to (ARGV[10] == '1'), takes the turn
+# out of its organisation's admission in-flight set and wakes the admission scheduler when it was
+# there (``AdmissionQueue.finished``'s work, ``shared.state.admission``); a lease is renewed or
+# released only by its holder, and a renewal pushes the marker forward (never back). A save appends
+# the events it carries (name, data pairs after ARGV[10]) to the turn's event log, with the state's
+# TTL and round.
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
@@ -54,16 +57,16 @@ redis.call('set', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4])
 if ARGV[5] == '' then
   redis.call('zrem', KEYS[3], ARGV[6])
-  if redis.call('zrem', KEYS[5], ARGV[6]) == 1 then
-    redis.call('lpush', KEYS[6], '1')
-    redis.call('ltrim', KEYS[6], 0, 0)
-  end
 else
   redis.call('zadd', KEYS[3], ARGV[5], ARGV[6])
 end
+if ARGV[10] == '1' and redis.call('zrem', KEYS[5], ARGV[6]) == 1 then
+  redis.call('lpush', KEYS[6], '1')
+  redis.call('ltrim', KEYS[6], 0, 0)
+end
 if KEYS[7] and redis.call('get', KEYS[7]) == ARGV[7] then redis.call('del', KEYS[7]) end
-if #ARGV > 9 then
-  for i = 10, #ARGV, 2 do
+if #ARGV > 10 then
+  for i = 11, #ARGV, 2 do
     redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[9])
   end
   redis.call('expire', KEYS[4], ARGV[4])
@@ -94,7 +97,8 @@ return due
 
 
 class RedisStateStore:
-    """The production state store."""
+    """The production state store: :class:`~shared.state.store.TurnStates`, ``StepLeases``,
+    ``CancelFlags``, ``InFlightMarkers`` and ``Timers`` on one Redis."""
 
     def __init__(self, client: redis.Redis, *, max_events: int = 10000) -> None:
         """A store on ``client``; a turn's event log keeps about ``max_events`` events (APTIX_EVENTS_MAX_PER_TURN)."""
@@ -108,27 +112,9 @@ class RedisStateStore:
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 100, max_events: int = 10000) -> RedisStateStore:
-        """A store on a new connection pool to ``url``.
-
-        Args:
-            url: the Redis URL.
-            max_connections: the most connections the pool opens (``APTIX_REDIS_MAX_CONNECTIONS``).
-                Past it a command waits up to 10 s for a free one, then raises
-                ``redis.ConnectionError`` (a step's "later"): an unbounded pool would open one
-                connection per greenlet of a 2,000-slot ``llm`` worker.
-            max_events: about how many events a turn's event log keeps (``APTIX_EVENTS_MAX_PER_TURN``).
-        """
-        pool = redis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=10,
-            health_check_interval=30,
-            socket_timeout=10,
-            socket_connect_timeout=5,
-        )
-        client = redis.Redis(connection_pool=pool)
-        client.auto_close_connection_pool = True
-        return cls(client, max_events=max_events)
+        """A store on a new connection pool to ``url`` (:func:`connect`, with ``max_connections``); a turn's
+        event log keeps about ``max_events`` events (``APTIX_EVENTS_MAX_PER_TURN``)."""
+        return cls(connect(url, max_connections=max_connections), max_events=max_events)
 
     def load(self, turn_id: str) -> TurnState | None:
         raw = self.client.get(state_key(turn_id))
@@ -150,7 +136,13 @@ class RedisStateStore:
         return StepStart(cancelled=False, claimed=True, state=state)
 
     def save(
-        self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None
+        self,
+        state: TurnState,
+        *,
+        ttl_seconds: int,
+        alive_until: float | None = None,
+        release: Lease | None = None,
+        leave_admission: bool = False,
     ) -> None:
         expected = state.version
         state.version = expected + 1
@@ -162,7 +154,7 @@ class RedisStateStore:
         args: list[str | int] = [
             str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
             "" if alive_until is None else repr(alive_until), state.turn_id,
-            "" if release is None else release.owner, self.max_events, state.round,
+            "" if release is None else release.owner, self.max_events, state.round, "1" if leave_admission else "0",
         ]  # fmt: skip
         if release is not None:
             keys.append(claim_key(release.turn_id, release.step_key))
@@ -233,8 +225,25 @@ class RedisStateStore:
         due = self._pop_due(keys=[TIMERS_KEY], args=[repr(now), limit])
         return [item.decode() if isinstance(item, bytes) else str(item) for item in due]
 
-    def ping(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis.RedisError:
-            return False
+
+def connect(url: str, *, max_connections: int = 100) -> redis.Redis:
+    """A client on a new connection pool to the state store's Redis at ``url``.
+
+    Args:
+        url: the Redis URL.
+        max_connections: the most connections the pool opens (``APTIX_REDIS_MAX_CONNECTIONS``).
+            Past it a command waits up to 10 s for a free one, then raises ``redis.ConnectionError``
+            (a step's "later"): an unbounded pool would open one connection per greenlet of a
+            2,000-slot ``llm`` worker.
+    """
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=10,
+        health_check_interval=30,
+        socket_timeout=10,
+        socket_connect_timeout=5,
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client

@@ -1,4 +1,10 @@
-"""StateStore: the port every step uses for hot turn state (Redis in production, memory in tests)."""
+"""The state store's ports, one job each: the turns' state documents, step leases, cancel flags,
+in-flight markers and parked messages (Redis in production, memory in unit tests).
+
+Both stores (``RedisStateStore``, ``MemoryStateStore``) implement every port below on one set of
+keys: a step's begin and its save each touch several of them in one atomic round trip. A user
+holds only the ports it needs (``workers.context.StepContext`` holds each as a field of its own).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,18 @@ from typing import Any, Protocol
 
 from shared.state.turn_state import TurnState
 
-__all__ = ["EventSink", "Lease", "StateStore", "StepStart", "event_json", "take_unsent_events"]
+__all__ = [
+    "CancelFlags",
+    "EventSink",
+    "InFlightMarkers",
+    "Lease",
+    "StepLeases",
+    "StepStart",
+    "Timers",
+    "TurnStates",
+    "event_json",
+    "take_unsent_events",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,15 +40,15 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class StepStart:
-    """What :meth:`StateStore.begin` found: the turn was cancelled, or the lease was (not) taken."""
+    """What :meth:`TurnStates.begin` found: the turn was cancelled, or the lease was (not) taken."""
 
     cancelled: bool
     claimed: bool
     state: TurnState | None = None
 
 
-class StateStore(Protocol):
-    """Cluster-safe turn state: versioned documents, short step leases, in-flight markers and timers."""
+class TurnStates(Protocol):
+    """The turns' state documents, versioned; a step begins on one and saves it (one round trip each)."""
 
     def load(self, turn_id: str) -> TurnState | None:
         """The turn's state, or None when the store does not have it."""
@@ -39,8 +56,8 @@ class StateStore(Protocol):
     def begin(
         self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None
     ) -> StepStart:
-        """Start a step, atomically: unless the turn was cancelled (when ``check_cancel``), take
-        ``lease`` for ``ttl_seconds`` and, when taken, return the turn's state (None if the store
+        """Start a step, atomically: unless the turn was cancelled (its cancel flag, when ``check_cancel``),
+        take ``lease`` for ``ttl_seconds`` and, when taken, return the turn's state (None if the store
         does not have it).
 
         When the store has no state for the turn (its first step, or a step carrying on from the
@@ -50,47 +67,66 @@ class StateStore(Protocol):
         """
 
     def save(
-        self, state: TurnState, *, ttl_seconds: int, alive_until: float | None = None, release: Lease | None = None
+        self,
+        state: TurnState,
+        *,
+        ttl_seconds: int,
+        alive_until: float | None = None,
+        release: Lease | None = None,
+        leave_admission: bool = False,
     ) -> None:
         """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``.
 
-        In the same atomic write, the state's unsent events (:meth:`TurnState.unsent_events`) go to
-        the turn's event log and the state records them as sent: a step that runs again because its
-        save failed makes its trace records again, and they are sent once, with the save that keeps them.
+        Everything else the write does, it is told to do, and does in the same atomic round trip:
 
-        Args:
-            state: the state to write.
-            ttl_seconds: how long the store keeps it.
-            alive_until: Unix time until which the turn counts as moving (its in-flight marker);
-                None removes the marker (the turn's chain ended).
-            release: a lease to give back in the same write (the step that saves is done).
+        - the state's unsent events (:meth:`TurnState.unsent_events`) go to the turn's event log and
+          the state records them as sent: a step that runs again because its save failed makes its
+          trace records again, and they are sent once, with the save that keeps them;
+        - the turn's in-flight marker moves to ``alive_until``, or goes (None: the turn's chain ended);
+        - ``release`` is given back;
+        - with ``leave_admission``, the turn leaves its organisation's turns in flight and the
+          admission scheduler is woken (the books are ``shared.state.admission``'s: the save does
+          for a turn whose chain ended what ``AdmissionQueue.finished`` does, without its round trip;
+          the memory store keeps no admission books).
 
         Raises:
-            StateConflict: when another writer saved first.
+            StateConflict: when another writer saved first (nothing was written).
         """
 
     def drop(self, turn_id: str) -> None:
         """Forget the turn's state (the reconciler does, when a database checkpoint is newer)."""
 
+
+class StepLeases(Protocol):
+    """The leases of the steps running now: one live worker per step (``workers.leases``)."""
+
     def claim(self, lease: Lease, *, ttl_seconds: int) -> bool:
         """Take ``lease``; False when someone else holds it."""
 
     def renew(self, leases: Sequence[Lease], *, ttl_seconds: int, alive_until: float) -> list[Lease]:
-        """Renew the leases we hold (one write for all) and push their turns' markers to
+        """Renew the leases we hold (one write for all) and push their turns' in-flight markers to
         ``alive_until`` (never back); returns the leases that were no longer ours."""
 
     def release(self, lease: Lease) -> None:
         """Give a lease back (only its holder can)."""
 
+
+class CancelFlags(Protocol):
+    """The turns' cancel flags: a cancelled turn's next step stops at its begin."""
+
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         """Record that the turn was cancelled."""
 
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
-        """Record that each of ``turn_ids`` was cancelled and remove their in-flight markers (a batch's
-        cancel: few round trips however many turns)."""
+        """Record that each of ``turn_ids`` was cancelled and remove their in-flight markers (a cancelled
+        turn is out of flight; a batch's cancel: few round trips however many turns)."""
 
     def is_cancelled(self, turn_id: str) -> bool:
         """Whether the turn was cancelled."""
+
+
+class InFlightMarkers(Protocol):
+    """Until when each unfinished turn counts as moving: what the reconciler reads (``INFLIGHT_KEY``)."""
 
     def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
         """Set the in-flight markers of ``turn_ids`` (a message for each was just sent)."""
@@ -107,14 +143,15 @@ class StateStore(Protocol):
     def prune_markers(self, *, before: float) -> int:
         """Remove markers that lapsed before ``before``; returns how many."""
 
+
+class Timers(Protocol):
+    """Messages parked until they are due (long waits the broker must not hold: ``workers.dispatcher``)."""
+
     def park(self, envelope_json: str, *, due: float) -> None:
         """Keep an envelope to send at ``due`` (Unix time)."""
 
     def pop_due(self, *, now: float, limit: int = 500) -> list[str]:
         """Take the parked envelopes that are due (each is returned to one caller only)."""
-
-    def ping(self) -> bool:
-        """Whether the store answers."""
 
 
 class EventSink(Protocol):

@@ -3,5 +3,6 @@
 from shared.webhooks.addresses import Target, WebhookUrlError, check_endpoint
 from shared.webhooks.config import WebhookConfig
 from shared.webhooks.events import EventType
+from shared.webhooks.sender import WebhookSender
 
-__all__ = ["EventType", "Target", "WebhookConfig", "WebhookUrlError", "check_endpoint"]
+__all__ = ["EventType", "Target", "WebhookConfig", "WebhookSender", "WebhookUrlError", "check_endpoint"]

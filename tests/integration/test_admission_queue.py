@@ -19,6 +19,8 @@ from shared.models.turn import TurnStatus
 from shared.settings import Settings
 from shared.state import RedisStateStore, TurnState
 from shared.state.admission import REPUBLISH_AFTER_SECONDS, AdmissionQueue
+from shared.state.keys import SCHEDULER_LEADER_KEY
+from shared.state.leader import LeaderLease
 from shared.task_names import StepName
 from tests.conftest import claim_redis_databases
 from tests.services_check import redis_url
@@ -59,7 +61,7 @@ def _scheduler(
         admission=AdmissionQueue(client),
         turns=turns or _Statuses(),  # type: ignore[arg-type]  # only statuses() is read
         publish=publish,
-        owner=owner,
+        leader=LeaderLease(client, key=SCHEDULER_LEADER_KEY, owner=owner),
         clock=lambda: T0,
     )
 
@@ -116,14 +118,15 @@ def test_a_turn_that_ends_frees_its_slot_and_wakes_the_scheduler(client: redis.R
     assert not queue.wait(0.01)  # nothing was in flight: no nudge
 
 
-def test_the_last_state_save_of_a_turn_takes_it_out_of_flight(client: redis.Redis) -> None:
+def test_the_last_state_save_of_a_turn_takes_it_out_of_flight_when_told_to(client: redis.Redis) -> None:
     store, queue = RedisStateStore(client), AdmissionQueue(client)
     queue.hold("org-a", ["turn_x"])
     queue.release(cap=5, limit=5, now=T0)
     state = TurnState(turn_id="turn_x", session_id="s", org_id="org-a", user_id="u", user_input="hi", new_session=True)
     store.save(state, ttl_seconds=60, alive_until=T0 + 60)  # a step that passes the turn on
+    store.save(state, ttl_seconds=60, alive_until=None)  # a save that is not told to leave admission does not
     assert queue.counts()["org-a"].in_flight == 1
-    store.save(state, ttl_seconds=60, alive_until=None)  # the chain ends (committed or paused)
+    store.save(state, ttl_seconds=60, leave_admission=True)  # the chain ends (committed or paused)
     assert queue.counts()["org-a"].in_flight == 0
     assert queue.wait(0.01)
 

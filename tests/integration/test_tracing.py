@@ -33,15 +33,20 @@ from shared.logging import set_process_fields
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import RedisStateStore
+from shared.state.keys import RECONCILER_LEADER_KEY
+from shared.state.leader import LeaderLease
 from shared.telemetry import start_tracing, stop_tracing
 from shared.tracing import turn_ids
+from shared.turn_ending import TurnEnding
 from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
 from tests.integration.conftest import OPEN_FILE, redis_urls_base
 from tests.support.databases import fresh_database
 from tests.support.waiting import wait_for
 from workers.app import create_celery
+from workers.broker_watch import RedisBrokerWatch
 from workers.context import utc_now
 from workers.dispatcher import Dispatcher
+from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
 
 pytestmark = pytest.mark.integration
@@ -252,13 +257,17 @@ def _reconciler(settings: Settings, *, later: timedelta) -> Reconciler:
     def send(envelope: TurnEnvelope, countdown: float) -> None:
         send_step(producer, envelope, countdown=countdown)
 
+    turns = TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=1)))
     return Reconciler(
         settings=settings,
-        turns=TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=1))),
-        store=store,
-        client=store.client,
+        turns=turns,
+        states=store,
+        in_flight=store,
         dispatcher=Dispatcher.for_settings(send, store, settings),
-        owner="test-reconciler",
-        broker_client=redis.Redis.from_url(settings.effective_broker_url),
+        leader=LeaderLease(store.client, key=RECONCILER_LEADER_KEY, owner="test-reconciler"),
+        ending=TurnEnding(turns=turns, cancel_flags=store, in_flight=store, metrics=WorkerMetrics(), clock=utc_now),
+        broker=RedisBrokerWatch(
+            redis.Redis.from_url(settings.effective_broker_url), store.client, owner="test-reconciler"
+        ),
         clock=lambda: utc_now() + later,
     )

@@ -7,6 +7,7 @@ import json
 import re
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -27,6 +28,7 @@ from shared.settings import Settings
 from shared.state import MemoryStateStore, TurnState
 from shared.task_names import StepName
 from shared.turn_events import MemoryTurnEventLog
+from shared.webhooks import WebhookSender
 from workers.context import StepContext, breakers_on, lease_renewer
 from workers.driver import Dispatch, run_step
 from workers.llm.types import FunctionCall, LlmResponse
@@ -87,12 +89,15 @@ def make_context(
     *,
     clock: Callable[[], datetime] | None = None,
     catalog: ModeCatalog | None = None,
-    webhooks: WebhookOutbox | None = None,
+    outbox: WebhookOutbox | None = None,
+    webhook_sender: WebhookSender | None = None,
+    engine: Engine | None = None,
     **settings: Any,
 ) -> StepContext:
-    """A StepContext with every port in process (the breakers on fakeredis); its turn repository records
-    webhook events in ``webhooks`` when given."""
-    engine = _sqlite_engine()
+    """A StepContext with every port in process (one MemoryStateStore behind every state port, the
+    breakers on fakeredis, a fresh SQLite database in memory unless ``engine`` is given); its turn
+    repository records webhook events in ``outbox`` when given, and ``webhook_sender`` sends them."""
+    engine = engine or sqlite_engine()
     db = session_factory(engine)
     catalog = catalog or _default_catalog()
     resolved = Settings(**settings)
@@ -100,10 +105,13 @@ def make_context(
     store = MemoryStateStore(events)
     return StepContext(
         settings=resolved,
-        store=store,
+        states=store,
+        cancel_flags=store,
+        in_flight=store,
+        timers=store,
         events=events,
         sessions=SessionRepository(db),
-        turns=TurnRepository(db, webhooks=webhooks),
+        turns=TurnRepository(db, webhooks=outbox),
         tool_runs=ToolRunRepository(db),
         catalog=catalog,
         tools=_registry(catalog),
@@ -114,7 +122,21 @@ def make_context(
         clock=clock or (lambda: FIXED_NOW),
         random=lambda: 0.5,
         hostname="unit-host",
+        webhook_sender=webhook_sender,
     )
+
+
+def with_store(ctx: StepContext, store: MemoryStateStore) -> StepContext:
+    """``ctx`` with ``store`` behind every state port and the lease renewer, as one Redis is in production."""
+    return replace(
+        ctx, states=store, cancel_flags=store, in_flight=store, timers=store, leases=lease_renewer(store, ctx.settings)
+    )
+
+
+def memory_store(ctx: StepContext) -> MemoryStateStore:
+    """The one MemoryStateStore behind every state port of a :func:`make_context` context."""
+    assert isinstance(ctx.states, MemoryStateStore)
+    return ctx.states
 
 
 def make_state(**fields: Any) -> TurnState:
@@ -276,7 +298,7 @@ def catalog_with_unit_tools() -> ModeCatalog:
     return ModeCatalog.model_validate(raw)
 
 
-def _sqlite_engine() -> Engine:
+def sqlite_engine() -> Engine:
     """A fresh SQLite database in memory with every table: a copy of one schema built once."""
     connection = sqlite3.connect(":memory:", check_same_thread=False)
     _schema().backup(connection)

@@ -140,7 +140,7 @@ def _pause_turn(ctx: StepContext) -> str:
 
 
 def _restore(ctx: StepContext, *, round: int) -> tuple[TurnState, InvokeResult[Next]]:
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None
     env = envelope(StepName.CLIENT_TOOL_SESSION_RESTORER, round=round, hop=1)
     return state, client_tool_session_restorer.run(ctx, env, state)

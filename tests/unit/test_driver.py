@@ -26,6 +26,8 @@ from tests.unit.fakes import (
     catalog_with_counted_tool,
     make_context,
     make_state,
+    memory_store,
+    with_store,
 )  # fmt: skip
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step
@@ -67,7 +69,7 @@ def test_turn_completes_and_leaves_its_checkpoint_and_no_marker() -> None:
     _drive(ctx, _record_turn(ctx))
     row = ctx.turns.get(TURN_ID)
     assert row is not None and row.status == "completed" and row.output_text == "hi" and row.deadline_at is None
-    assert isinstance(ctx.store, MemoryStateStore) and TURN_ID not in ctx.store.markers
+    assert TURN_ID not in memory_store(ctx).markers
     assert ctx.turns.load_snapshot(TURN_ID) is not None
 
 
@@ -76,8 +78,7 @@ def test_model_answer_is_checkpointed_and_not_asked_again_when_redis_loses_the_s
     ctx = make_context(llm)
     sent = _drive(ctx, _record_turn(ctx), until=StepName.REASONER, iteration=1)
     # Given the model answered and the answer was checkpointed, when Redis loses everything
-    assert isinstance(ctx.store, MemoryStateStore)
-    ctx.store.flush()
+    memory_store(ctx).flush()
     checkpoint = ctx.turns.load_snapshot(TURN_ID)
     assert checkpoint is not None and checkpoint["last_response"] is not None
     # Then the message the checkpoint carries on with finishes the turn without a second call
@@ -91,11 +92,10 @@ def test_model_answer_is_checkpointed_and_not_asked_again_when_redis_loses_the_s
 def test_message_that_is_not_where_the_checkpoint_carries_on_is_dropped_when_redis_lost_the_state() -> None:
     ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")))
     sent = _drive(ctx, _record_turn(ctx), until=StepName.REASONER, iteration=1)
-    assert isinstance(ctx.store, MemoryStateStore)
-    ctx.store.flush()
+    memory_store(ctx).flush()
     compose = next(d.envelope for d in sent if d.envelope.step is StepName.COMPOSE)
     assert run_step(ctx, compose) is None
-    assert ctx.store.load(TURN_ID) is None
+    assert ctx.states.load(TURN_ID) is None
 
 
 def test_server_tool_runs_once_when_its_step_is_redelivered_after_redis_lost_the_state() -> None:
@@ -106,8 +106,7 @@ def test_server_tool_runs_once_when_its_step_is_redelivered_after_redis_lost_the
     sent = _drive(ctx, _record_turn(ctx), until=StepName.EXECUTE_SERVER_TOOLS)
     tools_step = sent[-1].envelope
     _drive(ctx, tools_step, until=StepName.REASONER, iteration=1)
-    assert isinstance(ctx.store, MemoryStateStore)
-    ctx.store.flush()  # the state after the tool is gone; the checkpoint is from before it
+    memory_store(ctx).flush()  # the state after the tool is gone; the checkpoint is from before it
     checkpoint_next = TurnEnvelope.model_validate(ctx.turns.load_snapshot(TURN_ID)["next_envelope"])  # type: ignore[index]
     _drive(ctx, checkpoint_next)
     row = ctx.turns.get(TURN_ID)
@@ -220,7 +219,7 @@ def test_open_breaker_wait_is_no_call_and_the_turn_completes_when_the_model_retu
 def test_step_leased_elsewhere_is_sent_again_after_half_the_lease() -> None:
     ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), step_lease_seconds=10)
     env = _record_turn(ctx)
-    ctx.store.claim(Lease(TURN_ID, env.step_key, "other"), ttl_seconds=10)
+    memory_store(ctx).claim(Lease(TURN_ID, env.step_key, "other"), ttl_seconds=10)
     dispatch = run_step(ctx, env)
     assert dispatch is not None and dispatch.envelope.step_key == env.step_key
     assert dispatch.countdown == 5 and dispatch.envelope.attempt == 1
@@ -283,7 +282,7 @@ def test_entry_steps_run_in_one_message_and_each_is_traced_with_its_time_and_wor
     ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")))
     dispatch = run_step(ctx, _record_turn(ctx))
     assert dispatch is not None and dispatch.envelope.step is StepName.REASONER
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None
     fused = [(step.step, step.worker) for step in state.trace if step.kind == "layer_step"]
     assert fused == [
@@ -297,13 +296,13 @@ def test_entry_steps_run_in_one_message_and_each_is_traced_with_its_time_and_wor
 class _SaveFails(MemoryStateStore):
     """A state store that cannot save (Redis went away)."""
 
-    def save(self, state: Any, *, ttl_seconds: int, alive_until: float | None = None, release: Any = None) -> None:
+    def save(self, state: Any, **_options: Any) -> None:
         raise redis.ConnectionError("Connection refused")
 
 
 def test_tool_outcome_is_recorded_durably_when_redis_fails_right_after_the_tool_ran() -> None:
     key = "redis-gone"
-    ctx = replace(make_context(catalog=catalog_with_counted_tool()), store=_SaveFails())
+    ctx = with_store(make_context(catalog=catalog_with_counted_tool()), _SaveFails())
     state = make_state(turn_id=TURN_ID)
     state.ledger.append(LedgerEntry(call_id="call_1", name="counted_tool", arguments=json.dumps({"key": key}),
                                     kind="server", iteration=1))  # fmt: skip

@@ -31,6 +31,7 @@ from tests.unit.fakes import (
     envelope,
     make_context,
     record_turn,
+    with_store,
 )
 from workers import retry
 from workers.context import StepContext
@@ -42,8 +43,8 @@ OPEN_FILE = {"type": "function", "name": "open_file", "parameters": {"type": "ob
 
 
 def _memory(ctx: StepContext) -> MemoryStateStore:
-    assert isinstance(ctx.store, MemoryStateStore)
-    return ctx.store
+    assert isinstance(ctx.states, MemoryStateStore)
+    return ctx.states
 
 
 # Idempotent redelivery
@@ -77,22 +78,22 @@ def test_step_gives_its_lease_back_when_it_ends() -> None:
     ctx = make_context(FakeLlm(answer("x")))
     env = record_turn(ctx)
     run_step(ctx, env)
-    assert ctx.store.claim(Lease(TURN_ID, env.step_key, "next-worker"), ttl_seconds=30)
+    assert _memory(ctx).claim(Lease(TURN_ID, env.step_key, "next-worker"), ttl_seconds=30)
 
 
 class _SaveFails(MemoryStateStore):
     """A state store whose saves fail (Redis went away between the step and its save)."""
 
-    def save(self, state: Any, *, ttl_seconds: int, alive_until: float | None = None, release: Any = None) -> None:
+    def save(self, state: Any, **_options: Any) -> None:
         raise redis.ConnectionError("Connection refused")
 
 
 def test_step_gives_its_lease_back_and_is_sent_again_later_when_its_state_cannot_be_saved() -> None:
-    ctx = replace(make_context(FakeLlm(answer("x"))), store=_SaveFails())
+    ctx = with_store(make_context(FakeLlm(answer("x"))), _SaveFails())
     env = record_turn(ctx)
     dispatch = run_step(ctx, env)
     assert dispatch is not None and dispatch.envelope.step_key == env.step_key and dispatch.countdown > 0
-    assert ctx.store.claim(Lease(TURN_ID, env.step_key, "next-worker"), ttl_seconds=30)
+    assert _memory(ctx).claim(Lease(TURN_ID, env.step_key, "next-worker"), ttl_seconds=30)
 
 
 class _LeaseWatchingLlm(FakeLlm):
@@ -127,9 +128,9 @@ def test_cancelled_turn_runs_no_further_step() -> None:
     llm = FakeLlm(answer("x"))
     ctx = make_context(llm)
     reasoner_step = drive(ctx, record_turn(ctx), until=StepName.REASONER)[-1].envelope
-    ctx.store.mark_cancelled(TURN_ID, ttl_seconds=60)
+    ctx.cancel_flags.mark_cancelled(TURN_ID, ttl_seconds=60)
     assert run_step(ctx, reasoner_step) is None
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None and reasoner_step.step_key not in state.steps_done
     assert llm.requests == []
 
@@ -137,7 +138,7 @@ def test_cancelled_turn_runs_no_further_step() -> None:
 def test_commit_step_runs_even_when_the_turn_was_cancelled() -> None:
     ctx = make_context(FakeLlm(answer("done")))
     persist_step = drive(ctx, record_turn(ctx), until=StepName.PERSIST)[-1].envelope
-    ctx.store.mark_cancelled(TURN_ID, ttl_seconds=60)
+    ctx.cancel_flags.mark_cancelled(TURN_ID, ttl_seconds=60)
     assert run_step(ctx, persist_step) is None
     row = ctx.turns.get(TURN_ID)
     assert row is not None and row.status == TurnStatus.COMPLETED.value
@@ -193,7 +194,7 @@ def test_step_missing_from_the_step_map_fails_the_turn_internal_error(monkeypatc
     compose_step = drive(ctx, record_turn(ctx), until=StepName.COMPOSE)[-1].envelope
     dispatch = run_step(ctx, compose_step)
     assert dispatch is not None and dispatch.envelope.step is StepName.PERSIST
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None and state.error is not None and state.error.code is ErrorCode.INTERNAL_ERROR
     assert "no step 'compose'" in state.error.message
 
@@ -239,7 +240,7 @@ def test_driver_fails_the_turn_when_the_policy_gives_up_on_a_trouble_outside_any
 
 
 def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stranding_it() -> None:
-    ctx = replace(make_context(), store=_BeginFails())
+    ctx = with_store(make_context(), _BeginFails())
     # The turn is recorded failed and there is nothing to send: the driver raises for the task to report
     with pytest.raises(TurnFailed) as raised:
         run_step(ctx, record_turn(ctx))
@@ -254,16 +255,16 @@ def test_failure_outside_any_step_fails_the_turn_internal_error_instead_of_stran
 def test_a_turn_failed_outside_any_step_leaves_flight_and_frees_its_admission_slot() -> None:
     # Given an interactive turn the gateway sent: marked in flight and counted in its organisation's slots
     admission = AdmissionQueue(fakeredis.FakeRedis())
-    ctx = replace(make_context(), store=_BeginFails(), admission=admission)
+    ctx = replace(with_store(make_context(), _BeginFails()), admission=admission)
     first = record_turn(ctx)
-    ctx.store.mark_alive([TURN_ID], until=FIXED_NOW.timestamp() + 60)
+    ctx.in_flight.mark_alive([TURN_ID], until=FIXED_NOW.timestamp() + 60)
     admission.admit_now("o", [TURN_ID], now=FIXED_NOW.timestamp())
     # When the driver fails it outside any step
     with pytest.raises(TurnFailed):
         run_step(ctx, first)
     # Then its slot is free at once (not only when the scheduler's sweep notices), and its marker is gone
     assert admission.where("o", [TURN_ID]) == {TURN_ID: None}
-    assert ctx.store.alive_until([TURN_ID]) == {}
+    assert ctx.in_flight.alive_until([TURN_ID]) == {}
 
 
 # What the task reports (Flower shows a task whose step failed its turn as failed)
@@ -348,11 +349,11 @@ class _BeginFails(MemoryStateStore):
 def test_step_records_the_message_it_sends_as_the_turns_frontier_until_the_chain_ends() -> None:
     ctx = make_context(FakeLlm(answer("x")))
     dispatch = run_step(ctx, record_turn(ctx))
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert dispatch is not None and state is not None
     assert state.next_envelope == dispatch.envelope.model_dump(mode="json")
     drive(ctx, dispatch.envelope)
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None and state.next_envelope is None
 
 
@@ -372,10 +373,10 @@ def test_model_retry_count_is_forgotten_once_the_model_answers() -> None:
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
     retry = run_step(ctx, llm_step)
     assert retry is not None
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None and state.model_retry is not None and state.model_retry.calls == 1
     run_step(ctx, retry.envelope)
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None and state.model_retry is None
     assert ctx.turns.load_snapshot(TURN_ID) is not None  # the answer is checkpointed once the step moved on
 
@@ -386,7 +387,7 @@ def test_model_retry_count_is_forgotten_once_the_model_answers() -> None:
 def test_message_of_a_turn_nobody_recorded_is_dropped() -> None:
     ctx = make_context()
     assert run_step(ctx, envelope(StepName.COMPOSE, hop=4, iteration=1)) is None
-    assert ctx.store.load(TURN_ID) is None
+    assert ctx.states.load(TURN_ID) is None
 
 
 def test_paused_turn_resumes_from_its_checkpoint_when_redis_lost_its_state() -> None:

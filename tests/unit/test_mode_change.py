@@ -111,7 +111,7 @@ def test_change_is_recorded_once_when_its_step_runs_again_from_an_earlier_state(
     before = state.model_copy(deep=True)
     _change(ctx, state, {"targetMode": "ddr-authoring"})
     # When Redis loses the state and the same change runs again on the earlier copy
-    ctx.store.drop(state.turn_id)
+    ctx.states.drop(state.turn_id)
     _change(ctx, before, {"targetMode": "ddr-authoring"})
     # Then the turn's mode is applied again, but the session's history holds the change once
     assert before.mode == "ddr-authoring"

@@ -63,7 +63,7 @@ class _Harness:
         Base.metadata.create_all(engine)
         self.db: sessionmaker[Session] = session_factory(engine)
         self.config = WebhookConfig(secrets=parse_secrets(f"org:{SECRET}"), allow_private=True)
-        self.turns = TurnRepository(self.db, webhooks=WebhookOutbox(self.config, lambda _id: None))
+        self.turns = TurnRepository(self.db, webhooks=WebhookOutbox(self.config))
         self.endpoint = _Endpoint()
         self.clock = Clock()
         self.deliverer = WebhookDeliverer(

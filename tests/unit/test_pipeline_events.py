@@ -4,7 +4,6 @@ again after its save failed or its message came twice."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from shared.errors import StateConflict
@@ -22,6 +21,7 @@ from tests.unit.fakes import (
     envelope,
     make_context,
     record_turn,
+    with_store,
 )  # fmt: skip
 from workers.context import StepContext
 from workers.driver import run_step
@@ -75,7 +75,7 @@ def test_a_paused_turn_ends_its_round_with_the_pending_calls_and_the_next_round_
         TURN_ID, results=[{"call_id": "call_9", "output": "text"}], now=ctx.clock(), deadline_at=ctx.deadline()
     )
     assert round_ == 1
-    state = ctx.store.load(TURN_ID)
+    state = ctx.states.load(TURN_ID)
     assert state is not None
     drive(ctx, envelope(StepName.REQUEST_HANDLER, round=state.round + 1))
 
@@ -104,7 +104,7 @@ def test_a_step_that_runs_again_after_its_save_was_refused_sends_its_events_once
     base = make_context(FakeLlm(answer("first"), answer("second")))
     assert isinstance(base.events, MemoryTurnEventLog)
     store = _RefusesSavesOnce(base.events, {StepName.LLM_CALL.value, StepName.PERSIST.value})
-    ctx = replace(base, store=store, leases=base.leases)
+    ctx = with_store(base, store)
     dispatch = run_step(ctx, record_turn(ctx))
     while dispatch is not None:
         store.step = dispatch.envelope.step.value

@@ -249,7 +249,7 @@ def test_driver_sends_a_held_back_call_again_after_exactly_its_slot_without_spen
     assert dispatch is not None and dispatch.failed is None
     assert dispatch.envelope.step_key == env.step_key and dispatch.envelope.attempt == env.attempt + 1
     assert dispatch.countdown == 400.0
-    state = ctx.store.load(env.turn_id)
+    state = ctx.states.load(env.turn_id)
     assert state is not None and state.model_retry is None
     retried = ctx.metrics.registry.get_sample_value("aptix_step_retries_total", {"reason": "model", "step": "llm_call"})
     assert retried == 0  # counted as held back (aptix_model_rate_limited_total), not as a model failure

@@ -14,9 +14,12 @@ from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.state import MemoryStateStore
 from shared.state.admission import AdmissionQueue
+from shared.state.keys import RECONCILER_LEADER_KEY
+from shared.state.leader import LeaderLease
 from shared.task_names import StepName
 from shared.turn_events import MemoryTurnEventLog
-from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state
+from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state, with_store
+from workers.broker_watch import RedisBrokerWatch
 from workers.context import StepContext
 from workers.dispatcher import Dispatcher
 from workers.driver import run_step
@@ -31,16 +34,29 @@ class _Sent(list[tuple[TurnEnvelope, float]]):
         self.append((envelope, countdown))
 
 
-def _reconciler(ctx: StepContext, clock: Clock, sent: _Sent, broker: fakeredis.FakeRedis | None = None) -> Reconciler:
+def _reconciler(
+    ctx: StepContext,
+    clock: Clock | None = None,
+    sent: _Sent | None = None,
+    broker: fakeredis.FakeRedis | None = None,
+    *,
+    client: fakeredis.FakeRedis | None = None,
+    owner: str = "unit",
+    admission: AdmissionQueue | None = None,
+) -> Reconciler:
+    """A reconciler on ``ctx``'s ports; its leader lease (and the broker's sentinel note) on ``client``."""
+    client = fakeredis.FakeRedis() if client is None else client
     return Reconciler(
         settings=ctx.settings,
         turns=ctx.turns,
-        store=ctx.store,
-        client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(sent, ctx.store, park_after=30),
-        owner="unit",
-        broker_client=broker,
-        clock=clock,
+        states=ctx.states,
+        in_flight=ctx.in_flight,
+        dispatcher=Dispatcher(_Sent() if sent is None else sent, ctx.timers, park_after=30),
+        leader=LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner),
+        ending=replace(ctx.ending, admission=admission),
+        broker=None if broker is None else RedisBrokerWatch(broker, client, owner=owner),
+        clock=clock or Clock(),
+        admission=admission,
     )
 
 
@@ -98,7 +114,7 @@ def test_turns_whose_markers_are_ahead_are_left_alone_and_their_deadlines_move_u
     turn_ids = [TURN_ID[:-1] + str(index) for index in range(3)]
     for index, turn_id in enumerate(turn_ids):
         _accept(ctx, turn_id=turn_id)
-        ctx.store.mark_alive([turn_id], until=(FIXED_NOW + timedelta(seconds=3600 + index)).timestamp())
+        ctx.in_flight.mark_alive([turn_id], until=(FIXED_NOW + timedelta(seconds=3600 + index)).timestamp())
     sent = _Sent()
     clock.now = FIXED_NOW + timedelta(seconds=61)
     _reconciler(ctx, clock, sent).scan()
@@ -126,7 +142,7 @@ class _WorkerKilled(BaseException):
 
 
 class _DiesBeforeSaving(MemoryStateStore):
-    def save(self, state: Any, *, ttl_seconds: int, alive_until: float | None = None, release: Any = None) -> None:
+    def save(self, state: Any, **_options: Any) -> None:
         raise _WorkerKilled
 
 
@@ -134,9 +150,9 @@ def test_turn_whose_worker_died_in_its_first_step_is_re_driven_at_its_deadline_n
     # Given a queued turn with the gateway's marker, which covers a long wait in the broker
     clock = Clock()
     ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), clock=clock)
-    ctx = replace(ctx, store=_DiesBeforeSaving())
+    ctx = with_store(ctx, _DiesBeforeSaving())
     _accept(ctx)
-    ctx.store.mark_alive([TURN_ID], until=(FIXED_NOW + timedelta(seconds=3600)).timestamp())
+    ctx.in_flight.mark_alive([TURN_ID], until=(FIXED_NOW + timedelta(seconds=3600)).timestamp())
 
     # When a worker starts its first message, marks it running, and dies before saving its state
     with pytest.raises(_WorkerKilled):
@@ -159,8 +175,7 @@ def test_turn_that_never_moves_fails_internal_error_after_the_re_drive_limit() -
     reconciler = _reconciler(ctx, clock, sent)
     for step in range(1, 5):
         clock.now = FIXED_NOW + timedelta(seconds=100 * step)
-        assert isinstance(ctx.store, MemoryStateStore)
-        ctx.store.forget(TURN_ID)  # every re-driven message is lost too
+        ctx.in_flight.forget(TURN_ID)  # every re-driven message is lost too
         reconciler.scan()
     row = ctx.turns.get(TURN_ID)
     assert len(sent) == 2 and row is not None and row.status == "failed"
@@ -174,22 +189,17 @@ def test_a_turn_given_up_on_gets_its_event_and_leaves_flight_and_admission() -> 
     _accept(ctx)
     admission = AdmissionQueue(fakeredis.FakeRedis())
     admission.admit_now("o", [TURN_ID], now=FIXED_NOW.timestamp())
-    reconciler = Reconciler(
-        settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(_Sent(), ctx.store, park_after=30), owner="unit", clock=clock, events=ctx.events,
-        admission=admission,
-    )  # fmt: skip
+    reconciler = _reconciler(ctx, clock, admission=admission)
     # When the reconciler re-drives it once, then gives up on it
     for step in (1, 2):
         clock.now = FIXED_NOW + timedelta(seconds=100 * step)
-        assert isinstance(ctx.store, MemoryStateStore)
-        ctx.store.forget(TURN_ID)
+        ctx.in_flight.forget(TURN_ID)
         reconciler.scan()
     # Then it failed, its end is in its event log, and it holds neither a marker nor a slot
     assert reconciler.stats.failed == 1
     assert isinstance(ctx.events, MemoryTurnEventLog)
     assert [event.event for event in ctx.events.events(TURN_ID)] == ["turn.failed"]
-    assert ctx.store.alive_until([TURN_ID]) == {}
+    assert ctx.in_flight.alive_until([TURN_ID]) == {}
     assert admission.where("o", [TURN_ID]) == {TURN_ID: None}
 
 
@@ -199,22 +209,18 @@ def test_markers_are_dropped_when_the_broker_lost_its_sentinel() -> None:
     broker = fakeredis.FakeRedis()
     reconciler = _reconciler(ctx, clock, _Sent(), broker=broker)
     reconciler.scan()  # first run: sets the sentinel
-    ctx.store.mark_alive([TURN_ID], until=clock.now.timestamp() + 3600)
+    ctx.in_flight.mark_alive([TURN_ID], until=clock.now.timestamp() + 3600)
     reconciler.scan()
-    assert ctx.store.alive_until([TURN_ID])
+    assert ctx.in_flight.alive_until([TURN_ID])
     broker.flushdb()  # the broker restarted empty
     reconciler.scan()
-    assert ctx.store.alive_until([TURN_ID]) == {}
+    assert ctx.in_flight.alive_until([TURN_ID]) == {}
 
 
 def test_only_one_copy_leads_until_its_lease_lapses() -> None:
     ctx = make_context()
     client = fakeredis.FakeRedis()
-    copies = [
-        Reconciler(settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=client,
-                   dispatcher=Dispatcher(_Sent(), ctx.store, park_after=30), owner=name)
-        for name in ("a", "b")
-    ]  # fmt: skip
+    copies = [_reconciler(ctx, client=client, owner=name) for name in ("a", "b")]
     assert [copy.lead() for copy in copies] == [True, False]
     client.delete("aptix:reconciler:leader")  # the leader died and its lease lapsed
     assert copies[1].lead() and not copies[0].lead()
@@ -226,7 +232,7 @@ def test_parked_message_is_sent_when_due() -> None:
     sent = _Sent()
     reconciler = _reconciler(ctx, clock, sent)
     envelope = TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1, attempt=3)
-    Dispatcher(sent, ctx.store, park_after=30).dispatch(envelope, 45.0, now=clock.now.timestamp())
+    Dispatcher(sent, ctx.timers, park_after=30).dispatch(envelope, 45.0, now=clock.now.timestamp())
     assert sent == [] and reconciler.release_due() == 0
     clock.now = FIXED_NOW + timedelta(seconds=46)
     assert reconciler.release_due() == 1 and sent == [(envelope, 0.0)]
@@ -237,8 +243,8 @@ def test_a_parked_item_that_is_not_an_envelope_is_dropped_and_the_rest_are_sent(
     ctx = make_context(clock=clock)
     sent = _Sent()
     envelope = TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1)
-    ctx.store.park("not json", due=0.0)
-    ctx.store.park(envelope.model_dump_json(), due=1.0)
+    ctx.timers.park("not json", due=0.0)
+    ctx.timers.park(envelope.model_dump_json(), due=1.0)
     assert _reconciler(ctx, clock, sent).release_due() == 1 and sent == [(envelope, 0.0)]
 
 
@@ -247,7 +253,7 @@ def test_queued_turn_vouched_for_by_its_marker_is_re_driven_once_the_first_steps
     clock = Clock()
     ctx = make_context(clock=clock)
     _accept(ctx)
-    ctx.store.mark_alive([TURN_ID], until=(FIXED_NOW + timedelta(hours=1)).timestamp())
+    ctx.in_flight.mark_alive([TURN_ID], until=(FIXED_NOW + timedelta(hours=1)).timestamp())
     broker = fakeredis.FakeRedis()
     sent = _Sent()
     reconciler = _reconciler(ctx, clock, sent, broker=broker)
@@ -265,10 +271,7 @@ def test_queued_turn_vouched_for_by_its_marker_is_re_driven_once_the_first_steps
 
 def _admitting(ctx: StepContext, clock: Clock, sent: _Sent) -> tuple[Reconciler, AdmissionQueue]:
     admission = AdmissionQueue(fakeredis.FakeRedis())
-    reconciler = Reconciler(
-        settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(sent, ctx.store, park_after=30), owner="unit", clock=clock, admission=admission,
-    )  # fmt: skip
+    reconciler = _reconciler(ctx, clock, sent, admission=admission)
     return reconciler, admission
 
 

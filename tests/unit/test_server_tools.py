@@ -84,7 +84,7 @@ def test_state_is_saved_after_each_call() -> None:
     ctx = _context()
     state = _state(("call_1", "counted_tool", {"key": _key()}))
     _run(ctx, state)
-    saved = ctx.store.load(TURN_ID)
+    saved = ctx.states.load(TURN_ID)
     assert saved is not None and saved.ledger[0].status == "done"
 
 

@@ -15,8 +15,8 @@ from shared.state import MemoryStateStore
 from shared.state.admission import AdmissionQueue
 from shared.turn_ending import CANCELLED_BY_CLIENT, TurnEnding
 from shared.turn_events import MemoryTurnEventLog
-from shared.webhooks import WebhookConfig
-from tests.unit.fakes import FIXED_NOW, TURN_ID, make_context, record_turn
+from shared.webhooks import WebhookConfig, WebhookSender
+from tests.unit.fakes import FIXED_NOW, TURN_ID, make_context, memory_store, record_turn
 from workers.context import StepContext
 
 ORG = "o"
@@ -41,7 +41,7 @@ class _Ports:
         config = WebhookConfig(secrets={ORG: b"0123456789abcdef0123"}, default_urls={ORG: "https://h.example/in"},
                                retry_delays=(1.0,))  # fmt: skip
         self.admission = AdmissionQueue(fakeredis.FakeRedis())
-        ctx = make_context(webhooks=WebhookOutbox(config, self.sends))
+        ctx = make_context(outbox=WebhookOutbox(config), webhook_sender=WebhookSender(self.sends))
         self.ctx: StepContext = replace(ctx, admission=self.admission)
         for index, turn_id in enumerate(turn_ids):
             record_turn(self.ctx, turn_id=turn_id, session_id=f"sess_{index:032d}")
@@ -52,8 +52,7 @@ class _Ports:
 
     @property
     def store(self) -> MemoryStateStore:
-        assert isinstance(self.ctx.store, MemoryStateStore)
-        return self.ctx.store
+        return memory_store(self.ctx)
 
     def events(self, turn_id: str = TURN_ID) -> list[str]:
         assert isinstance(self.ctx.events, MemoryTurnEventLog)

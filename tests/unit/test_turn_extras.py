@@ -10,7 +10,7 @@ from typing import Any
 from shared.models.turn import ClientTool, TurnStatus
 from shared.modes import ModeCatalog
 from shared.openai import FACE_OPENAI
-from shared.state import MemoryStateStore, TurnState
+from shared.state import TurnState
 from shared.task_names import StepName
 from tests.unit.fakes import (
     FIXED_NOW,
@@ -22,6 +22,7 @@ from tests.unit.fakes import (
     envelope,
     make_context,
     make_state,
+    memory_store,
     record_turn,
 )
 from workers.context import StepContext
@@ -234,8 +235,7 @@ def test_the_extras_survive_a_checkpoint_and_a_re_entry_from_it_when_redis_lost_
         ITEMS, "Answer in French.", "gpt-extras", EXTRAS["model_options"]
     )  # fmt: skip
     # When Redis loses the state and the client's results re-enter the turn
-    assert isinstance(ctx.store, MemoryStateStore)
-    ctx.store.flush()
+    memory_store(ctx).flush()
     ctx.turns.accept_tool_results(TURN_ID, results=[{"call_id": "call_1", "output": "b.txt"}], now=FIXED_NOW,
                                   deadline_at=FIXED_NOW)  # fmt: skip
     drive(ctx, envelope(StepName.REQUEST_HANDLER, round=1))

@@ -54,7 +54,7 @@ class _Harness:
         Base.metadata.create_all(engine)
         self.db: sessionmaker[Session] = session_factory(engine)
         self.config = WebhookConfig(secrets={"org": KEY}, retry_delays=delays, allow_private=allow_private)
-        self.turns = TurnRepository(self.db, webhooks=WebhookOutbox(self.config, lambda _id: None))
+        self.turns = TurnRepository(self.db, webhooks=WebhookOutbox(self.config))
         self.deliveries = WebhookDeliveryRepository(self.db)
         self.clock = Clock()
         self.sent: list[tuple[str, int, float]] = []

@@ -1,6 +1,6 @@
 """The webhook outbox on SQLite: an event is recorded in the transaction that ends or pauses a turn, once
-however often that commit runs, sent after it, and never fails the turn; a batch's last turn raises
-``batch.completed`` once."""
+however often that commit runs, returned to the caller to send after it (``WebhookSender``), and never
+fails the turn; a batch's last turn raises ``batch.completed`` once."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from sqlalchemy.pool import StaticPool
 from shared.db import session_factory
 from shared.db.batches import BatchRecord, BatchRepository
 from shared.db.tables import Base, WebhookDeliveryRow
-from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
+from shared.db.turns import Committed, NewTurn, TurnOutcome, TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.turn import PendingToolCall, TurnStatus, Usage
 from shared.result import ErrorCode, ErrorInfo
 from shared.turn_view import to_turn
-from shared.webhooks import WebhookConfig
+from shared.webhooks import WebhookConfig, WebhookSender
 from tests.unit.fakes import FIXED_NOW
 
 KEY = b"0123456789abcdef0123"
@@ -29,7 +29,7 @@ CONFIG = WebhookConfig(secrets={"org": KEY}, default_urls={}, retry_delays=(1.0,
 
 
 class _Sends:
-    """Records the deliveries the outbox enqueues; can be told to fail like a broker that is down."""
+    """Records the deliveries a sender enqueues; can be told to fail like a broker that is down."""
 
     def __init__(self, *, fail: bool = False) -> None:
         self.sent: list[str] = []
@@ -58,7 +58,7 @@ def _turn(turns: TurnRepository, index: int = 1, *, org: str = "org", url: str |
     return turn_id
 
 
-def _commit(turns: TurnRepository, turn_id: str, status: TurnStatus = TurnStatus.COMPLETED) -> bool:
+def _commit(turns: TurnRepository, turn_id: str, status: TurnStatus = TurnStatus.COMPLETED) -> Committed | None:
     pending = [PendingToolCall(call_id="c1", name="open_file", arguments="{}")]
     outcome = TurnOutcome(
         status=status, mode="general", output_text="a" if status is TurnStatus.COMPLETED else None,
@@ -73,14 +73,14 @@ def _rows(db: sessionmaker[Session]) -> list[WebhookDeliveryRow]:
         return list(orm.scalars(select(WebhookDeliveryRow).order_by(WebhookDeliveryRow.created_at)))
 
 
-def test_a_commit_records_its_event_once_and_sends_it_after() -> None:
+def test_a_commit_records_its_event_once_and_returns_it_to_send() -> None:
     # Given a turn whose request names an endpoint
-    db, sends = _db(), _Sends()
-    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG, sends))
+    db = _db()
+    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
     # When its commit runs twice (a redelivered persist step)
-    assert _commit(turns, turn_id) and _commit(turns, turn_id)
-    # Then one delivery carries the turn as the API shows it, and it was sent once
+    first, again = _commit(turns, turn_id), _commit(turns, turn_id)
+    # Then one delivery carries the turn as the API shows it, and only the first commit returns it to send
     (row,) = _rows(db)
     event = json.loads(row.body)
     assert (row.event_type, row.url, row.status, row.turn_id) == ("turn.completed", URL, "pending", turn_id)
@@ -88,30 +88,38 @@ def test_a_commit_records_its_event_once_and_sends_it_after() -> None:
     record = turns.get(turn_id)
     assert record is not None
     assert event["data"] == to_turn(record).model_dump(mode="json", by_alias=True)
-    assert sends.sent == [row.delivery_id]
+    assert first is not None and first.deliveries == [row.delivery_id]
+    assert again is not None and again.deliveries == []
 
 
 def test_no_event_for_an_organisation_without_a_secret_or_a_request_without_an_endpoint() -> None:
-    db, sends = _db(), _Sends()
-    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG, sends))
-    _commit(turns, _turn(turns, 1, org="org-without-secret"))
-    _commit(turns, _turn(turns, 2, url=None))
-    assert _rows(db) == [] and sends.sent == []
+    db = _db()
+    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
+    committed = [_commit(turns, _turn(turns, 1, org="org-without-secret")), _commit(turns, _turn(turns, 2, url=None))]
+    assert _rows(db) == [] and [c.deliveries for c in committed if c is not None] == [[], []]
 
 
 def test_the_organisation_default_endpoint_takes_events_of_requests_that_name_none() -> None:
-    db, sends = _db(), _Sends()
+    db = _db()
     config = WebhookConfig(secrets={"org": KEY}, default_urls={"org": "https://default.example.com/h"})
-    turns = TurnRepository(db, webhooks=WebhookOutbox(config, sends))
+    turns = TurnRepository(db, webhooks=WebhookOutbox(config))
     _commit(turns, _turn(turns, url=None))
     assert [row.url for row in _rows(db)] == ["https://default.example.com/h"]
 
 
+def test_the_sender_enqueues_each_delivery_it_is_given() -> None:
+    sends = _Sends()
+    WebhookSender(sends).send(["d1", "d2"])
+    assert sends.sent == ["d1", "d2"]
+
+
 def test_a_broker_that_refuses_leaves_the_delivery_pending_for_the_sweep() -> None:
     db = _db()
-    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG, _Sends(fail=True)))
+    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
-    assert _commit(turns, turn_id)
+    committed = _commit(turns, turn_id)
+    assert committed is not None
+    WebhookSender(_Sends(fail=True)).send(committed.deliveries)  # never raises: the turn is committed
     (row,) = _rows(db)
     later = FIXED_NOW + timedelta(minutes=1)
     due = WebhookDeliveryRepository(db).due(before=later, resend_at=later + timedelta(minutes=5))
@@ -124,18 +132,19 @@ def test_an_error_recording_the_event_never_fails_the_turn() -> None:
         def url_for(self, org_id: str, requested: str | None) -> str | None:
             raise RuntimeError("a bug in the webhook code")
 
-    db, sends = _db(), _Sends()
-    turns = TurnRepository(db, webhooks=WebhookOutbox(_Broken(secrets={"org": KEY}), sends))
+    db = _db()
+    turns = TurnRepository(db, webhooks=WebhookOutbox(_Broken(secrets={"org": KEY})))
     turn_id = _turn(turns)
-    assert _commit(turns, turn_id)
+    committed = _commit(turns, turn_id)
+    assert committed is not None and committed.deliveries == []
     record = turns.get(turn_id)
     assert record is not None and record.status is TurnStatus.COMPLETED
-    assert _rows(db) == [] and sends.sent == []
+    assert _rows(db) == []
 
 
 def test_a_pause_and_the_end_of_the_next_round_are_two_events() -> None:
-    db, sends = _db(), _Sends()
-    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG, sends))
+    db = _db()
+    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
     _commit(turns, turn_id, TurnStatus.REQUIRES_CLIENT_TOOLS)
     turns.accept_tool_results(turn_id, results=[{"call_id": "c1", "output": "x"}], now=FIXED_NOW,
@@ -146,21 +155,21 @@ def test_a_pause_and_the_end_of_the_next_round_are_two_events() -> None:
 
 
 def test_a_turn_ended_outside_the_pipeline_raises_its_event() -> None:
-    db, sends = _db(), _Sends()
-    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG, sends))
+    db = _db()
+    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
     error = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client")
-    assert turns.finish_early(turn_id, status=TurnStatus.CANCELLED, error=error, now=FIXED_NOW) is not None
+    ended = turns.finish_early(turn_id, status=TurnStatus.CANCELLED, error=error, now=FIXED_NOW)
     (row,) = _rows(db)
     assert row.event_type == "turn.cancelled"
     assert json.loads(row.body)["data"]["error"]["code"] == "cancelled"
-    assert sends.sent == [row.delivery_id]
+    assert ended is not None and ended.deliveries == [row.delivery_id]
 
 
 def test_the_last_turn_of_a_batch_out_of_flight_raises_batch_completed_once() -> None:
     # Given a batch of two turns with an endpoint of its own (its turns name none)
-    db, sends = _db(), _Sends()
-    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG, sends))
+    db = _db()
+    turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     batch = BatchRecord(batch_id="batch_1", org_id="org", user_id="u", total=2, created_at=FIXED_NOW,
                         webhook_url="https://batch.example.com/h")  # fmt: skip
     new = [

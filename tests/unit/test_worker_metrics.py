@@ -8,7 +8,6 @@ outcome with its tokens, the reconciler its scans, re-drives and give-ups.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -20,8 +19,10 @@ from shared.errors import LlmError, StateConflict
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo
 from shared.state import MemoryStateStore
+from shared.state.keys import RECONCILER_LEADER_KEY
+from shared.state.leader import LeaderLease
 from shared.task_names import StepName
-from tests.unit.fakes import FIXED_NOW, TURN_ID, Clock, FakeLlm, drive, make_context, record_turn
+from tests.unit.fakes import FIXED_NOW, TURN_ID, Clock, FakeLlm, drive, make_context, record_turn, with_store
 from workers.context import StepContext
 from workers.dispatcher import Dispatcher
 from workers.driver import fail_turn, run_step
@@ -96,7 +97,7 @@ class _FirstSaveConflicts(MemoryStateStore):
 
 
 def test_steps_whose_save_failed_are_counted_only_when_they_run_again() -> None:
-    ctx = replace(make_context(FakeLlm(_answer())), store=_FirstSaveConflicts())
+    ctx = with_store(make_context(FakeLlm(_answer())), _FirstSaveConflicts())
     env = record_turn(ctx)
 
     later = run_step(ctx, env)
@@ -160,14 +161,15 @@ def test_the_reconciler_counts_its_scans_its_re_drives_by_source_and_the_turn_it
     ctx = make_context(clock=clock, reconciler_max_redrives=2)
     record_turn(ctx)
     reconciler = Reconciler(
-        settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(lambda envelope, countdown: None, ctx.store, park_after=30), owner="unit",
+        settings=ctx.settings, turns=ctx.turns, states=ctx.states, in_flight=ctx.in_flight,
+        dispatcher=Dispatcher(lambda envelope, countdown: None, ctx.timers, park_after=30),
+        leader=LeaderLease(fakeredis.FakeRedis(), key=RECONCILER_LEADER_KEY, owner="unit"), ending=ctx.ending,
         clock=clock, metrics=ctx.metrics,
     )  # fmt: skip
 
     for scan in range(1, 5):
         clock.now = FIXED_NOW + timedelta(seconds=100 * scan)
-        ctx.store.forget(TURN_ID)  # every re-driven message is lost too
+        ctx.in_flight.forget(TURN_ID)  # every re-driven message is lost too
         reconciler.scan()
 
     assert _value(ctx, "aptix_reconciler_scans_total") == 4

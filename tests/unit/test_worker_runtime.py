@@ -55,7 +55,7 @@ def test_runtime_builds_its_context_at_start_and_a_new_one_in_a_prefork_child(tm
 
     # Then the child has a context of its own, on the same node name
     assert runtime.context is not parent and runtime.context.hostname == "steps@host"
-    assert runtime.context.store is not parent.store
+    assert runtime.context.states is not parent.states
 
 
 def test_runtime_in_a_child_of_a_worker_that_never_started_builds_nothing(tmp_path: Path) -> None:

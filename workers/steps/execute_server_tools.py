@@ -75,7 +75,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         # Both records of the outcome are attempted, whichever fails: the ledger in Redis and the
         # durable one. A step that runs again finds the call done in either, never "started" only.
         try:
-            ctx.store.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
+            ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
         finally:
             record()
     return success(Continue(StepName.REASONER, env.iteration))

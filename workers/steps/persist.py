@@ -4,13 +4,14 @@ Reads: the turn's outcome in the state. Writes, in one database transaction: the
 ``TurnOutcome``: status, mode, output, pending tool calls, error, usage, trace), its transcript
 items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
 a paused turn when Redis lost it), the session's last use and, when the turn's organisation gets
-webhooks, the status's webhook event (and its batch's, if this was the batch's last turn in flight),
-which the repository hands to the webhooks queue once committed (``shared.db.webhook_outbox``; a
-webhook never fails the turn). Then, when it wrote, the turn event that ends the round, in the
-state's outbox (sent with the state's save): ``turn.requires_client_tools`` or ``turn.completed`` /
-``turn.failed``, whose data is the turn as ``GET /v1/turns/{id}`` shows it from now on. Next: Stop,
-saying which status it wrote (none when the turn had already ended otherwise, e.g. cancelled:
-whoever ended it sent its event). Fails with: nothing (a database blip raises and the task is retried).
+webhooks, the status's webhook event (and its batch's, if this was the batch's last turn in flight)
+as outbox rows (``shared.db.webhook_outbox``; a webhook never fails the turn). Then, when it wrote,
+the turn event that ends the round, in the state's outbox (sent with the state's save):
+``turn.requires_client_tools`` or ``turn.completed`` / ``turn.failed``, whose data is the turn as
+``GET /v1/turns/{id}`` shows it from now on. Next: Stop, saying which status it wrote (none when the
+turn had already ended otherwise, e.g. cancelled: whoever ended it sent its event) and which webhook
+deliveries it recorded (the driver hands them to the webhooks queue). Fails with: nothing (a
+database blip raises and the task is retried).
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if state.status is TurnStatus.COMPLETED:
         transcript = [("user", state.user_input), ("assistant", state.output_text or "")]
     now = ctx.clock()
-    wrote = ctx.turns.commit(
+    committed = ctx.turns.commit(
         state.turn_id, TurnOutcome.of(state), transcript=transcript, snapshot=state.checkpoint(), now=now
     )
+    if committed is None:
+        return success(Stop(committed=None))
     event = ROUND_END_EVENTS.get(state.status)
-    if wrote and event is not None:
+    if event is not None:
         state.outbox.append(OutboxEvent(event=event, data=_committed(ctx, state, now)))
-    return success(Stop(committed=state.status if wrote else None))
+    return success(Stop(committed=state.status, deliveries=tuple(committed.deliveries)))
 
 
 def _committed(ctx: StepContext, state: TurnState, now: datetime) -> dict[str, Any]:

@@ -1,0 +1,109 @@
+"""What a plain turn costs hop by hop: the state store's Redis round trips (a step's begin and its save)
+and the database's statements and transactions, with and without webhooks. The counts are the
+hot path's budget: a change that adds a round trip to a hop shows here.
+
+The state store is the Redis one, on fakeredis (its Lua scripts run); the database is SQLite in
+memory; the model's breaker is on a Redis of its own, not counted (``docs/benchmarks.md`` counts it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+import fakeredis
+from sqlalchemy import event
+
+from shared.db.webhook_outbox import WebhookOutbox
+from shared.state import RedisStateStore
+from shared.webhooks import WebhookConfig, WebhookSender
+from tests.unit.fakes import FakeLlm, answer, make_context, record_turn, sqlite_engine
+from workers.context import StepContext, lease_renewer
+from workers.driver import run_step
+
+ORG = "o"
+"""The organisation of every turn ``record_turn`` records."""
+PLAIN_TURN = ["request_handler", "reasoner", "compose", "llm_call", "reasoner", "persist"]
+
+
+class _CountingRedis(fakeredis.FakeRedis):
+    """Counts the commands it sends: a round trip each (a pipeline would be one; the store sends none)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands: list[str] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.commands.append(str(args[0]))
+        return super().execute_command(*args, **options)
+
+
+@dataclass(frozen=True)
+class _Hop:
+    step: str
+    redis: int
+    statements: int
+    transactions: int
+    webhooks: int
+
+
+def _plain_turn(*, webhooks: bool) -> list[_Hop]:
+    """Run two plain turns (the first loads the Lua scripts, as a worker's first turn does) and count the second."""
+    client, engine = _CountingRedis(), sqlite_engine()
+    sent: list[str] = []
+    config = WebhookConfig(secrets={ORG: b"0123456789abcdef0123"}, default_urls={ORG: "https://h.example/in"})
+    ctx = make_context(
+        FakeLlm(answer("warm-up"), answer("hello")),
+        engine=engine,
+        outbox=WebhookOutbox(config) if webhooks else None,
+        webhook_sender=WebhookSender(sent.append) if webhooks else None,
+    )
+    store = RedisStateStore(client)
+    ctx = replace(
+        ctx, states=store, cancel_flags=store, in_flight=store, timers=store, leases=lease_renewer(store, ctx.settings)
+    )
+    statements: list[str] = []
+    ends: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    event.listen(engine, "commit", lambda *args: ends.append("commit"))
+    event.listen(engine, "rollback", lambda *args: ends.append("rollback"))
+    _drive(ctx, "turn_" + "8" * 32, "sess_" + "8" * 32)
+
+    hops: list[_Hop] = []
+    message = record_turn(ctx, turn_id="turn_" + "9" * 32, session_id="sess_" + "9" * 32)
+    while True:
+        for seen in (client.commands, statements, ends, sent):
+            seen.clear()
+        dispatch = run_step(ctx, message)
+        hops.append(_Hop(message.step.value, len(client.commands), len(statements), ends.count("commit"), len(sent)))
+        if dispatch is None:
+            return hops
+        message = dispatch.envelope
+
+
+def _drive(ctx: StepContext, turn_id: str, session_id: str) -> None:
+    dispatch = run_step(ctx, record_turn(ctx, turn_id=turn_id, session_id=session_id))
+    while dispatch is not None:
+        dispatch = run_step(ctx, dispatch.envelope)
+
+
+def test_every_hop_of_a_plain_turn_costs_two_state_store_round_trips() -> None:
+    hops = _plain_turn(webhooks=False)
+    assert [hop.step for hop in hops] == PLAIN_TURN
+    assert [hop.redis for hop in hops] == [2] * 6  # begin, save
+
+
+def test_a_plain_turn_writes_the_database_at_its_start_its_model_answer_and_its_commit() -> None:
+    hops = _plain_turn(webhooks=False)
+    # request_handler: read the turn, mark it running, create its session (two transactions);
+    # llm_call: the checkpoint of the model's answer; persist: the commit point
+    assert [(hop.statements, hop.transactions) for hop in hops] == [(3, 2), (0, 0), (0, 0), (2, 1), (0, 0), (5, 1)]
+
+
+def test_with_webhooks_the_commit_records_its_event_in_its_transaction_and_the_driver_sends_it() -> None:
+    hops = _plain_turn(webhooks=True)
+    assert [hop.redis for hop in hops] == [2] * 6
+    # the outbox row in the commit's transaction (a savepoint, the row read back, the insert), no transaction more
+    assert [(hop.statements, hop.transactions) for hop in hops][-1] == (9, 1)
+    assert Counter(hop.webhooks for hop in hops) == {0: 5, 1: 1} and hops[-1].webhooks == 1
