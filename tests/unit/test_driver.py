@@ -191,8 +191,7 @@ def test_turn_given_up_at_the_model_is_failed_from_its_checkpoint_when_redis_los
     ctx = make_context(llm, **settings)
     persist = _drive(ctx, _record_turn(ctx), until=StepName.PERSIST)[-1].envelope
     # When Redis loses everything before persist runs
-    assert isinstance(ctx.store, MemoryStateStore)
-    ctx.store.flush()
+    memory_store(ctx).flush()
     _drive(ctx, persist)
     # Then persist carries on from the checkpoint the give-up left: the turn fails, the model is not asked again
     row = ctx.turns.get(TURN_ID)
