@@ -42,7 +42,7 @@ from shared.state.admission import AdmissionQueue
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from shared.webhooks import WebhookConfig
 
-__all__ = ["GatewayState", "connect_gateway", "utc_now"]
+__all__ = ["GatewayPorts", "GatewayState", "connect_gateway", "open_ports", "utc_now"]
 
 
 @dataclass(frozen=True)
@@ -91,20 +91,53 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def connect_gateway(settings: Settings) -> GatewayState:
-    """Connect the gateway's ports and build its services (lazily: nothing is contacted until a request needs it).
+@dataclass(frozen=True)
+class GatewayPorts:
+    """What the gateway's services are built on: :func:`open_ports` connects them from the settings;
+    a unit test passes in-process ones (SQLite, fakeredis, a publisher that records) to the same wiring."""
+
+    engine: Engine
+    redis: redis.Redis
+    """The state store's, event logs' and admission's client."""
+    follower: aioredis.Redis
+    """The asyncio client turn event streams and response streams read on."""
+    producer: Celery
+    publisher: TurnPublisher
+    clock: Callable[[], datetime] = utc_now
+
+
+def open_ports(settings: Settings) -> GatewayPorts:
+    """The gateway's connections, opened lazily: nothing is contacted until a request needs it."""
+    producer = create_producer(settings)
+    follower = aioredis.Redis.from_url(
+        settings.redis_url,
+        # Turn event streams and response streams each take up to events_max_streams connections.
+        max_connections=2 * settings.events_max_streams + 16,
+        socket_connect_timeout=2,
+        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
+    )
+    return GatewayPorts(
+        engine=engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname()),
+        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+        follower=follower,
+        producer=producer,
+        publisher=CeleryPublisher(producer),
+    )
+
+
+def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> GatewayState:
+    """Build the gateway's services on its ports.
 
     Args:
         settings: the gateway's settings.
+        ports: what to build on; :func:`open_ports` of ``settings`` when None (every process but a unit test's).
 
     Returns:
         The state ``create_app`` keeps for its routes.
     """
-    engine = engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname())
+    ports = ports or open_ports(settings)
+    engine, client, producer, publisher, clock = ports.engine, ports.redis, ports.producer, ports.publisher, ports.clock
     db = session_factory(engine)
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    producer = create_producer(settings)
-    publisher = CeleryPublisher(producer)
     webhooks = WebhookConfig.from_settings(settings)
     sessions = SessionRepository(db)
     turns = TurnRepository(db, webhooks=_outbox(webhooks, producer))
@@ -124,26 +157,19 @@ def connect_gateway(settings: Settings) -> GatewayState:
         store=store,
         events=events,
         publisher=publisher,
-        clock=utc_now,
+        clock=clock,
         metrics=metrics,
         webhooks=webhook_service,
         admission=AdmissionQueue(client),
     )
-    follower = aioredis.Redis.from_url(
-        settings.redis_url,
-        # Turn event streams and response streams each take up to events_max_streams connections.
-        max_connections=2 * settings.events_max_streams + 16,
-        socket_connect_timeout=2,
-        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
-    )
     event_streams = EventStreams(
-        client=follower,
+        client=ports.follower,
         turns=turn_service,
         max_streams=settings.events_max_streams,
         keepalive_seconds=settings.events_keepalive_seconds,
         ttl_seconds=settings.state_ttl_seconds,
         max_events=settings.events_max_per_turn,
-        clock=utc_now,
+        clock=clock,
     )
     return GatewayState(
         settings=settings,
@@ -158,20 +184,20 @@ def connect_gateway(settings: Settings) -> GatewayState:
         redis=client,
         store=store,
         events=events,
-        clock=utc_now,
+        clock=clock,
         metrics=metrics,
         turn_service=turn_service,
         batch_service=BatchService(
             turns=turn_service,
             batches=batches,
             max_requests=settings.max_batch_requests,
-            clock=utc_now,
+            clock=clock,
             webhooks=webhook_service,
         ),
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
         webhook_service=webhook_service,
         conversation_service=ConversationService(
-            conversations=ConversationRepository(db), sessions=sessions, catalog=catalog, clock=utc_now
+            conversations=ConversationRepository(db), sessions=sessions, catalog=catalog, clock=clock
         ),
         event_streams=event_streams,
         response_service=ResponseService(
@@ -180,10 +206,10 @@ def connect_gateway(settings: Settings) -> GatewayState:
             responses=ResponseRepository(db),
             sessions=sessions,
             catalog=catalog,
-            clock=utc_now,
+            clock=clock,
         ),
         response_streams=ResponseStreams(
-            client=follower,
+            client=ports.follower,
             max_streams=settings.events_max_streams,
             keepalive_seconds=settings.events_keepalive_seconds,
         ),
