@@ -14,7 +14,7 @@ import yaml
 
 from aptix_cli.launcher import ManagedProcess
 from scripted_llm import ScriptedServer
-from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
+from tests.conftest import API_KEYS, KEY_A, redis_databases
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
 from tests.support.flower import Flower, start_flower
@@ -192,27 +192,18 @@ def system(
 @pytest.fixture(scope="module")
 def two_worker_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
     """A separate broker and state store served by two worker processes (for kill and flush tests)."""
-    import uuid
-
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    stack, running = start_system(
-        database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file, workers=["wa", "wb"]
-    )
-    try:
-        yield running
-    finally:
-        stack.stop_all()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
-
-
-def redis_urls_base() -> str:
-    """The test Redis server's URL without a database."""
-    from tests.services_check import redis_url
-
-    return redis_url().rstrip("/")
+    with redis_databases(2) as (state_url, broker_url):
+        stack, running = start_system(
+            database_url=database_url,
+            redis_urls=(state_url, broker_url),
+            llm=scripted_llm,
+            modes_file=modes_file,
+            workers=["wa", "wb"],
+        )
+        try:
+            yield running
+        finally:
+            stack.stop_all()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.integration.conftest import System
 from tests.support.stack import LocalStack
@@ -22,22 +21,22 @@ pytestmark = pytest.mark.integration
 def bare_system(database_url: str, scripted_llm: object, modes_file: object) -> Iterator[tuple[LocalStack, System]]:
     """A gateway on its own broker and state databases, with no worker yet (each test starts its own)."""
     from scripted_llm import ScriptedServer
-    from tests.conftest import claim_redis_databases
-    from tests.integration.conftest import redis_urls_base, start_system
+    from tests.conftest import redis_databases
+    from tests.integration.conftest import start_system
 
     assert isinstance(scripted_llm, ScriptedServer) and isinstance(modes_file, Path)
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    stack, system = start_system(
-        database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file, workers=[]
-    )
-    try:
-        yield stack, system
-    finally:
-        stack.stop_all()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
+    with redis_databases(2) as (state_url, broker_url):
+        stack, system = start_system(
+            database_url=database_url,
+            redis_urls=(state_url, broker_url),
+            llm=scripted_llm,
+            modes_file=modes_file,
+            workers=[],
+        )
+        try:
+            yield stack, system
+        finally:
+            stack.stop_all()
 
 
 def test_gevent_llm_worker_runs_llm_calls_concurrently(bare_system: tuple[LocalStack, System]) -> None:
