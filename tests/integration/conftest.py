@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
 from tests.support.flower import Flower, start_flower
 from tests.support.stack import LocalStack
+from tests.support.waiting import wait_for
 
 TEST_TOOLS = [
     {"name": "record_call", "description": "Count a call.", "handler": "tests.support.tools:record_call",
@@ -81,14 +81,15 @@ class System:
         return self.wait_turn(turn_id)
 
     def wait_turn(self, turn_id: str, *, key: str = KEY_A, seconds: float = 60) -> dict[str, Any]:
-        """GET the turn, long-polling until it is no longer queued/running."""
-        deadline = time.monotonic() + seconds
-        while True:
+        """GET the turn, long-polling until it is no longer queued/running; fails the test after ``seconds``."""
+
+        def finished() -> dict[str, Any] | None:
             response = self.http.get(f"/v1/turns/{turn_id}", headers=self.headers(key), params={"wait": 10})
             assert response.status_code == 200, response.text
             turn: dict[str, Any] = response.json()
-            if turn["status"] not in ("queued", "running") or time.monotonic() > deadline:
-                return turn
+            return None if turn["status"] in ("queued", "running") else turn
+
+        return wait_for(finished, what=f"turn {turn_id} to finish", seconds=seconds)
 
     def trace(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's trace steps."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -13,6 +12,7 @@ import pytest
 
 from tests.integration.conftest import System
 from tests.support.stack import LocalStack
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -79,10 +79,12 @@ def test_aptix_worker_with_no_flags_runs_each_queue_group_on_its_own_pool(
     assert len(children) == 2
     # When the supervisor is killed outright, its workers do not outlive it
     group.kill(signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(_alive(pid) for pid in children), "worker processes outlived their aptix worker"
+    wait_for(
+        lambda: not any(_alive(pid) for pid in children),
+        what="the worker processes to exit with their aptix worker",
+        seconds=30,
+        interval=0.2,
+    )
 
 
 def _children(pid: int) -> list[int]:
