@@ -10,9 +10,11 @@ import httpx
 import pytest
 import redis
 import yaml
+from sqlalchemy import Engine, create_engine
 
 from aptix_cli.launcher import ManagedProcess
 from scripted_llm import ScriptedServer
+from shared.db.engine import normalise_database_url
 from tests.conftest import API_KEYS, KEY_A, redis_databases
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
@@ -188,6 +190,14 @@ def system(
     finally:
         running.http.close()  # an idle pooled connection left open is a ResourceWarning at exit
         stack.stop_all()
+
+
+@pytest.fixture(scope="session")
+def engine(system: System) -> Iterator[Engine]:
+    """An engine on the running system's database, for checking what a request recorded."""
+    db = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
+    yield db
+    db.dispose()
 
 
 @pytest.fixture(scope="module")
