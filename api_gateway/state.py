@@ -1,12 +1,15 @@
 """GatewayState: what the gateway's routes see, built once by ``create_app`` through :func:`connect_gateway`.
 
 The routes call services; the ports those services are built on (repositories, the state store,
-the publisher, the event log, the clock) stay inside :func:`connect_gateway`, which wires them.
+the publisher, the event log, the clock) stay inside :func:`connect_gateway`, which wires them on
+the connections :func:`open_ports` opens (or on in-process ones a unit test passes as
+:class:`GatewayPorts`).
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -24,6 +27,7 @@ from api_gateway.services import (
     CeleryPublisher,
     EventStreams,
     SessionService,
+    TurnPublisher,
     TurnService,
     WebhookService,
 )
@@ -44,7 +48,7 @@ from shared.state.admission import AdmissionQueue
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
 
-__all__ = ["GatewayState", "connect_gateway", "utc_now"]
+__all__ = ["GatewayPorts", "GatewayState", "connect_gateway", "open_ports", "utc_now"]
 
 
 @dataclass(frozen=True)
@@ -85,20 +89,53 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def connect_gateway(settings: Settings) -> GatewayState:
-    """Connect the gateway's ports and build its services (lazily: nothing is contacted until a request needs it).
+@dataclass(frozen=True)
+class GatewayPorts:
+    """What the gateway's services are built on: :func:`open_ports` connects them from the settings;
+    a unit test passes in-process ones (SQLite, fakeredis, a publisher that records) to the same wiring."""
+
+    engine: Engine
+    redis: redis.Redis
+    """The state store's, event logs' and admission's client."""
+    follower: aioredis.Redis
+    """The asyncio client turn event streams and response streams read on."""
+    producer: Celery
+    publisher: TurnPublisher
+    clock: Callable[[], datetime] = utc_now
+
+
+def open_ports(settings: Settings) -> GatewayPorts:
+    """The gateway's connections, opened lazily: nothing is contacted until a request needs it."""
+    producer = create_producer(settings)
+    follower = aioredis.Redis.from_url(
+        settings.redis_url,
+        # Turn event streams and response streams each take up to events_max_streams connections.
+        max_connections=2 * settings.events_max_streams + 16,
+        socket_connect_timeout=2,
+        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
+    )
+    return GatewayPorts(
+        engine=engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname()),
+        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+        follower=follower,
+        producer=producer,
+        publisher=CeleryPublisher(producer),
+    )
+
+
+def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> GatewayState:
+    """Build the gateway's services on its ports.
 
     Args:
         settings: the gateway's settings.
+        ports: what to build on; :func:`open_ports` of ``settings`` when None (every process but a unit test's).
 
     Returns:
         The state ``create_app`` keeps for its routes.
     """
-    engine = engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname())
+    ports = ports or open_ports(settings)
+    engine, client, producer, publisher, clock = ports.engine, ports.redis, ports.producer, ports.publisher, ports.clock
     db = session_factory(engine)
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    producer = create_producer(settings)
-    publisher = CeleryPublisher(producer)
     webhooks = WebhookConfig.from_settings(settings)
     sessions = SessionRepository(db)
     turns = TurnRepository(db, webhooks=WebhookOutbox(webhooks) if webhooks.enabled else None)
@@ -120,27 +157,20 @@ def connect_gateway(settings: Settings) -> GatewayState:
         in_flight=store,
         events=events,
         publisher=publisher,
-        clock=utc_now,
+        clock=clock,
         metrics=metrics,
         webhooks=webhook_service,
         admission=AdmissionQueue(client),
         webhook_sender=_webhook_sender(webhooks, producer),
     )
-    follower = aioredis.Redis.from_url(
-        settings.redis_url,
-        # Turn event streams and response streams each take up to events_max_streams connections.
-        max_connections=2 * settings.events_max_streams + 16,
-        socket_connect_timeout=2,
-        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
-    )
     event_streams = EventStreams(
-        client=follower,
+        client=ports.follower,
         turns=turn_service,
         max_streams=settings.events_max_streams,
         keepalive_seconds=settings.events_keepalive_seconds,
         ttl_seconds=settings.state_ttl_seconds,
         max_events=settings.events_max_per_turn,
-        clock=utc_now,
+        clock=clock,
     )
     return GatewayState(
         settings=settings,
@@ -155,13 +185,13 @@ def connect_gateway(settings: Settings) -> GatewayState:
             turns=turn_service,
             batches=batches,
             max_requests=settings.max_batch_requests,
-            clock=utc_now,
+            clock=clock,
             webhooks=webhook_service,
         ),
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
         webhook_service=webhook_service,
         conversation_service=ConversationService(
-            conversations=ConversationRepository(db), sessions=sessions, catalog=catalog, clock=utc_now
+            conversations=ConversationRepository(db), sessions=sessions, catalog=catalog, clock=clock
         ),
         event_streams=event_streams,
         response_service=ResponseService(
@@ -170,10 +200,10 @@ def connect_gateway(settings: Settings) -> GatewayState:
             responses=ResponseRepository(db),
             sessions=sessions,
             catalog=catalog,
-            clock=utc_now,
+            clock=clock,
         ),
         response_streams=ResponseStreams(
-            client=follower,
+            client=ports.follower,
             max_streams=settings.events_max_streams,
             keepalive_seconds=settings.events_keepalive_seconds,
         ),

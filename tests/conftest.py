@@ -1,14 +1,16 @@
 """Shared fixtures: real PostgreSQL and Redis, the scripted model, worker and gateway processes.
 
 Each run gets a database of its own (dropped at the end) and two Redis databases (flushed at the
-start and end). A service that does not answer fails the run with how to start it.
+start and end). A service that does not answer fails the run with how to start it. Every Redis
+database a test uses is claimed through :func:`redis_databases` (or the ``redis_db_url`` fixture).
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -22,6 +24,9 @@ KEY_A, ORG_A, USER_A = "test-key-a", "org-a", "user-a"
 KEY_B, ORG_B, USER_B = "test-key-b", "org-b", "user-b"
 API_KEYS = f"{KEY_A}:{ORG_A}:{USER_A},{KEY_B}:{ORG_B}:{USER_B}"
 _OWNER_KEY = "aptix:test:owner"
+
+ConnectRedis = Callable[[], redis.Redis]
+"""The ``connect_redis`` fixture: opens a new client on the test's own Redis database."""
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +51,68 @@ def database_url(services: None) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def claim_redis_databases(count: int, run_id: str) -> list[int]:
+@contextmanager
+def redis_databases(count: int) -> Iterator[list[str]]:
+    """The URLs of ``count`` empty Redis databases claimed for the caller; flushed (which frees them) after.
+
+    Raises:
+        RuntimeError: not that many databases are free.
+    """
+    base = redis_url().rstrip("/")
+    urls = [f"{base}/{index}" for index in _claim_redis_databases(count, uuid.uuid4().hex)]
+    try:
+        yield urls
+    finally:
+        for url in urls:
+            with redis.Redis.from_url(url) as client:
+                client.flushdb()
+
+
+@pytest.fixture(scope="session")
+def redis_urls(services: None) -> Iterator[tuple[str, str]]:
+    """(state URL, broker URL): two empty Redis databases claimed by this run, flushed after it."""
+    with redis_databases(2) as (state_url, broker_url):
+        yield state_url, broker_url
+
+
+@pytest.fixture
+def redis_db_url(services: None) -> Iterator[str]:
+    """One empty Redis database of this test's own (no worker of a running system reads it), flushed after it."""
+    with redis_databases(1) as (url,):
+        yield url
+
+
+@pytest.fixture
+def connect_redis(redis_db_url: str) -> Iterator[ConnectRedis]:
+    """Opens a client on the test's ``redis_db_url``, a connection pool of its own each call; all are closed after."""
+    opened: list[redis.Redis] = []
+
+    def connect() -> redis.Redis:
+        client = redis.Redis.from_url(redis_db_url)
+        opened.append(client)
+        return client
+
+    yield connect
+    for client in opened:
+        client.close()
+
+
+@pytest.fixture
+def redis_client(connect_redis: ConnectRedis) -> redis.Redis:
+    """A client on the test's ``redis_db_url``."""
+    return connect_redis()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say in the run's summary when the real-traffic fixture checks did not run (and how to run them)."""
+    from tests.responses_fixtures import NOT_RUN
+
+    skipped = [report for report in terminalreporter.stats.get("skipped", []) if NOT_RUN in str(report.longrepr)]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} tests skipped: {NOT_RUN}", yellow=True)
+
+
+def _claim_redis_databases(count: int, run_id: str) -> list[int]:
     """Claim ``count`` empty Redis databases for this run, so concurrent runs never share a broker."""
     base = redis_url().rstrip("/")
     claimed: list[int] = []
@@ -62,23 +128,3 @@ def claim_redis_databases(count: int, run_id: str) -> list[int]:
     for index in claimed:
         redis.Redis.from_url(f"{base}/{index}").flushdb()
     raise RuntimeError(f"no {count} empty Redis databases are free at {base} (another test run holds them?)")
-
-
-@pytest.fixture(scope="session")
-def redis_urls(services: None) -> Iterator[tuple[str, str]]:
-    """(state URL, broker URL): two empty Redis databases claimed by this run, flushed after it."""
-    base = redis_url().rstrip("/")
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    yield urls
-    for url in urls:
-        redis.Redis.from_url(url).flushdb()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say in the run's summary when the real-traffic fixture checks did not run (and how to run them)."""
-    from tests.responses_fixtures import NOT_RUN
-
-    skipped = [report for report in terminalreporter.stats.get("skipped", []) if NOT_RUN in str(report.longrepr)]
-    if skipped:
-        terminalreporter.write_line(f"{len(skipped)} tests skipped: {NOT_RUN}", yellow=True)

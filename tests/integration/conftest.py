@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,14 +10,17 @@ import httpx
 import pytest
 import redis
 import yaml
+from sqlalchemy import Engine, create_engine
 
 from aptix_cli.launcher import ManagedProcess
 from scripted_llm import ScriptedServer
-from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
+from shared.db.engine import normalise_database_url
+from tests.conftest import API_KEYS, KEY_A, redis_databases
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
 from tests.support.flower import Flower, start_flower
 from tests.support.stack import LocalStack
+from tests.support.waiting import wait_for
 
 TEST_TOOLS = [
     {"name": "record_call", "description": "Count a call.", "handler": "tests.support.tools:record_call",
@@ -81,14 +83,15 @@ class System:
         return self.wait_turn(turn_id)
 
     def wait_turn(self, turn_id: str, *, key: str = KEY_A, seconds: float = 60) -> dict[str, Any]:
-        """GET the turn, long-polling until it is no longer queued/running."""
-        deadline = time.monotonic() + seconds
-        while True:
+        """GET the turn, long-polling until it is no longer queued/running; fails the test after ``seconds``."""
+
+        def finished() -> dict[str, Any] | None:
             response = self.http.get(f"/v1/turns/{turn_id}", headers=self.headers(key), params={"wait": 10})
             assert response.status_code == 200, response.text
             turn: dict[str, Any] = response.json()
-            if turn["status"] not in ("queued", "running") or time.monotonic() > deadline:
-                return turn
+            return None if turn["status"] in ("queued", "running") else turn
+
+        return wait_for(finished, what=f"turn {turn_id} to finish", seconds=seconds)
 
     def trace(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's trace steps."""
@@ -189,30 +192,29 @@ def system(
         stack.stop_all()
 
 
+@pytest.fixture(scope="session")
+def engine(system: System) -> Iterator[Engine]:
+    """An engine on the running system's database, for checking what a request recorded."""
+    db = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
+    yield db
+    db.dispose()
+
+
 @pytest.fixture(scope="module")
 def two_worker_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
     """A separate broker and state store served by two worker processes (for kill and flush tests)."""
-    import uuid
-
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    stack, running = start_system(
-        database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file, workers=["wa", "wb"]
-    )
-    try:
-        yield running
-    finally:
-        stack.stop_all()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
-
-
-def redis_urls_base() -> str:
-    """The test Redis server's URL without a database."""
-    from tests.services_check import redis_url
-
-    return redis_url().rstrip("/")
+    with redis_databases(2) as (state_url, broker_url):
+        stack, running = start_system(
+            database_url=database_url,
+            redis_urls=(state_url, broker_url),
+            llm=scripted_llm,
+            modes_file=modes_file,
+            workers=["wa", "wb"],
+        )
+        try:
+            yield running
+        finally:
+            stack.stop_all()
 
 
 @pytest.fixture

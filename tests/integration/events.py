@@ -13,6 +13,8 @@ from typing import Any
 
 from celery import Celery
 
+from tests.support.waiting import wait_for
+
 
 class TaskEventRecorder:
     """Collects task events (received, started, succeeded, failed, ...) in a background thread."""
@@ -32,14 +34,13 @@ class TaskEventRecorder:
         self._thread.start()
         if not self._ready.wait(15):
             raise RuntimeError("could not subscribe to Celery task events")
-        deadline = time.monotonic() + 15
-        while True:
+
+        def every_worker_sends_events() -> bool:
             workers = self._app.control.ping(timeout=1.0)
             enabled = self._app.control.broadcast("enable_events", reply=True, timeout=1.0)
-            if workers and len(enabled) >= len(workers):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"workers did not turn their task events on ({len(enabled)} of {len(workers)})")
+            return bool(workers) and len(enabled) >= len(workers)
+
+        wait_for(every_worker_sends_events, what="every worker to turn its task events on", seconds=15, interval=0)
         threading.Thread(target=self._keep_enabling, daemon=True, name="task-events-enable").start()
 
     def stop(self) -> None:

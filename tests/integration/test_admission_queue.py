@@ -8,8 +8,7 @@ the send, two schedulers at once, withdraw, and turns that end early leaving. Ti
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis
@@ -22,22 +21,11 @@ from shared.state.admission import REPUBLISH_AFTER_SECONDS, AdmissionQueue
 from shared.state.keys import SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.task_names import StepName
-from tests.conftest import claim_redis_databases
-from tests.services_check import redis_url
 from workers.scheduler import AdmissionScheduler
 
 pytestmark = pytest.mark.integration
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def client(services: None) -> Iterator[redis.Redis]:
-    """A client on one Redis database claimed for this test, flushed after it."""
-    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
-    with redis.Redis.from_url(f"{redis_url().rstrip('/')}/{index}") as connection:
-        yield connection
-        connection.flushdb()
 
 
 class _Statuses:
@@ -66,8 +54,8 @@ def _scheduler(
     )
 
 
-def test_release_is_round_robin_across_organisations_in_acceptance_order(client: redis.Redis) -> None:
-    queue = AdmissionQueue(client)
+def test_release_is_round_robin_across_organisations_in_acceptance_order(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
     queue.hold("org-b", ["b1", "b2", "b3"])
     queue.hold("org-a", ["a1", "a2", "a3", "a4", "a5"])
     queue.hold("org-c", ["c1"])
@@ -79,8 +67,8 @@ def test_release_is_round_robin_across_organisations_in_acceptance_order(client:
     assert released.turn_ids == ["a1", "b1", "c1", "a2", "b2", "a3", "b3", "a4", "a5", "a6"]
 
 
-def test_a_release_cut_short_resumes_after_the_last_organisation_served(client: redis.Redis) -> None:
-    queue = AdmissionQueue(client)
+def test_a_release_cut_short_resumes_after_the_last_organisation_served(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
     queue.hold("org-a", [f"a{i}" for i in range(5)])
     queue.hold("org-b", [f"b{i}" for i in range(5)])
     first, second = queue.release(cap=100, limit=3, now=T0), queue.release(cap=100, limit=3, now=T0)
@@ -89,8 +77,8 @@ def test_a_release_cut_short_resumes_after_the_last_organisation_served(client: 
     assert second.turn_ids == ["b1", "a2", "b2"]
 
 
-def test_no_organisation_gets_more_than_the_cap_in_flight(client: redis.Redis) -> None:
-    queue = AdmissionQueue(client)
+def test_no_organisation_gets_more_than_the_cap_in_flight(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
     queue.admit_now("org-a", ["interactive"], now=T0)  # an interactive turn counts too
     queue.hold("org-a", [f"a{i}" for i in range(10)])
     queue.hold("org-b", [f"b{i}" for i in range(10)])
@@ -103,8 +91,8 @@ def test_no_organisation_gets_more_than_the_cap_in_flight(client: redis.Redis) -
     assert (counts["org-b"].held, counts["org-b"].in_flight) == (7, 3)
 
 
-def test_a_turn_that_ends_frees_its_slot_and_wakes_the_scheduler(client: redis.Redis) -> None:
-    queue = AdmissionQueue(client)
+def test_a_turn_that_ends_frees_its_slot_and_wakes_the_scheduler(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
     queue.hold("org-a", ["a0", "a1"])
     assert queue.wait(0.01)  # holding nudged
     released = queue.release(cap=1, limit=10, now=T0)
@@ -118,8 +106,8 @@ def test_a_turn_that_ends_frees_its_slot_and_wakes_the_scheduler(client: redis.R
     assert not queue.wait(0.01)  # nothing was in flight: no nudge
 
 
-def test_the_last_state_save_of_a_turn_takes_it_out_of_flight_when_told_to(client: redis.Redis) -> None:
-    store, queue = RedisStateStore(client), AdmissionQueue(client)
+def test_the_last_state_save_of_a_turn_takes_it_out_of_flight_when_told_to(redis_client: redis.Redis) -> None:
+    store, queue = RedisStateStore(redis_client), AdmissionQueue(redis_client)
     queue.hold("org-a", ["turn_x"])
     queue.release(cap=5, limit=5, now=T0)
     state = TurnState(turn_id="turn_x", session_id="s", org_id="org-a", user_id="u", user_input="hi", new_session=True)
@@ -131,15 +119,15 @@ def test_the_last_state_save_of_a_turn_takes_it_out_of_flight_when_told_to(clien
     assert queue.wait(0.01)
 
 
-def test_a_release_whose_scheduler_died_before_sending_is_sent_again_once(client: redis.Redis) -> None:
-    queue = AdmissionQueue(client)
+def test_a_release_whose_scheduler_died_before_sending_is_sent_again_once(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
     queue.hold("org-a", ["a0", "a1"])
     # Given a scheduler that moved the turns to in flight and died before sending them
     moved = queue.release(cap=10, limit=10, now=T0)
     assert moved is not None
     # When another scheduler runs before the note is old: nothing is sent (the first may still send)
     sent: list[TurnEnvelope] = []
-    later = _scheduler(client, sent, cap=10)
+    later = _scheduler(redis_client, sent, cap=10)
     assert later.republish_stale(T0 + 1) == 0 and sent == []
     # Then once it is old, the turns' first messages are sent, once, and the note is gone
     assert later.republish_stale(T0 + REPUBLISH_AFTER_SECONDS + 1) == 2
@@ -151,22 +139,22 @@ def test_a_release_whose_scheduler_died_before_sending_is_sent_again_once(client
     assert queue.release(cap=10, limit=10, now=T0) is None  # not released a second time
 
 
-def test_a_release_that_was_sent_leaves_no_note(client: redis.Redis) -> None:
+def test_a_release_that_was_sent_leaves_no_note(redis_client: redis.Redis) -> None:
     sent: list[TurnEnvelope] = []
-    scheduler = _scheduler(client, sent, cap=10)
-    AdmissionQueue(client).hold("org-a", ["a0", "a1", "a2"])
+    scheduler = _scheduler(redis_client, sent, cap=10)
+    AdmissionQueue(redis_client).hold("org-a", ["a0", "a1", "a2"])
     assert scheduler.release(T0) == 3
     assert [e.turn_id for e in sent] == ["a0", "a1", "a2"]
     assert scheduler.republish_stale(T0 + 3600) == 0
 
 
-def test_two_schedulers_at_once_release_each_turn_once(client: redis.Redis) -> None:
-    queue = AdmissionQueue(client)
+def test_two_schedulers_at_once_release_each_turn_once(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
     turn_ids = [f"{org}-{i}" for org in ("org-a", "org-b", "org-c") for i in range(400)]
     for org in ("org-a", "org-b", "org-c"):
         queue.hold(org, [turn_id for turn_id in turn_ids if turn_id.startswith(org)])
     sent: list[list[TurnEnvelope]] = [[], []]
-    schedulers = [_scheduler(client, sent[i], cap=1000, owner=f"s{i}") for i in range(2)]
+    schedulers = [_scheduler(redis_client, sent[i], cap=1000, owner=f"s{i}") for i in range(2)]
     threads = [threading.Thread(target=lambda s=s: [s.release(T0) for _ in range(20)]) for s in schedulers]  # type: ignore[misc]
     for thread in threads:
         thread.start()
@@ -177,8 +165,8 @@ def test_two_schedulers_at_once_release_each_turn_once(client: redis.Redis) -> N
     assert all(sent), "both copies released some turns"
 
 
-def test_withdraw_takes_held_turns_out_but_leaves_released_ones(client: redis.Redis) -> None:
-    queue = AdmissionQueue(client)
+def test_withdraw_takes_held_turns_out_but_leaves_released_ones(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
     queue.hold("org-a", ["a0", "a1", "a2", "a3"])
     queue.release(cap=10, limit=1, now=T0)  # a0 released
     assert queue.withdraw("org-a", ["a0", "a2", "a3", "other"]) == 2
@@ -188,9 +176,9 @@ def test_withdraw_takes_held_turns_out_but_leaves_released_ones(client: redis.Re
 
 
 def test_turns_that_end_early_leave_held_and_in_flight_in_one_call_and_wake_the_scheduler(
-    client: redis.Redis,
+    redis_client: redis.Redis,
 ) -> None:
-    queue = AdmissionQueue(client)
+    queue = AdmissionQueue(redis_client)
     queue.hold("org-a", ["a0", "a1", "a2"])
     queue.release(cap=10, limit=1, now=T0)  # a0 released
     assert queue.wait(0.01)
@@ -202,11 +190,11 @@ def test_turns_that_end_early_leave_held_and_in_flight_in_one_call_and_wake_the_
     assert queue.release(cap=10, limit=10, now=T0) is None
 
 
-def test_the_sweep_drops_turns_that_ended_unannounced(client: redis.Redis) -> None:
+def test_the_sweep_drops_turns_that_ended_unannounced(redis_client: redis.Redis) -> None:
     turns = _Statuses()
     sent: list[TurnEnvelope] = []
-    scheduler = _scheduler(client, sent, cap=10, turns=turns)
-    queue = AdmissionQueue(client)
+    scheduler = _scheduler(redis_client, sent, cap=10, turns=turns)
+    queue = AdmissionQueue(redis_client)
     queue.admit_now("org-a", ["done", "cancelled", "running", "unrecorded"], now=T0)
     turns.known.update(done=TurnStatus.COMPLETED, cancelled=TurnStatus.CANCELLED, running=TurnStatus.RUNNING)
     assert scheduler.sweep(T0 + 1) == 0  # too recent to check

@@ -9,9 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, func, select
 
-from shared.db.engine import normalise_database_url
 from shared.db.tables import BatchRow, TurnRow
 from tests.integration.conftest import System
 from tests.support.waiting import wait_for
@@ -19,14 +18,6 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 UNKNOWN_SESSION_ID = "sess_" + "0" * 32
-
-
-@pytest.fixture(scope="module")
-def engine(system: System) -> Iterator[Engine]:
-    """The test stack's database, for checking what an upload recorded."""
-    db = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
-    yield db
-    db.dispose()
 
 
 def _rows(engine: Engine) -> tuple[int, int]:

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import redis
 from sqlalchemy.engine import make_url
 
 from scripted_llm import ScriptedServer
-from tests.conftest import claim_redis_databases
-from tests.integration.conftest import System, redis_urls_base, start_system
+from tests.conftest import redis_databases
+from tests.integration.conftest import System, start_system
 from tests.support.stack import LocalStack
 
 pytestmark = pytest.mark.integration
@@ -55,17 +54,18 @@ def gateway_only(
     database_url: str, scripted_llm: ScriptedServer, modes_file: Path
 ) -> Iterator[tuple[LocalStack, System]]:
     """A gateway on its own broker and state databases, with no worker yet."""
-    base = redis_urls_base()
-    urls = tuple(f"{base}/{db}" for db in claim_redis_databases(2, uuid.uuid4().hex))
-    stack, system = start_system(
-        database_url=database_url, redis_urls=(urls[0], urls[1]), llm=scripted_llm, modes_file=modes_file, workers=[]
-    )
-    try:
-        yield stack, system
-    finally:
-        stack.stop_all()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
+    with redis_databases(2) as (state_url, broker_url):
+        stack, system = start_system(
+            database_url=database_url,
+            redis_urls=(state_url, broker_url),
+            llm=scripted_llm,
+            modes_file=modes_file,
+            workers=[],
+        )
+        try:
+            yield stack, system
+        finally:
+            stack.stop_all()
 
 
 def test_a_worker_under_load_never_holds_more_than_pool_plus_overflow_connections(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from aptix_cli.launcher import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -131,8 +132,6 @@ def test_demo_tours_the_system_without_external_services(tmp_path: Path) -> None
 
 def test_dev_runs_the_admission_scheduler_and_the_reconciler(tmp_path: Path, redis_urls: tuple[str, str]) -> None:
     # Given `aptix dev` on real Redis databases (its embedded worker never sends Celery's worker_ready)
-    import time
-
     import redis
 
     from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
@@ -155,11 +154,15 @@ def test_dev_runs_the_admission_scheduler_and_the_reconciler(tmp_path: Path, red
     process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         # Then both background loops start and take their leader leases in the state store
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and process.poll() is None:
-            if state.exists(RECONCILER_LEADER_KEY) and state.exists(SCHEDULER_LEADER_KEY):
-                break
-            time.sleep(0.2)
+        wait_for(
+            lambda: (
+                process.poll() is not None
+                or (state.exists(RECONCILER_LEADER_KEY) and state.exists(SCHEDULER_LEADER_KEY))
+            ),
+            what=f"aptix dev to take both leader leases (its log: {tmp_path / 'dev.log'})",
+            seconds=90,
+            interval=0.2,
+        )
         held = {key: bool(state.exists(key)) for key in (RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY)}
     finally:
         process.terminate()

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from scripted_llm import ScriptedServer
-from tests.conftest import KEY_A, KEY_B, claim_redis_databases
-from tests.integration.conftest import System, redis_urls_base, start_system
+from tests.conftest import KEY_A, KEY_B, redis_databases
+from tests.integration.conftest import System, start_system
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 
@@ -38,21 +37,21 @@ def admission_system(
     database_url: str, scripted_llm: ScriptedServer, modes_file: Path
 ) -> Iterator[tuple[LocalStack, System]]:
     """A gateway and two worker processes without a scheduler, on their own broker and state store."""
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    base = redis_urls_base()
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    stack, system = start_system(
-        database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file, workers=[]
-    )
-    stack.env["APTIX_ORG_MAX_IN_FLIGHT"] = str(CAP)
-    try:
-        for name in ("fa1", "fa2"):
-            stack.start_worker(name, concurrency=8, args=["--no-scheduler"])
-        yield stack, system
-    finally:
-        stack.stop_all()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
+    with redis_databases(2) as (state_url, broker_url):
+        stack, system = start_system(
+            database_url=database_url,
+            redis_urls=(state_url, broker_url),
+            llm=scripted_llm,
+            modes_file=modes_file,
+            workers=[],
+        )
+        stack.env["APTIX_ORG_MAX_IN_FLIGHT"] = str(CAP)
+        try:
+            for name in ("fa1", "fa2"):
+                stack.start_worker(name, concurrency=8, args=["--no-scheduler"])
+            yield stack, system
+        finally:
+            stack.stop_all()
 
 
 def _counts(system: System, batch_id: str, key: str) -> dict[str, int]:

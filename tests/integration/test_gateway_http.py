@@ -14,9 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, func, select
 
-from shared.db.engine import normalise_database_url
 from shared.db.migrate import head_revision, upgrade
 from shared.db.tables import SessionRow, TurnRow
 from tests.conftest import KEY_A, KEY_B, ORG_A, ORG_B
@@ -32,14 +31,6 @@ UNKNOWN_SESSION_ID = "sess_" + "0" * 32
 
 def _marker() -> str:
     return f"m{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture(scope="module")
-def engine(system: System) -> Iterator[Engine]:
-    """The test stack's database, for checking what a request recorded."""
-    db = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
-    yield db
-    db.dispose()
 
 
 def _counts(engine: Engine, org_id: str) -> tuple[int, int]:
@@ -737,13 +728,12 @@ def test_metrics_show_each_queue_backlog_and_never_grow_a_label_per_unknown_meth
 
 
 def test_turn_is_503_and_not_recorded_when_the_broker_is_down_and_a_batch_is_held_for_admission(
-    system: System, extra_gateway: Callable[[dict[str, str]], str]
+    system: System, extra_gateway: Callable[[dict[str, str]], str], engine: Engine
 ) -> None:
     # Given a gateway whose broker does not answer
     from aptix_cli.launcher import free_port
 
     url = extra_gateway({"APTIX_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
-    engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
     with engine.connect() as conn:
         before = conn.scalar(select(func.count()).select_from(TurnRow))
     # When a turn is posted
@@ -755,7 +745,6 @@ def test_turn_is_503_and_not_recorded_when_the_broker_is_down_and_a_batch_is_hel
     assert int(ready.headers["retry-after"]) > 0  # like every other 503: the body and headers come from one place
     with engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(TurnRow)) == before
-    engine.dispose()
     # When a batch is posted to it: its turns are held in the state store for fair admission, no message
     # is sent by the gateway, so it is accepted; the admission scheduler sends them through its own broker
     batch = system.http.post(

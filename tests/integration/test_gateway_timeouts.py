@@ -145,10 +145,13 @@ def test_a_turn_runs_through_the_guarded_gateway(gateway: Gateway) -> None:
     with httpx.Client(base_url=gateway.url, headers=headers, timeout=90.0) as client:
         accepted = client.post("/v1/turns", json={"input": "hello through the guarded gateway"}, params={"wait": 30})
         assert accepted.status_code == 200, accepted.text
-        turn = accepted.json()
-        deadline = time.monotonic() + 60
-        while turn["status"] in ("queued", "running") and time.monotonic() < deadline:
-            turn = client.get(f"/v1/turns/{turn['turn_id']}", params={"wait": 10}).json()
+        turn_id = accepted.json()["turn_id"]
+
+        def finished() -> dict[str, Any] | None:
+            turn: dict[str, Any] = client.get(f"/v1/turns/{turn_id}", params={"wait": 10}).json()
+            return None if turn["status"] in ("queued", "running") else turn
+
+        turn = wait_for(finished, what=f"turn {turn_id} to finish", seconds=60)
     assert turn["status"] == "completed", turn
 
 

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from aptix_cli.launcher import ManagedProcess, wait_until
 from scripted_llm import ScriptedServer
-from tests.conftest import API_KEYS, KEY_A, ORG_A, claim_redis_databases
-from tests.integration.conftest import OPEN_FILE, System, redis_urls_base
+from tests.conftest import API_KEYS, KEY_A, ORG_A, redis_databases
+from tests.integration.conftest import OPEN_FILE, System
 from tests.support.databases import fresh_database
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
@@ -45,37 +44,34 @@ def _running_system(
     database_url: str, llm: ScriptedServer, modes_file: Path, *, log_format: str, worker_args: list[str]
 ) -> Iterator[tuple[System, ManagedProcess]]:
     """A worker (``aptix worker ... --loglevel DEBUG``) and a gateway on a broker and state store of their own."""
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    env = {
-        "APTIX_DATABASE_URL": database_url,
-        "APTIX_REDIS_URL": f"{base}/{state_db}",
-        "APTIX_BROKER_URL": f"{base}/{broker_db}",
-        "APTIX_LLM_BASE_URL": llm.base_url,
-        "APTIX_LLM_API_KEY": "test-llm-key",
-        "APTIX_LLM_MODEL": "scripted-model",
-        "APTIX_API_KEYS": API_KEYS,
-        "APTIX_LLM_LOCAL_ONLY": "1",
-        "APTIX_MODES_FILE": str(modes_file),
-        "APTIX_LOG_FORMAT": log_format,
-    }
-    stack = LocalStack(env)
-    try:
-        argv = [sys.executable, "-m", "aptix_cli", "worker", "--hostname", "logs@%h", "--loglevel", "DEBUG",
-                "--no-reconciler", *worker_args]  # fmt: skip
-        worker = stack.start("worker", argv)
-        processes = 1 if "--pool" in worker_args else 2
-        wait_until([worker], lambda: worker.log().count("ready.") >= processes, 60)
-        _, url = stack.start_gateway()
-        system = System(stack=stack, gateway_url=url, llm=llm, env=env)
+    with redis_databases(2) as (state_url, broker_url):
+        env = {
+            "APTIX_DATABASE_URL": database_url,
+            "APTIX_REDIS_URL": state_url,
+            "APTIX_BROKER_URL": broker_url,
+            "APTIX_LLM_BASE_URL": llm.base_url,
+            "APTIX_LLM_API_KEY": "test-llm-key",
+            "APTIX_LLM_MODEL": "scripted-model",
+            "APTIX_API_KEYS": API_KEYS,
+            "APTIX_LLM_LOCAL_ONLY": "1",
+            "APTIX_MODES_FILE": str(modes_file),
+            "APTIX_LOG_FORMAT": log_format,
+        }
+        stack = LocalStack(env)
         try:
-            yield system, worker
+            argv = [sys.executable, "-m", "aptix_cli", "worker", "--hostname", "logs@%h", "--loglevel", "DEBUG",
+                    "--no-reconciler", *worker_args]  # fmt: skip
+            worker = stack.start("worker", argv)
+            processes = 1 if "--pool" in worker_args else 2
+            wait_until([worker], lambda: worker.log().count("ready.") >= processes, 60)
+            _, url = stack.start_gateway()
+            system = System(stack=stack, gateway_url=url, llm=llm, env=env)
+            try:
+                yield system, worker
+            finally:
+                system.http.close()
         finally:
-            system.http.close()
-    finally:
-        stack.stop_all()
-        for db in (state_db, broker_db):
-            redis.Redis.from_url(f"{base}/{db}").flushdb()
+            stack.stop_all()
 
 
 def _run_turns(system: System, worker: ManagedProcess) -> dict[str, dict[str, Any]]:

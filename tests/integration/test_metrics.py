@@ -18,21 +18,18 @@ import signal
 import socket
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
-import redis
 
 from aptix_cli.launcher import ManagedProcess, free_port
 from scripted_llm import ScriptedServer
 from shared.settings import Settings
-from tests.conftest import claim_redis_databases
-from tests.integration.conftest import OPEN_FILE, System, redis_urls_base, system_env
-from tests.services_check import database_admin_url
+from tests.conftest import redis_databases
+from tests.integration.conftest import OPEN_FILE, System, system_env
+from tests.support.databases import fresh_database
 from tests.support.prometheus import Samples, changes, sample_names, scrape, total
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
@@ -74,38 +71,27 @@ class Metered:
 @pytest.fixture(scope="module")
 def metered(services: None, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[Metered]:
     """Its own database, broker and state store; a group worker, a prefork worker, a gateway with a metrics port."""
-    from shared.db.migrate import upgrade
-
-    admin = database_admin_url()
-    name = f"aptix_test_metrics_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    database_url = admin.rsplit("/", 1)[0] + "/" + name
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    redis_urls = (f"{redis_urls_base()}/{state_db}", f"{redis_urls_base()}/{broker_db}")
-    env = system_env(database_url=database_url, redis_urls=redis_urls, llm=scripted_llm, modes_file=modes_file)
-    env["APTIX_LLM_MAX_ATTEMPTS"] = "2"  # a failing model fails the turn after one retry
-    stack = LocalStack(env)
-    try:
-        upgrade(database_url)
-        workers = {
-            "group": stack.start_worker("mgroup", pool=None),
-            "prefork": stack.start_worker("mfork", pool="prefork", concurrency=2),
-        }
-        port = free_port()
-        _, url = stack.start_gateway(env={"APTIX_METRICS_PORT": str(port)})
-        yield Metered(
-            system=System(stack=stack, gateway_url=url, llm=scripted_llm, env=env),
-            workers=workers,
-            worker_urls=[stack.metrics_urls["mgroup"], stack.metrics_urls["mfork"]],
-            gateway_metrics_url=f"http://127.0.0.1:{port}/metrics",
+    with redis_databases(2) as (state_url, broker_url), fresh_database("aptix_test_metrics") as database_url:
+        env = system_env(
+            database_url=database_url, redis_urls=(state_url, broker_url), llm=scripted_llm, modes_file=modes_file
         )
-    finally:
-        stack.stop_all()
-        for url in redis_urls:
-            redis.Redis.from_url(url).flushdb()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        env["APTIX_LLM_MAX_ATTEMPTS"] = "2"  # a failing model fails the turn after one retry
+        stack = LocalStack(env)
+        try:
+            workers = {
+                "group": stack.start_worker("mgroup", pool=None),
+                "prefork": stack.start_worker("mfork", pool="prefork", concurrency=2),
+            }
+            port = free_port()
+            _, url = stack.start_gateway(env={"APTIX_METRICS_PORT": str(port)})
+            yield Metered(
+                system=System(stack=stack, gateway_url=url, llm=scripted_llm, env=env),
+                workers=workers,
+                worker_urls=[stack.metrics_urls["mgroup"], stack.metrics_urls["mfork"]],
+                gateway_metrics_url=f"http://127.0.0.1:{port}/metrics",
+            )
+        finally:
+            stack.stop_all()
 
 
 def test_a_completed_turn_moves_the_worker_metrics_by_its_steps_its_model_call_and_its_tokens(

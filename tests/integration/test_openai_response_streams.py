@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 from sqlalchemy.exc import OperationalError
 from starlette.responses import StreamingResponse
@@ -23,9 +22,7 @@ from api_gateway.openai.streams import KEEP_ALIVE, ResponseStreams
 from api_gateway.services.errors import NotFound, Unavailable
 from shared.models.turn import TurnStatus
 from shared.state.keys import events_key
-from tests.conftest import claim_redis_databases
 from tests.responses_fixtures import validate_stream_bodies
-from tests.services_check import redis_url
 from tests.support.responses_conformance import stream_events as parse_stream
 from tests.support.responses_renderings import CALLS, TEXT, TURN, completed, rendered
 
@@ -33,15 +30,6 @@ pytestmark = pytest.mark.integration
 
 FINAL = completed(TEXT, CALLS)
 EVENTS = stream_events(FINAL)
-
-
-@pytest.fixture(scope="module")
-def url(services: None) -> Iterator[str]:
-    """A Redis database of its own, flushed after the module."""
-    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
-    url = f"{redis_url().rstrip('/')}/{index}"
-    yield url
-    redis.Redis.from_url(url).flushdb()
 
 
 class Response:
@@ -121,7 +109,7 @@ def run(scenario: Callable[[aioredis.Redis], Awaitable[None]], url: str) -> None
     asyncio.run(main())
 
 
-def test_serve_sends_the_opening_events_then_the_rest_once_the_round_end_is_appended(url: str) -> None:
+def test_serve_sends_the_opening_events_then_the_rest_once_the_round_end_is_appended(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=4, keepalive_seconds=5)
         response = Response(rendered(TurnStatus.RUNNING))
@@ -146,10 +134,10 @@ def test_serve_sends_the_opening_events_then_the_rest_once_the_round_end_is_appe
         assert streams.open == 0
         validate_stream_bodies([body])
 
-    run(scenario, url)
+    run(scenario, redis_db_url)
 
 
-def test_serve_resumes_after_starting_after_with_exactly_the_events_after_it(url: str) -> None:
+def test_serve_resumes_after_starting_after_with_exactly_the_events_after_it(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=4, keepalive_seconds=5)
         finished = Response(FINAL)
@@ -159,10 +147,10 @@ def test_serve_resumes_after_starting_after_with_exactly_the_events_after_it(url
             assert events_in(body) == EVENTS[(-1 if after is None else after) + 1 :], after
         assert streams.open == 0
 
-    run(scenario, url)
+    run(scenario, redis_db_url)
 
 
-def test_serve_past_the_last_event_so_far_waits_for_later_ones(url: str) -> None:
+def test_serve_past_the_last_event_so_far_waits_for_later_ones(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=4, keepalive_seconds=5)
         response = Response(rendered(TurnStatus.QUEUED))
@@ -173,10 +161,10 @@ def test_serve_past_the_last_event_so_far_waits_for_later_ones(url: str) -> None
         await client.xadd(events_key(TURN), {"event": "turn.requires_client_tools", "data": "{}", "round": "0"})
         assert events_in(await reader.finish()) == EVENTS[6:]
 
-    run(scenario, url)
+    run(scenario, redis_db_url)
 
 
-def test_serve_sends_keep_alives_and_reads_again_while_the_response_runs(url: str) -> None:
+def test_serve_sends_keep_alives_and_reads_again_while_the_response_runs(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=4, keepalive_seconds=0.1)
         response = Response(rendered(TurnStatus.RUNNING))
@@ -188,10 +176,10 @@ def test_serve_sends_keep_alives_and_reads_again_while_the_response_runs(url: st
         response.now = FINAL
         assert events_in(await reader.finish()) == EVENTS[2:]
 
-    run(scenario, url)
+    run(scenario, redis_db_url)
 
 
-def test_serve_does_not_read_the_response_for_each_text_delta(url: str) -> None:
+def test_serve_does_not_read_the_response_for_each_text_delta(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=4, keepalive_seconds=5)
         turn_id = f"turn_{uuid.uuid4().hex}"
@@ -207,7 +195,7 @@ def test_serve_does_not_read_the_response_for_each_text_delta(url: str) -> None:
         assert events_in(await reader.finish()) == EVENTS
         assert response.loads == 2
 
-    run(scenario, url)
+    run(scenario, redis_db_url)
 
 
 def test_serve_polls_the_response_when_redis_does_not_answer() -> None:
@@ -224,7 +212,7 @@ def test_serve_polls_the_response_when_redis_does_not_answer() -> None:
     asyncio.run(scenario())
 
 
-def test_serve_waits_out_a_database_error_while_the_response_runs(url: str) -> None:
+def test_serve_waits_out_a_database_error_while_the_response_runs(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=4, keepalive_seconds=0.1, poll_seconds=0.05)
         response = Response(rendered(TurnStatus.RUNNING))
@@ -235,10 +223,10 @@ def test_serve_waits_out_a_database_error_while_the_response_runs(url: str) -> N
         assert events_in(await reader.finish()) == EVENTS
         assert response.failures == 0
 
-    run(scenario, url)
+    run(scenario, redis_db_url)
 
 
-def test_serve_refuses_a_stream_past_max_streams_and_gives_places_back_on_disconnect(url: str) -> None:
+def test_serve_refuses_a_stream_past_max_streams_and_gives_places_back_on_disconnect(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=1, keepalive_seconds=5)
         running = Response(rendered(TurnStatus.RUNNING))
@@ -251,10 +239,10 @@ def test_serve_refuses_a_stream_past_max_streams_and_gives_places_back_on_discon
         assert events_in(await Reader(await streams.serve(Response(FINAL).load, turn_id=TURN, starting_after=None))
                          .finish()) == EVENTS  # fmt: skip
 
-    run(scenario, url)
+    run(scenario, redis_db_url)
 
 
-def test_serve_gives_the_place_back_when_load_raises(url: str) -> None:
+def test_serve_gives_the_place_back_when_load_raises(redis_db_url: str) -> None:
     async def scenario(client: aioredis.Redis) -> None:
         streams = ResponseStreams(client=client, max_streams=1, keepalive_seconds=5)
 
@@ -265,4 +253,4 @@ def test_serve_gives_the_place_back_when_load_raises(url: str) -> None:
             await streams.serve(missing, turn_id=TURN, starting_after=None)
         assert streams.open == 0
 
-    run(scenario, url)
+    run(scenario, redis_db_url)

@@ -10,38 +10,18 @@ import heapq
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
 
-from tests.conftest import claim_redis_databases
-from tests.services_check import redis_url
+from tests.conftest import ConnectRedis
 from workers.llm.limiter import BURST_SECONDS, MAX_PAUSE_SECONDS, Admission, Limits, RateLimiter, limiter_keys
 
 pytestmark = pytest.mark.integration
 
+
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def redis_db_url(services: None) -> Iterator[str]:
-    """One Redis database claimed for this test, flushed after it."""
-    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
-    url = f"{redis_url().rstrip('/')}/{index}"
-    yield url
-    with redis.Redis.from_url(url) as client:
-        client.flushdb()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[redis.Redis]]:
-    """A list to which tests append the clients they open; each gets closed after the test."""
-    opened: list[redis.Redis] = []
-    yield opened
-    for client in opened:
-        client.close()
 
 
 @pytest.fixture
@@ -49,9 +29,7 @@ def model() -> str:
     return f"model-{uuid.uuid4().hex}"
 
 
-def _limiter(clients: list[redis.Redis], url: str, model: str, **limits: int) -> RateLimiter:
-    client = redis.Redis.from_url(url)
-    clients.append(client)
+def _limiter(client: redis.Redis, model: str, **limits: int) -> RateLimiter:
     name, pause_name = limiter_keys("http://127.0.0.1:9/v1", model)
     return RateLimiter(client, name=name, pause_name=pause_name, limits=Limits(**limits))
 
@@ -62,12 +40,10 @@ def _most_in_one_second(times: list[float]) -> int:
     return max(sum(1 for other in ordered if start <= other < start + 1.0) for start in ordered)
 
 
-def test_calls_at_300_rpm_are_spread_so_no_second_sees_more_than_six(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
+def test_calls_at_300_rpm_are_spread_so_no_second_sees_more_than_six(connect_redis: ConnectRedis, model: str) -> None:
     # Given four limiters (four workers) on one model at 300 requests a minute, and 60 calls that all
     # want to go at once, each coming back exactly when it is told to
-    limiters = [_limiter(clients, redis_db_url, model, rpm=300) for _ in range(4)]
+    limiters = [_limiter(connect_redis(), model, rpm=300) for _ in range(4)]
     waiting = [(T0, index) for index in range(60)]
     heapq.heapify(waiting)
     granted: list[float] = []
@@ -91,10 +67,8 @@ def test_calls_at_300_rpm_are_spread_so_no_second_sees_more_than_six(
     assert tries <= 60 + 59 + 5
 
 
-def test_held_back_calls_are_given_slots_one_interval_apart(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
-    limiter = _limiter(clients, redis_db_url, model, rpm=60)
+def test_held_back_calls_are_given_slots_one_interval_apart(connect_redis: ConnectRedis, model: str) -> None:
+    limiter = _limiter(connect_redis(), model, rpm=60)
     assert limiter.acquire(0, now=T0) == Admission(tokens=0)
     waits = [limiter.acquire(0, now=T0).wait for _ in range(4)]
     assert waits == pytest.approx([1 - BURST_SECONDS, 2 - BURST_SECONDS, 3 - BURST_SECONDS, 4 - BURST_SECONDS])
@@ -102,10 +76,10 @@ def test_held_back_calls_are_given_slots_one_interval_apart(
 
 
 def test_only_one_of_twenty_simultaneous_callers_goes_on_the_servers_clock(
-    redis_db_url: str, clients: list[redis.Redis], model: str
+    connect_redis: ConnectRedis, model: str
 ) -> None:
     # Given twenty callers with connections of their own on a model allowed one call a minute
-    callers = [_limiter(clients, redis_db_url, model, rpm=1) for _ in range(20)]
+    callers = [_limiter(connect_redis(), model, rpm=1) for _ in range(20)]
     start = threading.Barrier(len(callers))
 
     def ask(caller: RateLimiter) -> Admission:
@@ -124,11 +98,9 @@ def test_only_one_of_twenty_simultaneous_callers_goes_on_the_servers_clock(
     assert {answer.reason for answer in answers if answer.wait > 0} == {"requests"}
 
 
-def test_a_call_waits_until_the_tokens_reserved_before_it_are_paid_for(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
+def test_a_call_waits_until_the_tokens_reserved_before_it_are_paid_for(connect_redis: ConnectRedis, model: str) -> None:
     # 6,000 tokens a minute: 100 a second
-    first, second = (_limiter(clients, redis_db_url, model, tpm=6000) for _ in range(2))
+    first, second = (_limiter(connect_redis(), model, tpm=6000) for _ in range(2))
     assert first.acquire(500, now=T0) == Admission(tokens=500)
     held = second.acquire(500, now=T0 + 1)
     assert held.reason == "tokens" and held.wait == pytest.approx(4 - BURST_SECONDS)
@@ -136,44 +108,40 @@ def test_a_call_waits_until_the_tokens_reserved_before_it_are_paid_for(
 
 
 def test_a_call_larger_than_a_minute_of_tokens_goes_once_the_bucket_is_paid_off(
-    redis_db_url: str, clients: list[redis.Redis], model: str
+    connect_redis: ConnectRedis, model: str
 ) -> None:
-    limiter = _limiter(clients, redis_db_url, model, tpm=600)  # 10 tokens a second
+    limiter = _limiter(connect_redis(), model, tpm=600)  # 10 tokens a second
     assert limiter.acquire(5000, now=T0).wait == 0  # nothing before it: it goes, and the bucket owes 500 s
     assert limiter.acquire(1, now=T0 + 400).wait == pytest.approx(100 - BURST_SECONDS)
 
 
 def test_settling_gives_back_the_tokens_a_call_reserved_but_did_not_use(
-    redis_db_url: str, clients: list[redis.Redis], model: str
+    connect_redis: ConnectRedis, model: str
 ) -> None:
-    limiter = _limiter(clients, redis_db_url, model, tpm=6000)
+    limiter = _limiter(connect_redis(), model, tpm=6000)
     reserved = limiter.acquire(1000, now=T0)  # 10 s of the bucket
     limiter.settle(reserved, used=200, now=T0 + 1)  # 2 s of it used
     assert limiter.acquire(100, now=T0 + 2).wait == 0
 
 
-def test_settling_takes_the_tokens_a_call_used_beyond_its_estimate(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
-    limiter = _limiter(clients, redis_db_url, model, tpm=6000)
+def test_settling_takes_the_tokens_a_call_used_beyond_its_estimate(connect_redis: ConnectRedis, model: str) -> None:
+    limiter = _limiter(connect_redis(), model, tpm=6000)
     reserved = limiter.acquire(100, now=T0)  # 1 s of the bucket
     limiter.settle(reserved, used=1100, now=T0 + 1)  # 11 s of it used
     held = limiter.acquire(100, now=T0 + 2)
     assert held.reason == "tokens" and held.wait == pytest.approx(9 - BURST_SECONDS)
 
 
-def test_settling_a_call_that_was_not_made_gives_its_request_back_too(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
-    limiter = _limiter(clients, redis_db_url, model, rpm=60, tpm=6000)
+def test_settling_a_call_that_was_not_made_gives_its_request_back_too(connect_redis: ConnectRedis, model: str) -> None:
+    limiter = _limiter(connect_redis(), model, rpm=60, tpm=6000)
     reserved = limiter.acquire(100, now=T0)
     assert limiter.acquire(100, now=T0).wait > 0
     limiter.settle(reserved, used=0, called=False, now=T0)
     assert limiter.acquire(100, now=T0 + 0.01).wait == 0
 
 
-def test_either_limit_holds_a_call_back_and_is_named(redis_db_url: str, clients: list[redis.Redis], model: str) -> None:
-    limiter = _limiter(clients, redis_db_url, model, rpm=60, tpm=60_000)  # 1 s per request, 1,000 tokens a second
+def test_either_limit_holds_a_call_back_and_is_named(connect_redis: ConnectRedis, model: str) -> None:
+    limiter = _limiter(connect_redis(), model, rpm=60, tpm=60_000)  # 1 s per request, 1,000 tokens a second
     limiter.acquire(10, now=T0)
     assert limiter.acquire(10, now=T0 + 0.5).reason == "requests"
     limiter.acquire(5000, now=T0 + 1)  # 5 s of tokens
@@ -181,11 +149,9 @@ def test_either_limit_holds_a_call_back_and_is_named(redis_db_url: str, clients:
     assert held.reason == "tokens" and held.wait == pytest.approx(4 - BURST_SECONDS, abs=0.01)
 
 
-def test_a_pause_stops_every_limiter_of_the_model_until_it_ends(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
+def test_a_pause_stops_every_limiter_of_the_model_until_it_ends(connect_redis: ConnectRedis, model: str) -> None:
     # Given a model without rate limits, and two limiters on it (two workers)
-    first, second = (_limiter(clients, redis_db_url, model) for _ in range(2))
+    first, second = (_limiter(connect_redis(), model) for _ in range(2))
     assert second.acquire(0, now=T0) == Admission()
 
     # When a 429 with Retry-After: 2 pauses it through the first
@@ -197,20 +163,16 @@ def test_a_pause_stops_every_limiter_of_the_model_until_it_ends(
     assert second.acquire(0, now=T0 + 2.0) == Admission()
 
 
-def test_a_pause_never_shortens_a_longer_one_and_is_capped(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
-    limiter = _limiter(clients, redis_db_url, model, rpm=600)
+def test_a_pause_never_shortens_a_longer_one_and_is_capped(connect_redis: ConnectRedis, model: str) -> None:
+    limiter = _limiter(connect_redis(), model, rpm=600)
     assert limiter.pause(10.0, now=T0) == T0 + 10.0
     assert limiter.pause(1.0, now=T0 + 1) == T0 + 10.0
     assert limiter.pause(86_400.0, now=T0 + 2) == T0 + 2 + MAX_PAUSE_SECONDS
 
 
-def test_another_model_or_api_root_has_buckets_of_its_own(
-    redis_db_url: str, clients: list[redis.Redis], model: str
-) -> None:
-    limiter = _limiter(clients, redis_db_url, model, rpm=1)
-    other = _limiter(clients, redis_db_url, model + "-other", rpm=1)
+def test_another_model_or_api_root_has_buckets_of_its_own(connect_redis: ConnectRedis, model: str) -> None:
+    limiter = _limiter(connect_redis(), model, rpm=1)
+    other = _limiter(connect_redis(), model + "-other", rpm=1)
     limiter.acquire(0, now=T0)
     limiter.pause(30.0, now=T0)
     assert other.acquire(0, now=T0) == Admission()
@@ -218,15 +180,17 @@ def test_another_model_or_api_root_has_buckets_of_its_own(
     assert limiter_keys("http://a/v1/", model) == limiter_keys("http://a/v1", model)
 
 
-def test_a_model_without_limits_writes_nothing(redis_db_url: str, clients: list[redis.Redis], model: str) -> None:
-    limiter = _limiter(clients, redis_db_url, model)
+def test_a_model_without_limits_writes_nothing(connect_redis: ConnectRedis, model: str) -> None:
+    client = connect_redis()
+    limiter = _limiter(client, model)
     admission = limiter.acquire(1000)
     limiter.settle(admission, used=5)
-    assert admission == Admission() and clients[-1].keys("aptix:llm:*") == []
+    assert admission == Admission() and client.keys("aptix:llm:*") == []
 
 
-def test_the_buckets_expire_once_idle(redis_db_url: str, clients: list[redis.Redis], model: str) -> None:
-    limiter = _limiter(clients, redis_db_url, model, rpm=60)
+def test_the_buckets_expire_once_idle(connect_redis: ConnectRedis, model: str) -> None:
+    client = connect_redis()
+    limiter = _limiter(client, model, rpm=60)
     limiter.acquire(0)
     name, _ = limiter_keys("http://127.0.0.1:9/v1", model)
-    assert 3600 <= clients[-1].ttl(name) <= 3602
+    assert 3600 <= client.ttl(name) <= 3602

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from scripted_llm import ScriptedServer
-from tests.conftest import claim_redis_databases
-from tests.integration.conftest import System, redis_urls_base, system_env
+from tests.conftest import redis_databases
+from tests.integration.conftest import System, system_env
 from tests.support.prometheus import scrape, total
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
@@ -34,23 +33,21 @@ MODEL = "scripted-model"
 @pytest.fixture(scope="module")
 def limited_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
     """Four worker processes at 300 requests a minute, and a gateway, on a broker and state store of their own."""
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    base = redis_urls_base()
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    env = system_env(database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file)
-    env["APTIX_LLM_RPM"] = "300"
-    stack = LocalStack(env)
-    try:
-        for name in WORKERS:
-            stack.start_worker(name)
-        _, url = stack.start_gateway()
-        running = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
-        yield running
-        running.http.close()
-    finally:
-        stack.stop_all()
-        for db_url in urls:
-            redis.Redis.from_url(db_url).flushdb()
+    with redis_databases(2) as (state_url, broker_url):
+        env = system_env(
+            database_url=database_url, redis_urls=(state_url, broker_url), llm=scripted_llm, modes_file=modes_file
+        )
+        env["APTIX_LLM_RPM"] = "300"
+        stack = LocalStack(env)
+        try:
+            for name in WORKERS:
+                stack.start_worker(name)
+            _, url = stack.start_gateway()
+            running = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
+            yield running
+            running.http.close()
+        finally:
+            stack.stop_all()
 
 
 def _start(system: System, texts: list[str]) -> list[str]:

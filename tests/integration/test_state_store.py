@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -11,19 +10,14 @@ import redis
 from shared.errors import StateConflict
 from shared.state import Lease, RedisStateStore, StepStart, TurnState
 from shared.state.keys import cancel_key, claim_key
-from tests.conftest import claim_redis_databases
-from tests.services_check import redis_url
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def store(services: None) -> Iterator[RedisStateStore]:
-    """A Redis database of its own: no worker of the running system reads these keys."""
-    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
-    client = redis.Redis.from_url(f"{redis_url().rstrip('/')}/{index}")
-    yield RedisStateStore(client)
-    client.flushdb()
+@pytest.fixture
+def store(redis_client: redis.Redis) -> RedisStateStore:
+    """The store on the test's own Redis database (no worker of the running system reads it)."""
+    return RedisStateStore(redis_client)
 
 
 def _state() -> TurnState:

@@ -38,8 +38,8 @@ from shared.state.leader import LeaderLease
 from shared.telemetry import start_tracing, stop_tracing
 from shared.tracing import turn_ids
 from shared.turn_ending import TurnEnding
-from tests.conftest import API_KEYS, KEY_A, claim_redis_databases
-from tests.integration.conftest import OPEN_FILE, redis_urls_base
+from tests.conftest import API_KEYS, KEY_A, redis_databases
+from tests.integration.conftest import OPEN_FILE
 from tests.support.databases import fresh_database
 from tests.support.waiting import wait_for
 from workers.app import create_celery
@@ -93,14 +93,12 @@ class Traced:
 
 @pytest.fixture(scope="module")
 def traced(services: None, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[Traced]:
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
     exporter = InMemorySpanExporter()
-    with fresh_database("aptix_tracing") as database_url:
+    with redis_databases(2) as (state_url, broker_url), fresh_database("aptix_tracing") as database_url:
         settings = Settings(
             database_url=database_url,
-            redis_url=f"{base}/{state_db}",
-            broker_url=f"{base}/{broker_db}",
+            redis_url=state_url,
+            broker_url=broker_url,
             llm_base_url=scripted_llm.base_url,
             llm_model="scripted-model",
             api_keys=API_KEYS,
@@ -117,8 +115,6 @@ def traced(services: None, scripted_llm: ScriptedServer, modes_file: Path) -> It
                 yield Traced(client=client, spans=exporter, settings=settings, worker_app=worker_app)
         finally:
             stop_tracing()
-            for db in (state_db, broker_db):
-                redis.Redis.from_url(f"{base}/{db}").flushdb()
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from aptix_cli.launcher import free_port, wait_until
 from scripted_llm import ScriptedServer
 from shared.tracing import turn_ids
-from tests.conftest import API_KEYS, claim_redis_databases
-from tests.integration.conftest import OPEN_FILE, System, redis_urls_base
+from tests.conftest import API_KEYS, redis_databases
+from tests.integration.conftest import OPEN_FILE, System
 from tests.support.databases import fresh_database
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
@@ -79,47 +78,41 @@ def collector() -> Iterator[Collector]:
 def test_a_turn_is_one_trace_across_the_gateway_and_the_workers_processes(
     services: None, scripted_llm: ScriptedServer, modes_file: Path, collector: Collector
 ) -> None:
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    try:
-        with fresh_database("aptix_otel") as database_url:
-            env = {
-                "APTIX_DATABASE_URL": database_url, "APTIX_REDIS_URL": f"{base}/{state_db}",
-                "APTIX_BROKER_URL": f"{base}/{broker_db}", "APTIX_LLM_BASE_URL": scripted_llm.base_url,
-                "APTIX_LLM_MODEL": "scripted-model", "APTIX_API_KEYS": API_KEYS, "APTIX_LLM_LOCAL_ONLY": "1",
-                "APTIX_MODES_FILE": str(modes_file), "APTIX_OTEL_ENABLED": "1",
-                "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "100",
-            }  # fmt: skip
-            stack = LocalStack(env)
-            try:
-                # Given the gateway and a worker as deployed: `aptix worker` runs a threads and a gevent process
-                worker = stack.start("worker", [sys.executable, "-m", "aptix_cli", "worker", "--hostname", "otel@%h"])
-                wait_until([worker], lambda: worker.log().count("ready.") >= 2, 60)
-                _, url = stack.start_gateway()
-                system = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
-                # When a turn calls a server tool, pauses for a client tool and resumes
-                directive = "[[call:get_current_time {}]] [[call:open_file " + json.dumps({"path": "x"}) + "]]"
-                paused = system.run_turn({"input": f"{directive} m{uuid.uuid4().hex[:8]}", "tools": [OPEN_FILE]})
-                assert paused["status"] == "requires_client_tools", paused
-                pending = [call for call in paused["pending_tool_calls"] if call["name"] == "open_file"]
-                results = [{"call_id": call["call_id"], "output": "body"} for call in pending]
-                assert system.resume(paused["turn_id"], results)["status"] == "completed"
-                system.http.close()
-                # Then the collector receives the turn's spans from all three processes, in the turn's trace
-                trace_id, root_span_id = turn_ids(paused["turn_id"])
+    with redis_databases(2) as (state_url, broker_url), fresh_database("aptix_otel") as database_url:
+        env = {
+            "APTIX_DATABASE_URL": database_url, "APTIX_REDIS_URL": state_url, "APTIX_BROKER_URL": broker_url,
+            "APTIX_LLM_BASE_URL": scripted_llm.base_url,
+            "APTIX_LLM_MODEL": "scripted-model", "APTIX_API_KEYS": API_KEYS, "APTIX_LLM_LOCAL_ONLY": "1",
+            "APTIX_MODES_FILE": str(modes_file), "APTIX_OTEL_ENABLED": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }  # fmt: skip
+        stack = LocalStack(env)
+        try:
+            # Given the gateway and a worker as deployed: `aptix worker` runs a threads and a gevent process
+            worker = stack.start("worker", [sys.executable, "-m", "aptix_cli", "worker", "--hostname", "otel@%h"])
+            wait_until([worker], lambda: worker.log().count("ready.") >= 2, 60)
+            _, url = stack.start_gateway()
+            system = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
+            # When a turn calls a server tool, pauses for a client tool and resumes
+            directive = "[[call:get_current_time {}]] [[call:open_file " + json.dumps({"path": "x"}) + "]]"
+            paused = system.run_turn({"input": f"{directive} m{uuid.uuid4().hex[:8]}", "tools": [OPEN_FILE]})
+            assert paused["status"] == "requires_client_tools", paused
+            pending = [call for call in paused["pending_tool_calls"] if call["name"] == "open_file"]
+            results = [{"call_id": call["call_id"], "output": "body"} for call in pending]
+            assert system.resume(paused["turn_id"], results)["status"] == "completed"
+            system.http.close()
+            # Then the collector receives the turn's spans from all three processes, in the turn's trace
+            trace_id, root_span_id = turn_ids(paused["turn_id"])
 
-                def arrived() -> list[tuple[str, int, str, bytes]] | None:
-                    spans = collector.of_trace(trace_id)
-                    names = [span[2] for span in spans]
-                    both_rounds = names.count("run/aptix.step.persist") >= 2
-                    return spans if "run/aptix.step.llm_call" in names and both_rounds else None
+            def arrived() -> list[tuple[str, int, str, bytes]] | None:
+                spans = collector.of_trace(trace_id)
+                names = [span[2] for span in spans]
+                both_rounds = names.count("run/aptix.step.persist") >= 2
+                return spans if "run/aptix.step.llm_call" in names and both_rounds else None
 
-                spans = wait_for(arrived, what="the turn's spans at the collector")
-            finally:
-                stack.stop_all()
-    finally:
-        for db in (state_db, broker_db):
-            redis.Redis.from_url(f"{base}/{db}").flushdb()
+            spans = wait_for(arrived, what="the turn's spans at the collector")
+        finally:
+            stack.stop_all()
     assert {span[0] for span in spans} == {"aptix-gateway", "aptix-worker"}
     roots = [span for span in spans if not span[3]]
     assert [(span[0], span[2]) for span in roots] == [("aptix-gateway", "POST /v1/turns")]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -14,23 +13,12 @@ from shared.errors import StateConflict
 from shared.state import OutboxEvent, RedisStateStore, TurnState
 from shared.state.keys import events_key
 from shared.turn_events import RedisTurnEventLog, TurnEvent
-from tests.conftest import claim_redis_databases
-from tests.services_check import redis_url
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def client(services: None) -> Iterator[redis.Redis]:
-    """A Redis database of its own: no worker of the running system reads these keys."""
-    (index,) = claim_redis_databases(1, uuid.uuid4().hex)
-    client = redis.Redis.from_url(f"{redis_url().rstrip('/')}/{index}")
-    yield client
-    client.flushdb()
-
-
-def test_events_are_read_in_order_and_resumed_after_an_id(client: redis.Redis) -> None:
-    log = RedisTurnEventLog(client, ttl_seconds=60, max_events=100)
+def test_events_are_read_in_order_and_resumed_after_an_id(redis_client: redis.Redis) -> None:
+    log = RedisTurnEventLog(redis_client, ttl_seconds=60, max_events=100)
     turn_id = f"turn_{uuid.uuid4().hex}"
     ids = [log.append(turn_id, "trace", {"seq": n}) for n in range(3)]
 
@@ -38,11 +26,11 @@ def test_events_are_read_in_order_and_resumed_after_an_id(client: redis.Redis) -
     assert everything == [TurnEvent(ids[n], "trace", {"seq": n}) for n in range(3)]
     assert [e.data["seq"] for e in log.read(turn_id, after=ids[0], block_ms=0, count=10)] == [1, 2]
     assert log.read(turn_id, after=ids[2], block_ms=0, count=10) == []
-    assert 0 < client.ttl(events_key(turn_id)) <= 60
+    assert 0 < redis_client.ttl(events_key(turn_id)) <= 60
 
 
-def test_a_blocked_read_wakes_up_for_a_new_event(client: redis.Redis) -> None:
-    log = RedisTurnEventLog(client, ttl_seconds=60, max_events=100)
+def test_a_blocked_read_wakes_up_for_a_new_event(redis_client: redis.Redis) -> None:
+    log = RedisTurnEventLog(redis_client, ttl_seconds=60, max_events=100)
     turn_id = f"turn_{uuid.uuid4().hex}"
     last = log.append(turn_id, "trace", {"seq": 0})
     found: list[TurnEvent] = []
@@ -53,21 +41,21 @@ def test_a_blocked_read_wakes_up_for_a_new_event(client: redis.Redis) -> None:
     assert [e.event for e in found] == ["turn.completed"]
 
 
-def test_a_long_log_is_trimmed_to_about_its_bound(client: redis.Redis) -> None:
-    log = RedisTurnEventLog(client, ttl_seconds=60, max_events=10)
+def test_a_long_log_is_trimmed_to_about_its_bound(redis_client: redis.Redis) -> None:
+    log = RedisTurnEventLog(redis_client, ttl_seconds=60, max_events=10)
     turn_id = f"turn_{uuid.uuid4().hex}"
     for n in range(500):
         log.append(turn_id, "output_text.delta", {"delta": str(n)})
-    kept = client.xlen(events_key(turn_id))
+    kept = redis_client.xlen(events_key(turn_id))
     assert 10 <= kept < 500
     assert log.read(turn_id, after=None, block_ms=0, count=1000)[-1].data == {"delta": "499"}
 
 
 def test_a_state_save_sends_its_unsent_trace_records_and_outbox_once_and_a_refused_save_none(
-    client: redis.Redis,
+    redis_client: redis.Redis,
 ) -> None:
-    store = RedisStateStore(client, max_events=100)
-    log = RedisTurnEventLog(client, ttl_seconds=60, max_events=100)
+    store = RedisStateStore(redis_client, max_events=100)
+    log = RedisTurnEventLog(redis_client, ttl_seconds=60, max_events=100)
     state = TurnState(turn_id=f"turn_{uuid.uuid4().hex}", session_id="s", org_id="o", user_id="u",
                       new_session=True, user_input="x", round=2)  # fmt: skip
     state.record("turn_start", at=datetime.now(UTC), step="request_handler", worker="w")
@@ -90,4 +78,4 @@ def test_a_state_save_sends_its_unsent_trace_records_and_outbox_once_and_a_refus
     assert stale.events_through == 1 and not stale.outbox  # the refused save gave its events back
     saved = store.load(state.turn_id)
     assert saved is not None and saved.events_through == 2 and not saved.outbox
-    assert 0 < client.ttl(events_key(state.turn_id)) <= 60
+    assert 0 < redis_client.ttl(events_key(state.turn_id)) <= 60

@@ -16,9 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, update
+from sqlalchemy import Engine, update
 
-from shared.db.engine import normalise_database_url
 from shared.db.tables import TurnRow
 from shared.state.keys import events_key
 from tests.conftest import KEY_A, KEY_B
@@ -207,16 +206,14 @@ def test_a_cancel_on_the_gateway_ends_the_stream_with_turn_cancelled(system: Sys
 
 
 def test_a_turn_whose_log_lost_its_final_event_still_ends_every_stream_with_it_once(
-    system: System, second_gateway: str
+    system: System, second_gateway: str, engine: Engine
 ) -> None:
     # Given a completed turn whose event log Redis lost, recorded a while ago
     turn_id = system.run_turn({"input": f"{_marker()} lost"})["turn_id"]
     system.redis.delete(events_key(turn_id))
-    engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
     with engine.begin() as conn:
         old = datetime.now(UTC) - timedelta(minutes=1)
         conn.execute(update(TurnRow).where(TurnRow.turn_id == turn_id).values(updated_at=old))
-    engine.dispose()
     # When clients stream it on both gateways
     here = _events(system, turn_id).events
     elsewhere = _events(system, turn_id, base_url=second_gateway).events

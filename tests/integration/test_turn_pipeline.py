@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import Engine, func, select
 
 from shared.broker import create_producer, send_step
-from shared.db.engine import normalise_database_url
 from shared.db.tables import SessionRow, TranscriptItemRow, TurnRow
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
@@ -134,13 +133,12 @@ def test_each_layer_runs_as_its_own_task_when_a_turn_runs(system: System, task_e
 
 
 def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
-    system: System, task_events: TaskEventRecorder
+    system: System, task_events: TaskEventRecorder, engine: Engine
 ) -> None:
     # Given a completed follow-up turn
     marker = _marker()
     first = system.run_turn({"input": f"base {_marker()}"})
     turn = system.run_turn({"session_id": first["session_id"], "input": f"dup {marker}"})
-    engine = create_engine(normalise_database_url(system.env["APTIX_DATABASE_URL"]))
     before = _row_counts(engine, turn["session_id"])
     # When every step message of the turn is delivered again
     producer = create_producer(Settings(broker_url=system.env["APTIX_BROKER_URL"]))
@@ -165,13 +163,9 @@ def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
     assert _row_counts(engine, turn["session_id"]) == before
     after = system.http.get(f"/v1/turns/{turn['turn_id']}", headers=system.headers()).json()
     assert after == turn
-    engine.dispose()
 
 
-def _row_counts(engine: object, session_id: str) -> tuple[int, int, int]:
-    from sqlalchemy import Engine
-
-    assert isinstance(engine, Engine)
+def _row_counts(engine: Engine, session_id: str) -> tuple[int, int, int]:
     with engine.connect() as conn:
         sessions = conn.scalar(select(func.count()).select_from(SessionRow).where(SessionRow.session_id == session_id))
         turns = conn.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.session_id == session_id))

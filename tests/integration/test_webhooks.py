@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import insert
 from standardwebhooks.webhooks import Webhook
 
 from scripted_llm import ScriptedServer
 from shared.db import create_db_engine
 from shared.db.tables import WebhookDeliveryRow
-from tests.conftest import API_KEYS, KEY_A, KEY_B, ORG_A, claim_redis_databases
-from tests.integration.conftest import OPEN_FILE, System, redis_urls_base, system_env
+from tests.conftest import API_KEYS, KEY_A, KEY_B, ORG_A, redis_databases
+from tests.integration.conftest import OPEN_FILE, System, system_env
 from tests.support.databases import fresh_database
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
@@ -86,31 +85,29 @@ def webhooks(webhook_database: str, scripted_llm: ScriptedServer, modes_file: Pa
     """A gateway and an ``aptix worker`` serving every queue, webhooks included, with secrets for
     org-a and org-c (whose default endpoint is the receiver's ``/default-c``); org-b has none."""
     receiver = WebhookReceiver()
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    env = system_env(database_url=webhook_database, redis_urls=urls, llm=scripted_llm, modes_file=modes_file)
-    env.update({
-        "APTIX_API_KEYS": f"{API_KEYS},{KEY_C}:{ORG_C}:user-c",
-        "APTIX_WEBHOOK_SECRETS": f"{ORG_A}:{SECRET_A},{ORG_C}:{SECRET_C}",
-        "APTIX_WEBHOOK_DEFAULT_URLS": f"{ORG_C}:{receiver.url('/default-c')}",
-        "APTIX_WEBHOOK_ALLOW_PRIVATE": "1",
-        "APTIX_WEBHOOK_RETRY_SCHEDULE": ",".join(["0.2"] * RETRIES),
-        "APTIX_RECONCILER_INTERVAL_SECONDS": "0.5",
-    })  # fmt: skip
-    stack = LocalStack(env)
-    try:
-        # No --pool: `aptix worker`'s own plan, deliveries on the llm process's gevent pool as deployed
-        stack.start_worker("wh", queues="pipeline,llm,tools,webhooks", pool=None)
-        _, url = stack.start_gateway()
-        _, strict_url = stack.start_gateway(env={"APTIX_WEBHOOK_ALLOW_PRIVATE": "0"})
-        system = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
-        yield WebhookSystem(system, receiver, strict_url, webhook_database)
-    finally:
-        stack.stop_all()
-        receiver.close()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
+    with redis_databases(2) as (state_url, broker_url):
+        env = system_env(
+            database_url=webhook_database, redis_urls=(state_url, broker_url), llm=scripted_llm, modes_file=modes_file
+        )
+        env.update({
+            "APTIX_API_KEYS": f"{API_KEYS},{KEY_C}:{ORG_C}:user-c",
+            "APTIX_WEBHOOK_SECRETS": f"{ORG_A}:{SECRET_A},{ORG_C}:{SECRET_C}",
+            "APTIX_WEBHOOK_DEFAULT_URLS": f"{ORG_C}:{receiver.url('/default-c')}",
+            "APTIX_WEBHOOK_ALLOW_PRIVATE": "1",
+            "APTIX_WEBHOOK_RETRY_SCHEDULE": ",".join(["0.2"] * RETRIES),
+            "APTIX_RECONCILER_INTERVAL_SECONDS": "0.5",
+        })  # fmt: skip
+        stack = LocalStack(env)
+        try:
+            # No --pool: `aptix worker`'s own plan, deliveries on the llm process's gevent pool as deployed
+            stack.start_worker("wh", queues="pipeline,llm,tools,webhooks", pool=None)
+            _, url = stack.start_gateway()
+            _, strict_url = stack.start_gateway(env={"APTIX_WEBHOOK_ALLOW_PRIVATE": "0"})
+            system = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
+            yield WebhookSystem(system, receiver, strict_url, webhook_database)
+        finally:
+            stack.stop_all()
+            receiver.close()
 
 
 def _path() -> str:

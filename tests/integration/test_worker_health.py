@@ -19,12 +19,11 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-import redis
 import yaml
 
 from scripted_llm import ScriptedServer
-from tests.conftest import claim_redis_databases
-from tests.integration.conftest import System, redis_urls_base, start_system
+from tests.conftest import redis_databases
+from tests.integration.conftest import System, start_system
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 
@@ -82,17 +81,18 @@ def health_system(
             mode["tools"] = [*mode["tools"], "hold", "hold_briefly"]
     modes = tmp_path / "modes.yaml"
     modes.write_text(yaml.safe_dump(catalog))
-    base = redis_urls_base()
-    urls = tuple(f"{base}/{db}" for db in claim_redis_databases(2, uuid.uuid4().hex))
-    stack, system = start_system(
-        database_url=database_url, redis_urls=(urls[0], urls[1]), llm=scripted_llm, modes_file=modes, workers=[]
-    )
-    try:
-        yield stack, system, tmp_path / "health"
-    finally:
-        stack.stop_all()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
+    with redis_databases(2) as (state_url, broker_url):
+        stack, system = start_system(
+            database_url=database_url,
+            redis_urls=(state_url, broker_url),
+            llm=scripted_llm,
+            modes_file=modes,
+            workers=[],
+        )
+        try:
+            yield stack, system, tmp_path / "health"
+        finally:
+            stack.stop_all()
 
 
 def _worker_env(directory: Path, **settings: str) -> dict[str, str]:

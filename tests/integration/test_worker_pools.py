@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.integration.conftest import System
 from tests.support.stack import LocalStack
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -22,22 +21,22 @@ pytestmark = pytest.mark.integration
 def bare_system(database_url: str, scripted_llm: object, modes_file: object) -> Iterator[tuple[LocalStack, System]]:
     """A gateway on its own broker and state databases, with no worker yet (each test starts its own)."""
     from scripted_llm import ScriptedServer
-    from tests.conftest import claim_redis_databases
-    from tests.integration.conftest import redis_urls_base, start_system
+    from tests.conftest import redis_databases
+    from tests.integration.conftest import start_system
 
     assert isinstance(scripted_llm, ScriptedServer) and isinstance(modes_file, Path)
-    base = redis_urls_base()
-    state_db, broker_db = claim_redis_databases(2, uuid.uuid4().hex)
-    urls = (f"{base}/{state_db}", f"{base}/{broker_db}")
-    stack, system = start_system(
-        database_url=database_url, redis_urls=urls, llm=scripted_llm, modes_file=modes_file, workers=[]
-    )
-    try:
-        yield stack, system
-    finally:
-        stack.stop_all()
-        for url in urls:
-            redis.Redis.from_url(url).flushdb()
+    with redis_databases(2) as (state_url, broker_url):
+        stack, system = start_system(
+            database_url=database_url,
+            redis_urls=(state_url, broker_url),
+            llm=scripted_llm,
+            modes_file=modes_file,
+            workers=[],
+        )
+        try:
+            yield stack, system
+        finally:
+            stack.stop_all()
 
 
 def test_gevent_llm_worker_runs_llm_calls_concurrently(bare_system: tuple[LocalStack, System]) -> None:
@@ -80,10 +79,12 @@ def test_aptix_worker_with_no_flags_runs_each_queue_group_on_its_own_pool(
     assert len(children) == 2
     # When the supervisor is killed outright, its workers do not outlive it
     group.kill(signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(_alive(pid) for pid in children), "worker processes outlived their aptix worker"
+    wait_for(
+        lambda: not any(_alive(pid) for pid in children),
+        what="the worker processes to exit with their aptix worker",
+        seconds=30,
+        interval=0.2,
+    )
 
 
 def _children(pid: int) -> list[int]:

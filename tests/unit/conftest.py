@@ -1,4 +1,5 @@
-"""Unit-test fixtures: one turn driven once per run, so one-time costs are not any one test's time."""
+"""Unit-test fixtures: the gateway as ``connect_gateway`` wires it on in-process ports, and one turn
+driven once per run, so one-time costs are not any one test's time."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import gc
 
 import pytest
 
-from tests.unit.fakes import FakeLlm, answer, drive, make_context, record_turn
+from tests.unit.fakes import FakeLlm, Gateway, answer, drive, make_context, record_turn
+
+
+@pytest.fixture
+def gateway() -> Gateway:
+    """The gateway's services on SQLite and fakeredis, with a publisher that records (tests.unit.fakes.Gateway)."""
+    return Gateway()
 
 
 @pytest.fixture(scope="session", autouse=True)

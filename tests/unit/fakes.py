@@ -1,12 +1,15 @@
 """In-process fakes for unit tests: a StepContext on SQLite in memory, MemoryStateStore, a scripted LLM,
-and builders of envelopes, recorded turns and model answers."""
+the gateway as ``connect_gateway`` wires it on in-process ports, and builders of envelopes, recorded turns
+and model answers.
+
+Every unit test that needs a database takes it from :func:`sqlite_engine` (or :func:`sqlite_db`)."""
 
 from __future__ import annotations
 
 import json
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -14,20 +17,25 @@ from typing import Any
 
 import fakeredis
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from api_gateway.state import GatewayPorts, connect_gateway
+from shared.broker import create_producer
 from shared.db import session_factory
 from shared.db.sessions import SessionRepository
 from shared.db.tables import Base
 from shared.db.tool_runs import ToolRunRepository
-from shared.db.turns import NewTurn, TurnRepository
+from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.envelope import TurnEnvelope
+from shared.models.turn import PendingToolCall, TurnRequest, TurnStatus, Usage
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
-from shared.state import MemoryStateStore, TurnState
+from shared.state import CancelFlags, InFlightMarkers, MemoryStateStore, RedisStateStore, TurnState
+from shared.state.admission import AdmissionQueue
 from shared.task_names import StepName
-from shared.turn_events import MemoryTurnEventLog
+from shared.turn_events import MemoryTurnEventLog, RedisTurnEventLog, TurnEvent
 from shared.webhooks import WebhookSender
 from workers.context import StepContext, breakers_on, lease_renewer
 from workers.driver import Dispatch, run_step
@@ -39,6 +47,10 @@ FIXED_NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 TURN_ID = "turn_" + "1" * 32
 """The turn :func:`record_turn` records (unless told another)."""
 SESSION_ID = "sess_" + "1" * 32
+ORG, USER = "org_a", "user_a"
+"""The caller of the gateway's services in :class:`Gateway` tests."""
+CLIENT_TOOL_TIMEOUT_SECONDS = 60
+"""How long a :class:`Gateway`'s paused turn waits for client tool results."""
 
 
 class FakeLlm:
@@ -84,6 +96,19 @@ class Clock:
         return self.now
 
 
+def sqlite_engine() -> Engine:
+    """A fresh SQLite database in memory with every table (a copy of one schema built once), on one
+    connection any thread may use: the one database engine of unit tests."""
+    connection = sqlite3.connect(":memory:", check_same_thread=False)
+    _schema().backup(connection)
+    return create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool)
+
+
+def sqlite_db() -> sessionmaker[Session]:
+    """A session factory on a fresh :func:`sqlite_engine`."""
+    return session_factory(sqlite_engine())
+
+
 def make_context(
     llm: FakeLlm | None = None,
     *,
@@ -95,10 +120,9 @@ def make_context(
     **settings: Any,
 ) -> StepContext:
     """A StepContext with every port in process (one MemoryStateStore behind every state port, the
-    breakers on fakeredis, a fresh SQLite database in memory unless ``engine`` is given); its turn
+    breakers on fakeredis, a fresh :func:`sqlite_engine` unless ``engine`` is given); its turn
     repository records webhook events in ``outbox`` when given, and ``webhook_sender`` sends them."""
-    engine = engine or sqlite_engine()
-    db = session_factory(engine)
+    db = session_factory(engine or sqlite_engine())
     catalog = catalog or _default_catalog()
     resolved = Settings(**settings)
     events = MemoryTurnEventLog()
@@ -137,6 +161,101 @@ def memory_store(ctx: StepContext) -> MemoryStateStore:
     """The one MemoryStateStore behind every state port of a :func:`make_context` context."""
     assert isinstance(ctx.states, MemoryStateStore)
     return ctx.states
+
+
+class RecordingPublisher:
+    """The gateway's TurnPublisher in unit tests: keeps what it is asked to send; raises ``refuse`` instead when set."""
+
+    def __init__(self) -> None:
+        self.sent: list[TurnEnvelope] = []
+        self.refuse: Exception | None = None
+
+    def publish(self, envelopes: Sequence[TurnEnvelope]) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.sent.extend(envelopes)
+
+
+class Gateway:
+    """The gateway's services as ``connect_gateway`` wires them, on in-process ports, and the ports to look at.
+
+    The ports: SQLite in memory, fakeredis (the state store, event logs and fair admission, as in
+    production), a :class:`RecordingPublisher` and a settable :class:`Clock`. Settings default to a
+    60 s client tool timeout and batches of at most 3 requests. ``GatewayState`` keeps only what the
+    routes use, so what a test looks at besides the services (the repositories, the cancel flags and
+    in-flight markers, the event logs, admission) is opened here on the same database and Redis.
+    """
+
+    def __init__(self, **settings: Any) -> None:
+        options: dict[str, Any] = {"client_tool_timeout_seconds": CLIENT_TOOL_TIMEOUT_SECONDS, "max_batch_requests": 3}
+        self.settings = Settings(**{**options, **settings})
+        self.redis_server = fakeredis.FakeServer()
+        """Its Redis: ``redis_server.connected = False`` makes every call refuse."""
+        self.publisher = RecordingPublisher()
+        self.clock = Clock()
+        ports = GatewayPorts(
+            engine=sqlite_engine(),
+            redis=fakeredis.FakeRedis(server=self.redis_server),
+            follower=fakeredis.FakeAsyncRedis(server=self.redis_server),
+            producer=create_producer(self.settings),
+            publisher=self.publisher,
+            clock=self.clock,
+        )
+        self.wired = connect_gateway(self.settings, ports)
+        """Everything ``connect_gateway`` built."""
+        self.service = self.wired.turn_service
+        self.batches = self.wired.batch_service
+        self.session_reads = self.wired.session_service
+        self.conversations = self.wired.conversation_service
+        self.metrics = self.wired.metrics
+        db = session_factory(ports.engine)
+        self.turns = TurnRepository(db)
+        """The turns' rows, for setting a turn up as the pipeline would leave it (no webhook outbox)."""
+        self.sessions = SessionRepository(db)
+        store = RedisStateStore(ports.redis, max_events=self.settings.events_max_per_turn)
+        self.cancel_flags: CancelFlags = store
+        self.in_flight: InFlightMarkers = store
+        self.admission = AdmissionQueue(ports.redis)
+        """The organisations' admission queues, as the gateway's turn service keeps them."""
+        self._events = RedisTurnEventLog(
+            ports.redis, ttl_seconds=self.settings.state_ttl_seconds, max_events=self.settings.events_max_per_turn
+        )
+
+    def session(self) -> str:
+        """A session of ORG, as the pipeline's session creator leaves it."""
+        session_id = "sess_" + "1" * 32
+        self.sessions.create_if_absent(session_id=session_id, org_id=ORG, user_id=USER, mode="general", now=FIXED_NOW)
+        return session_id
+
+    def paused_turn(self, session_id: str) -> str:
+        """A turn of ``session_id`` waiting for the result of client call ``call_1`` since now."""
+        turn_id = self.service.record(TurnRequest(session_id=session_id, input="hi"), org_id=ORG, user_id=USER).turn_id
+        outcome = TurnOutcome(
+            status=TurnStatus.REQUIRES_CLIENT_TOOLS, mode="general", output_text=None,
+            pending_tool_calls=[PendingToolCall(call_id="call_1", name="lookup", arguments="{}")], mode_changes=[],
+            error=None, usage=Usage(), trace=[],
+        )  # fmt: skip
+        self.turns.commit(turn_id, outcome, transcript=[], snapshot={}, now=self.clock())
+        return turn_id
+
+    def held(self) -> int:
+        """How many of ORG's turns wait in its admission queue."""
+        counts = self.admission.counts().get(ORG)
+        return 0 if counts is None else counts.held
+
+    def events(self, turn_id: str) -> list[TurnEvent]:
+        """Every event in the turn's log."""
+        return self._events.read(turn_id, after=None, block_ms=0, count=10_000)
+
+    def accepted(self, kind: str) -> float:
+        """``aptix_turns_accepted_total`` of ``kind``."""
+        value = self.metrics.registry.get_sample_value("aptix_turns_accepted_total", {"kind": kind})
+        return 0.0 if value is None else value
+
+    def finished(self, status: str, code: str) -> float:
+        """``aptix_turns_finished_total`` of ``status`` and ``code``."""
+        value = self.metrics.registry.get_sample_value("aptix_turns_finished_total", {"status": status, "code": code})
+        return 0.0 if value is None else value
 
 
 def make_state(**fields: Any) -> TurnState:
@@ -296,13 +415,6 @@ def catalog_with_unit_tools() -> ModeCatalog:
         if mode["name"] == "general":
             mode["tools"] = [*mode["tools"], "failing_tool", "context_tool"]
     return ModeCatalog.model_validate(raw)
-
-
-def sqlite_engine() -> Engine:
-    """A fresh SQLite database in memory with every table: a copy of one schema built once."""
-    connection = sqlite3.connect(":memory:", check_same_thread=False)
-    _schema().backup(connection)
-    return create_engine("sqlite://", creator=lambda: connection, poolclass=StaticPool)
 
 
 @cache

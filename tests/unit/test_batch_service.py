@@ -1,4 +1,5 @@
-"""BatchService's idempotency, reused turns, cancel, list and JSON Lines staging, on SQLite and the memory store.
+"""BatchService's idempotency, reused turns, cancel, list and JSON Lines staging, as ``connect_gateway`` wires
+it on SQLite and fakeredis (tests.unit.fakes.Gateway): a batch's turns wait for admission, as in production.
 
 The HTTP side, with real PostgreSQL, Redis and workers: tests/integration/test_batch_controls.py and
 test_batch_uploads.py.
@@ -16,12 +17,7 @@ from api_gateway.services.batch_upload import record_upload
 from shared.models.batch import BatchRequest, BatchStatus, BatchTurnRequest
 from shared.models.turn import TurnRequest, TurnStatus
 from shared.state import MemoryStateStore
-from tests.unit.test_turn_service import ORG, USER, Gateway
-
-
-@pytest.fixture
-def gateway() -> Gateway:
-    return Gateway()
+from tests.unit.fakes import ORG, USER, Gateway
 
 
 def _body(*inputs: str, key: str | None = None) -> BatchRequest:
@@ -32,14 +28,14 @@ def _lines(*requests: dict[str, object] | str) -> list[bytes]:
     return [(item if isinstance(item, str) else json.dumps(item)).encode() + b"\n" for item in requests]
 
 
-def test_same_key_and_body_replay_the_batch_and_send_nothing_more(gateway: Gateway) -> None:
+def test_same_key_and_body_replay_the_batch_and_queue_nothing_more(gateway: Gateway) -> None:
     first = gateway.batches.record(_body("a", "b", key="k1"), org_id=ORG, user_id=USER)
-    sent = len(gateway.publisher.sent)
+    held = gateway.held()
 
     again = gateway.batches.record(_body("a", "b", key="k1"), org_id=ORG, user_id=USER)
 
     assert again.batch_id == first.batch_id
-    assert len(gateway.publisher.sent) == sent == 2
+    assert gateway.held() == held == 2 and gateway.publisher.sent == []
 
 
 def test_same_key_with_another_body_is_a_conflict(gateway: Gateway) -> None:
@@ -70,7 +66,7 @@ def test_a_request_key_of_an_earlier_turn_reuses_it(gateway: Gateway) -> None:
 
     assert (batch.total, batch.reused, batch.counts[TurnStatus.QUEUED]) == (2, 1, 2)
     assert [turn.turn_id for turn in gateway.batches.turns(batch.batch_id)][1] == earlier.turn_id
-    assert len(gateway.publisher.sent) == 2  # the earlier turn's own, and the new one's
+    assert len(gateway.publisher.sent) == 1 and gateway.held() == 1  # the earlier turn was sent; the new one waits
 
 
 def test_a_request_key_of_a_different_turn_is_a_conflict_naming_the_request(gateway: Gateway) -> None:
@@ -93,8 +89,8 @@ def test_cancel_finish_cancels_queued_turns_at_once_and_leaves_running_ones(gate
     # Then the two queued ones are cancelled, flagged, told about, and counted; the running one runs on
     assert cancelling.status is BatchStatus.CANCELLING and cancelling.cancel_requested_at is not None
     assert (cancelling.counts[TurnStatus.CANCELLED], cancelling.counts[TurnStatus.RUNNING]) == (2, 1)
-    assert [gateway.store.is_cancelled(turn_id) for turn_id in turns] == [False, True, True]
-    assert [event.event for event in gateway.events.events(turns[1])] == ["turn.cancelled"]
+    assert [gateway.cancel_flags.is_cancelled(turn_id) for turn_id in turns] == [False, True, True]
+    assert [event.event for event in gateway.events(turns[1])] == ["turn.cancelled"]
     assert gateway.finished("cancelled", "cancelled") == 2
     # And once the running turn is cancelled too, the batch is cancelled and cannot be cancelled again
     gateway.service.cancel(turns[0], org_id=ORG)
@@ -147,7 +143,8 @@ def test_an_upload_names_its_bad_line_and_records_nothing(gateway: Gateway, line
 
     assert refused.value.message.startswith("line 3: ")
     assert refused.value.details[0]["loc"][: len(loc)] == loc
-    assert gateway.publisher.sent == [] and gateway.batches.page(org_id=ORG, limit=5, after=None).data == []
+    assert gateway.held() == 0 and gateway.publisher.sent == []
+    assert gateway.batches.page(org_id=ORG, limit=5, after=None).data == []
 
 
 def test_memory_store_cancel_many_flags_turns_and_drops_their_markers() -> None:

@@ -1,4 +1,5 @@
-"""ConversationService on SQLite: conversations as sessions, the seed turn of initial items, metadata, items.
+"""ConversationService as the gateway wires it, on SQLite: conversations as sessions, the seed turn of initial
+items, metadata, items.
 
 The routes over it (and the ``openai`` SDK as their client) are covered by
 tests/integration/test_openai_conversations.py.
@@ -13,27 +14,17 @@ from typing import Any, Literal
 import pytest
 from openai.types.conversations import Conversation as SdkConversation
 from openai.types.conversations import ConversationItemList as SdkItemList
-from sqlalchemy import create_engine
-from sqlalchemy.pool import StaticPool
 
 from api_gateway.errors import service_error_status
 from api_gateway.openai.conversation_models import ConversationCreate, ConversationUpdate
-from api_gateway.openai.conversation_service import ConversationService
 from api_gateway.openai.errors import param_of
 from api_gateway.services import InvalidRequest, NotFound
-from shared.db import session_factory
-from shared.db.conversations import ConversationRepository
 from shared.db.records import NewTurn, TurnOutcome
-from shared.db.sessions import SessionRepository
-from shared.db.tables import Base
-from shared.db.turns import TurnRepository
 from shared.models.turn import TurnStatus, Usage
-from shared.modes import load_catalog
 from shared.openai.ids import session_of_conversation
-from tests.unit.fakes import FIXED_NOW, Clock, make_context, make_state
+from tests.unit.fakes import FIXED_NOW, ORG, USER, Gateway, make_context, make_state
 from workers.steps.session_context_resolver import load_history
 
-ORG, USER = "org_a", "user_a"
 ITEMS: list[Any] = [
     {"type": "message", "role": "system", "content": "Be brief."},
     {"role": "user", "content": [{"type": "input_text", "text": "My name is Ada."}]},
@@ -42,19 +33,15 @@ ITEMS: list[Any] = [
 
 
 class Conversations:
-    """The service over SQLite in memory, with the repositories beside it."""
+    """The service as ``connect_gateway`` wires it (tests.unit.fakes.Gateway), with the repositories beside it."""
 
     def __init__(self) -> None:
-        engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
-        Base.metadata.create_all(engine)
-        db = session_factory(engine)
-        self.clock = Clock()
-        self.sessions = SessionRepository(db)
-        self.turns = TurnRepository(db)
-        self.catalog = load_catalog()
-        self.service = ConversationService(
-            conversations=ConversationRepository(db), sessions=self.sessions, catalog=self.catalog, clock=self.clock
-        )
+        gateway = Gateway()
+        self.clock = gateway.clock
+        self.sessions = gateway.sessions
+        self.turns = gateway.turns
+        self.catalog = gateway.wired.catalog
+        self.service = gateway.conversations
 
     def create(self, *, org_id: str = ORG, **body: Any) -> str:
         """Create a conversation; its id."""

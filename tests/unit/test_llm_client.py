@@ -47,6 +47,8 @@ class Reply:
     body: bytes | dict[str, Any] = field(default_factory=lambda: RESPONSE)
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    hold: threading.Event | None = None
+    """Answer only once this is set (or after 10 s)."""
     drop: bool = False
     """Close the connection without answering."""
     close_after: bool = False
@@ -80,6 +82,8 @@ class FakeLlm:
                 fake.seen.append(seen)
                 reply = fake.handler(seen)
                 time.sleep(reply.delay_s)
+                if reply.hold is not None:
+                    reply.hold.wait(10)
                 if reply.drop:
                     self.close_connection = True
                     return
@@ -242,15 +246,15 @@ def test_create_raises_retryable_error_on_transport_failure(
     llm: FakeLlm, make_client: Callable[..., ResponsesClient], failure: str
 ) -> None:
     base_url = f"http://127.0.0.1:{_closed_port()}/v1" if failure == "refused" else None
-    llm.handler = lambda _seen: Reply(delay_s=2.0) if failure == "read_timeout" else Reply(drop=True)
+    answer = threading.Event()  # held until the call is over: only the client's own timeout can end it
+    llm.handler = lambda _seen: Reply(hold=answer) if failure == "read_timeout" else Reply(drop=True)
 
-    started = time.monotonic()
     with pytest.raises(LlmError, match="failed before an answer") as caught:
         make_client(base_url=base_url, timeout=0.3).create(REQUEST)
+    answer.set()
 
     assert (caught.value.status_code, caught.value.retryable) == (0, True)
     assert KEY not in str(caught.value)
-    assert time.monotonic() - started < 1.5  # the timeout, not the server's delay, ended the call
     assert len(llm.seen) == (0 if failure == "refused" else 1)  # no retries inside the client
 
 

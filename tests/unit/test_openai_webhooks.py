@@ -16,12 +16,10 @@ from openai.types.webhooks import (
     ResponseFailedWebhookEvent,
     ResponseIncompleteWebhookEvent,
 )
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import StaticPool
 
-from shared.db import session_factory
-from shared.db.tables import Base, WebhookDeliveryRow
+from shared.db.tables import WebhookDeliveryRow
 from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
@@ -32,7 +30,7 @@ from shared.turn_view import to_turn
 from shared.webhooks import EventType, WebhookConfig
 from shared.webhooks.events import event_body, response_event_body, turn_event_type
 from shared.webhooks.parsing import parse_secrets
-from tests.unit.fakes import FIXED_NOW, Clock
+from tests.unit.fakes import FIXED_NOW, Clock, sqlite_db
 from workers.webhooks.delivery import WebhookDeliverer
 from workers.webhooks.schedule import Verdict
 from workers.webhooks.signing import signed_headers
@@ -59,9 +57,7 @@ class _Harness:
     """Turns on SQLite with a webhook outbox, and the deliverer that signs and POSTs their events."""
 
     def __init__(self) -> None:
-        engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
-        Base.metadata.create_all(engine)
-        self.db: sessionmaker[Session] = session_factory(engine)
+        self.db: sessionmaker[Session] = sqlite_db()
         self.config = WebhookConfig(secrets=parse_secrets(f"org:{SECRET}"), allow_private=True)
         self.turns = TurnRepository(self.db, webhooks=WebhookOutbox(self.config))
         self.endpoint = _Endpoint()

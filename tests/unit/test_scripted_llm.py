@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -16,8 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scripted_llm import ScriptedServer, create_app
+from scripted_llm import server as scripted_server
 from shared.errors import LlmError
 from tests.responses_fixtures import validate_request_bodies, validate_response_bodies
+from tests.support.waiting import wait_for
 from workers.llm import ResponsesClient, parse_response, replay_items
 
 TOOLS = [
@@ -29,6 +33,42 @@ TOOLS = [
         "strict": False,
     }
 ]
+
+
+class Sleeps:
+    """Stands in for the scripted server's ``asyncio.sleep``: records each latency it is asked for.
+
+    With ``gate`` set, a sleep ends once that many are sleeping at once (or after 10 s) instead of
+    after its seconds; ``most_at_once`` is how many ever were.
+    """
+
+    def __init__(self) -> None:
+        self.requested: list[float] = []
+        self.gate: int | None = None
+        self.most_at_once = 0
+        self._sleeping = 0
+        self._all_in: asyncio.Event | None = None
+
+    async def sleep(self, seconds: float) -> None:
+        self.requested.append(seconds)
+        if self.gate is None:
+            return
+        self._all_in = self._all_in or asyncio.Event()  # made on the server's event loop
+        self._sleeping += 1
+        self.most_at_once = max(self.most_at_once, self._sleeping)
+        if self._sleeping >= self.gate:
+            self._all_in.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_in.wait(), timeout=10)
+        self._sleeping -= 1
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> Sleeps:
+    """Patches the time (only) of ``scripted_llm.server``: its latency takes no wall-clock time."""
+    fake = Sleeps()
+    monkeypatch.setattr(scripted_server, "asyncio", fake)
+    return fake
 
 
 @pytest.fixture
@@ -176,11 +216,10 @@ def test_fail_with_count_fails_only_first_requests_of_that_text(client: TestClie
     assert other == 503
 
 
-def test_sleep_adds_latency(client: TestClient) -> None:
-    started = time.monotonic()
+def test_sleep_adds_latency(client: TestClient, sleeps: Sleeps) -> None:
     post(client, "[[sleep:150]]")
 
-    assert time.monotonic() - started >= 0.15
+    assert sleeps.requested == [0.15]
 
 
 @pytest.mark.parametrize(
@@ -283,19 +322,21 @@ def test_scripted_server_runs_twice_and_serves_the_client() -> None:
             httpx.get(f"{server.url}/__scripted/healthz", timeout=1.0)
 
 
-def test_scripted_server_overlaps_concurrent_requests() -> None:
+def test_scripted_server_overlaps_concurrent_requests(sleeps: Sleeps) -> None:
+    # Given a server whose every answer waits out its latency until all ten are waiting (or 10 s pass)
+    sleeps.gate = 10
     with ScriptedServer(latency_ms=300) as server:
         llm = ResponsesClient(base_url=server.base_url, api_key="")
         try:
-            started = time.monotonic()
+            # When ten requests come at once
             with ThreadPoolExecutor(max_workers=10) as pool:
                 texts = list(pool.map(lambda i: llm.create({"model": "m", "input": f"n{i}"}).output_text, range(10)))
-            elapsed = time.monotonic() - started
         finally:
             llm.close()
 
+    # Then all ten were answered, and all ten waited out their latency at the same time
     assert texts == [f"Echo: n{i}" for i in range(10)]
-    assert elapsed < 2.0  # ten sequential answers would take at least 3 s
+    assert sleeps.requested == [0.3] * 10 and sleeps.most_at_once == 10
 
 
 def test_module_entrypoint_serves_on_the_given_port() -> None:
@@ -307,16 +348,17 @@ def test_module_entrypoint_serves_on_the_given_port() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+
+    def serving() -> bool:
+        try:
+            health = httpx.get(f"http://127.0.0.1:{port}/__scripted/healthz", timeout=1.0)
+        except httpx.TransportError:
+            assert process.poll() is None, process.communicate()[0]
+            return False
+        return bool(health.json() == {"ok": True})
+
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/__scripted/healthz", timeout=1.0).json() == {"ok": True}:
-                    break
-            except httpx.TransportError:
-                assert process.poll() is None, process.communicate()[0]
-                assert time.monotonic() < deadline, "python -m scripted_llm did not start"
-                time.sleep(0.05)
+        wait_for(serving, what="python -m scripted_llm to serve", seconds=15)
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={"model": "m", "input": "cli"}, timeout=5.0)
         assert parse_response(answer.json()).output_text == "Echo: cli"
     finally:

@@ -8,10 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.pool import StaticPool
 
-from shared.db import session_factory
 from shared.db.batches import BatchRecord, BatchRepository
 from shared.db.records import IDENTITY_FIELDS, TurnRecord
 from shared.db.sessions import ModeHistoryRecord, SessionRecord
@@ -20,7 +17,7 @@ from shared.db.turns import NewTurn, TurnOutcome
 from shared.models.turn import ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.state import TurnState
 from shared.turn_view import to_turn
-from tests.unit.fakes import FIXED_NOW, make_context
+from tests.unit.fakes import FIXED_NOW, make_context, sqlite_db
 from workers.context import StepContext
 from workers.steps.request_handler import initial_state
 
@@ -186,9 +183,7 @@ def test_session_repository_returns_records_not_orm_rows() -> None:
 
 def test_batch_repository_takes_and_returns_records() -> None:
     # Given a batch of two turns recorded together
-    engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
-    Base.metadata.create_all(engine)
-    batches = BatchRepository(session_factory(engine))
+    batches = BatchRepository(sqlite_db())
     batch = BatchRecord(batch_id="batch_1", org_id="o", user_id="u", total=2, created_at=FIXED_NOW)
     turns = [
         NewTurn(turn_id=f"turn_{index:032d}", session_id=f"sess_b{index}", org_id="o", user_id="u", new_session=True,

@@ -1,4 +1,5 @@
-"""TurnService, BatchService and SessionService on SQLite and the in-memory state store, with a fake publisher.
+"""TurnService, BatchService and SessionService as ``connect_gateway`` wires them (fakes.Gateway): on SQLite
+and fakeredis, with a publisher that records and a settable clock.
 
 What the gateway does to a turn — record, resume, cancel, expire — without HTTP, a broker or a worker;
 the routes over them are covered by tests/integration/test_gateway_http.py.
@@ -7,125 +8,45 @@ the routes over them are covered by tests/integration/test_gateway_http.py.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Sequence
 from datetime import timedelta
 
-import fakeredis
 import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.pool import StaticPool
 
 from api_gateway.errors import service_error_status
-from api_gateway.metrics import GatewayMetrics
-from api_gateway.services import (
-    BatchService,
-    Conflict,
-    InvalidRequest,
-    NotFound,
-    SessionService,
-    TurnService,
-    Unavailable,
-)
-from shared.broker import BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
-from shared.db import session_factory
-from shared.db.batches import BatchRepository
-from shared.db.sessions import SessionRepository
-from shared.db.tables import Base
-from shared.db.turns import TurnOutcome, TurnRepository
+from api_gateway.services import Conflict, InvalidRequest, NotFound, Unavailable, turn_service
+from shared.broker import INTERACTIVE_PRIORITY
 from shared.models.batch import BatchRequest, BatchTurnRequest
-from shared.models.envelope import TurnEnvelope
-from shared.models.turn import PendingToolCall, ToolResult, ToolResultsRequest, TurnRequest, TurnStatus, Usage
+from shared.models.turn import ToolResult, ToolResultsRequest, TurnRequest, TurnStatus
 from shared.modes import load_catalog
 from shared.result import ErrorCode
-from shared.settings import Settings
-from shared.state import MemoryStateStore
-from shared.state.admission import AdmissionQueue
 from shared.task_names import StepName
-from shared.turn_events import MemoryTurnEventLog
 from shared.turn_view import to_turn
-from tests.unit.fakes import FIXED_NOW, Clock
-
-ORG = "org_a"
-USER = "user_a"
-TIMEOUT_SECONDS = 60
+from tests.unit.fakes import CLIENT_TOOL_TIMEOUT_SECONDS as TIMEOUT_SECONDS
+from tests.unit.fakes import FIXED_NOW, ORG, USER, Gateway
 
 
-class FakePublisher:
-    """Keeps what it is asked to send; raises ``refuse`` instead when set."""
+class Timer:
+    """The long poll's clock and sleep (``TurnService.wait``): each sleep is recorded and moves the clock on."""
 
     def __init__(self) -> None:
-        self.sent: list[TurnEnvelope] = []
-        self.refuse: Exception | None = None
+        self.now = 0.0
+        self.sleeps: list[float] = []
 
-    def publish(self, envelopes: Sequence[TurnEnvelope]) -> None:
-        if self.refuse is not None:
-            raise self.refuse
-        self.sent.extend(envelopes)
+    def monotonic(self) -> float:
+        return self.now
 
-
-class Gateway:
-    """The services over in-process ports, and the ports to look at."""
-
-    def __init__(self, *, admission: AdmissionQueue | None = None) -> None:
-        engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
-        Base.metadata.create_all(engine)
-        db = session_factory(engine)
-        self.settings = Settings(client_tool_timeout_seconds=TIMEOUT_SECONDS)
-        self.clock = Clock()
-        self.store = MemoryStateStore()
-        self.events = MemoryTurnEventLog()
-        self.publisher = FakePublisher()
-        self.metrics = GatewayMetrics()
-        self.turns = TurnRepository(db)
-        self.sessions = SessionRepository(db)
-        self.service = TurnService(
-            settings=self.settings,
-            turns=self.turns,
-            sessions=self.sessions,
-            catalog=load_catalog(),
-            states=self.store,
-            cancel_flags=self.store,
-            in_flight=self.store,
-            events=self.events,
-            publisher=self.publisher,
-            clock=self.clock,
-            metrics=self.metrics,
-            admission=admission,
-        )
-        self.admission = admission
-        self.batches = BatchService(turns=self.service, batches=BatchRepository(db), max_requests=3, clock=self.clock)
-        self.session_reads = SessionService(sessions=self.sessions, turns=self.turns, catalog=load_catalog())
-
-    def session(self) -> str:
-        """A session of ORG, as the pipeline's session creator leaves it."""
-        session_id = "sess_" + "1" * 32
-        self.sessions.create_if_absent(session_id=session_id, org_id=ORG, user_id=USER, mode="general", now=FIXED_NOW)
-        return session_id
-
-    def paused_turn(self, session_id: str) -> str:
-        """A turn of ``session_id`` waiting for the result of client call ``call_1`` since now."""
-        turn_id = self.service.record(TurnRequest(session_id=session_id, input="hi"), org_id=ORG, user_id=USER).turn_id
-        outcome = TurnOutcome(
-            status=TurnStatus.REQUIRES_CLIENT_TOOLS, mode="general", output_text=None,
-            pending_tool_calls=[PendingToolCall(call_id="call_1", name="lookup", arguments="{}")], mode_changes=[],
-            error=None, usage=Usage(), trace=[],
-        )  # fmt: skip
-        self.turns.commit(turn_id, outcome, transcript=[], snapshot={}, now=self.clock())
-        return turn_id
-
-    def accepted(self, kind: str) -> float:
-        value = self.metrics.registry.get_sample_value("aptix_turns_accepted_total", {"kind": kind})
-        return 0.0 if value is None else value
-
-    def finished(self, status: str, code: str) -> float:
-        value = self.metrics.registry.get_sample_value("aptix_turns_finished_total", {"status": status, "code": code})
-        return 0.0 if value is None else value
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
 
 
 @pytest.fixture
-def gateway() -> Gateway:
-    return Gateway()
+def timer(monkeypatch: pytest.MonkeyPatch) -> Timer:
+    """Patches the time (only) of ``api_gateway.services.turn_service``: its waits take no wall-clock time."""
+    timer = Timer()
+    monkeypatch.setattr(turn_service, "time", timer)
+    monkeypatch.setattr(turn_service, "asyncio", timer)
+    return timer
 
 
 def _results(*call_ids: str) -> ToolResultsRequest:
@@ -140,7 +61,7 @@ def test_record_queues_a_new_turn_and_sends_its_first_step(gateway: Gateway) -> 
     assert [(e.turn_id, e.step, e.priority) for e in gateway.publisher.sent] == [
         (row.turn_id, StepName.REQUEST_HANDLER, INTERACTIVE_PRIORITY)
     ]
-    marker = gateway.store.alive_until([row.turn_id])[row.turn_id]
+    marker = gateway.in_flight.alive_until([row.turn_id])[row.turn_id]
     assert marker == FIXED_NOW.timestamp() + gateway.settings.reconciler_queued_seconds
     assert gateway.accepted("single") == 1
 
@@ -278,8 +199,8 @@ def test_cancel_ends_an_unfinished_turn_and_flags_it_for_the_workers(gateway: Ga
 
     assert TurnStatus(cancelled.status) is TurnStatus.CANCELLED
     assert cancelled.error == {"code": "cancelled", "message": "the turn was cancelled by the client"}
-    assert gateway.store.is_cancelled(row.turn_id)
-    assert gateway.store.alive_until([row.turn_id]) == {}
+    assert gateway.cancel_flags.is_cancelled(row.turn_id)
+    assert gateway.in_flight.alive_until([row.turn_id]) == {}
     gateway.service.record(TurnRequest(session_id=session_id, input="next"), org_id=ORG, user_id=USER)
 
 
@@ -291,7 +212,7 @@ def test_cancel_appends_turn_cancelled_with_the_turn_as_get_shows_it(gateway: Ga
         gateway.service.cancel(row.turn_id, org_id=ORG)
 
     shown = to_turn(gateway.service.get(row.turn_id, org_id=ORG)).model_dump(mode="json", by_alias=True)
-    assert [(e.event, e.data) for e in gateway.events.events(row.turn_id)] == [("turn.cancelled", shown)]
+    assert [(e.event, e.data) for e in gateway.events(row.turn_id)] == [("turn.cancelled", shown)]
 
 
 def test_a_client_tool_timeout_appends_turn_failed(gateway: Gateway) -> None:
@@ -300,7 +221,7 @@ def test_a_client_tool_timeout_appends_turn_failed(gateway: Gateway) -> None:
 
     gateway.service.expire_overdue()
 
-    (event,) = gateway.events.events(turn_id)
+    (event,) = gateway.events(turn_id)
     assert (event.event, event.data["status"], event.data["error"]["code"]) == (
         "turn.failed", "failed", "client_tool_timeout"
     )  # fmt: skip
@@ -344,23 +265,23 @@ def test_cancel_refuses_when_the_turn_belongs_to_another_org(gateway: Gateway) -
         gateway.service.cancel(row.turn_id, org_id="org_b")
 
 
-def test_wait_returns_a_paused_turn_at_once(gateway: Gateway) -> None:
+def test_wait_returns_a_paused_turn_at_once(gateway: Gateway, timer: Timer) -> None:
     row = gateway.service.require(gateway.paused_turn(gateway.session()), org_id=ORG)
-    started = time.monotonic()
 
     waited = asyncio.run(gateway.service.wait(row, org_id=ORG, seconds=5))
 
-    assert time.monotonic() - started < 1
+    assert timer.sleeps == []
     assert waited.turn_id == row.turn_id
 
 
-def test_wait_gives_up_on_a_queued_turn_after_its_seconds(gateway: Gateway) -> None:
+def test_wait_gives_up_on_a_queued_turn_after_its_seconds(gateway: Gateway, timer: Timer) -> None:
     row = gateway.service.record(TurnRequest(input="hi"), org_id=ORG, user_id=USER)
-    started = time.monotonic()
 
-    waited = asyncio.run(gateway.service.wait(row, org_id=ORG, seconds=0.05))
+    waited = asyncio.run(gateway.service.wait(row, org_id=ORG, seconds=0.5))
 
-    assert 0.05 <= time.monotonic() - started < 1
+    # It looked again between short sleeps, and gave up once they added up to its seconds
+    assert len(timer.sleeps) > 1 and all(0 < pause <= 0.25 for pause in timer.sleeps)
+    assert timer.now == pytest.approx(0.5)
     assert TurnStatus(waited.status) is TurnStatus.QUEUED
 
 
@@ -397,13 +318,16 @@ def test_record_frees_a_session_whose_paused_turn_is_overdue(gateway: Gateway) -
     assert TurnStatus(row.status) is TurnStatus.QUEUED
 
 
-def test_batch_record_queues_every_request_at_batch_priority(gateway: Gateway) -> None:
+def test_batch_record_holds_every_request_for_admission_and_counts_it(gateway: Gateway) -> None:
     body = BatchRequest(requests=[BatchTurnRequest(input="a"), BatchTurnRequest(input="b")])
 
     batch = gateway.batches.record(body, org_id=ORG, user_id=USER)
 
-    assert batch.total == 2
-    assert [e.priority for e in gateway.publisher.sent] == [BATCH_START_PRIORITY, BATCH_START_PRIORITY]
+    # The admission scheduler sends them later, at batch priority (tests/integration/test_admission_queue.py)
+    turn_ids = [turn.turn_id for turn in gateway.batches.turns(batch.batch_id)]
+    assert batch.total == 2 and gateway.held() == 2 and gateway.publisher.sent == []
+    marker = FIXED_NOW.timestamp() + gateway.settings.reconciler_queued_seconds
+    assert gateway.in_flight.alive_until(turn_ids) == dict.fromkeys(turn_ids, marker)
     assert gateway.accepted("batch") == 2
 
 
@@ -413,17 +337,7 @@ def test_batch_record_refuses_more_requests_than_the_limit(gateway: Gateway) -> 
     with pytest.raises(InvalidRequest):
         gateway.batches.record(body, org_id=ORG, user_id=USER)
 
-    assert gateway.publisher.sent == []
-
-
-def test_batch_record_records_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
-    gateway.publisher.refuse = OSError("connection refused")
-
-    with pytest.raises(Unavailable) as refused:
-        gateway.batches.record(BatchRequest(requests=[BatchTurnRequest(input="a")]), org_id=ORG, user_id=USER)
-
-    assert refused.value.message.endswith("the batch was not accepted")
-    assert gateway.accepted("batch") == 0
+    assert gateway.publisher.sent == [] and gateway.held() == 0
 
 
 def test_session_lists_its_turns_oldest_first(gateway: Gateway) -> None:
@@ -484,14 +398,8 @@ def test_service_error_status_is_that_of_its_kind(error: Exception, status: int)
     assert service_error_status(error) == status
 
 
-def _admitting() -> tuple[Gateway, AdmissionQueue, fakeredis.FakeServer]:
-    server = fakeredis.FakeServer()
-    admission = AdmissionQueue(fakeredis.FakeRedis(server=server))
-    return Gateway(admission=admission), admission, server
-
-
-def test_with_admission_a_batch_is_held_not_sent_and_an_interactive_turn_is_sent_and_counted() -> None:
-    gateway, admission, _ = _admitting()
+def test_with_admission_a_batch_is_held_not_sent_and_an_interactive_turn_is_sent_and_counted(gateway: Gateway) -> None:
+    admission = gateway.admission
     batch = gateway.batches.record(
         BatchRequest(requests=[BatchTurnRequest(input="a"), BatchTurnRequest(input="b")]), org_id=ORG, user_id=USER
     )
@@ -500,21 +408,20 @@ def test_with_admission_a_batch_is_held_not_sent_and_an_interactive_turn_is_sent
     assert [(e.turn_id, e.priority) for e in gateway.publisher.sent] == [(turn.turn_id, INTERACTIVE_PRIORITY)]
     counts = admission.counts()[ORG]
     assert (counts.held, counts.in_flight) == (batch.total, 1)
-    marker = gateway.store.alive_until([turn.turn_id])[turn.turn_id]
+    marker = gateway.in_flight.alive_until([turn.turn_id])[turn.turn_id]
     assert marker == FIXED_NOW.timestamp() + gateway.settings.reconciler_queued_seconds
 
 
-def test_with_admission_a_batch_redis_refuses_is_not_recorded() -> None:
-    gateway, _, server = _admitting()
-    server.connected = False
+def test_with_admission_a_batch_redis_refuses_is_not_recorded(gateway: Gateway) -> None:
+    gateway.redis_server.connected = False
     with pytest.raises(Unavailable) as refused:
         gateway.batches.record(BatchRequest(requests=[BatchTurnRequest(input="a")]), org_id=ORG, user_id=USER)
     assert refused.value.message.endswith("the batch was not accepted")
     assert gateway.accepted("batch") == 0
 
 
-def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too() -> None:
-    gateway, admission, _ = _admitting()
+def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too(gateway: Gateway) -> None:
+    admission = gateway.admission
     body = BatchRequest(requests=[BatchTurnRequest(input=str(index)) for index in range(3)])
     gateway.batches.record(body, org_id=ORG, user_id=USER)
     held = [turn_id.decode() for turn_id in admission.client.zrange(f"aptix:admission:org:{ORG}:held", 0, -1)]
@@ -523,25 +430,25 @@ def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too() -
     assert admission.where(ORG, held) == {held[0]: None, held[1]: None, held[2]: "held"}
 
 
-def test_a_client_tool_timeout_frees_the_marker_and_slot_a_refused_resume_left_behind() -> None:
+def test_a_client_tool_timeout_frees_the_marker_and_slot_a_refused_resume_left_behind(gateway: Gateway) -> None:
     # Given a paused turn whose resume the broker refused after its marker and admission slot were written
-    gateway, admission, _ = _admitting()
+    admission = gateway.admission
     turn_id = gateway.paused_turn(gateway.session())
     gateway.publisher.refuse = OSError("connection refused")
     with pytest.raises(Unavailable):
         gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
-    assert admission.where(ORG, [turn_id]) == {turn_id: "in_flight"} and gateway.store.alive_until([turn_id])
+    assert admission.where(ORG, [turn_id]) == {turn_id: "in_flight"} and gateway.in_flight.alive_until([turn_id])
     # When the client-tool timeout fails it
     gateway.clock.now += timedelta(seconds=TIMEOUT_SECONDS + 1)
     assert gateway.service.expire_overdue() == 1
     # Then it is out of flight: no marker, no slot
     assert admission.where(ORG, [turn_id]) == {turn_id: None}
-    assert gateway.store.alive_until([turn_id]) == {}
+    assert gateway.in_flight.alive_until([turn_id]) == {}
 
 
-def test_a_batch_cancel_withdraws_its_held_turns_and_frees_the_slots_of_released_ones() -> None:
+def test_a_batch_cancel_withdraws_its_held_turns_and_frees_the_slots_of_released_ones(gateway: Gateway) -> None:
     # Given a batch of 3 with two turns released (in flight, not started) and one still held
-    gateway, admission, _ = _admitting()
+    admission = gateway.admission
     body = BatchRequest(requests=[BatchTurnRequest(input=str(index)) for index in range(3)])
     batch = gateway.batches.record(body, org_id=ORG, user_id=USER)
     released = admission.release(cap=2, limit=10, now=FIXED_NOW.timestamp())

@@ -9,19 +9,17 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import StaticPool
 from standardwebhooks.webhooks import Webhook
 
-from shared.db import session_factory
-from shared.db.tables import Base, WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
+from shared.db.tables import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
 from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.turn import TurnStatus, Usage
 from shared.webhooks import WebhookConfig
-from tests.unit.fakes import FIXED_NOW, Clock
+from tests.unit.fakes import FIXED_NOW, Clock, sqlite_db
 from workers.webhooks.delivery import WebhookDeliverer
 from workers.webhooks.schedule import Verdict
 from workers.webhooks.sweep import WebhookSweeper
@@ -50,9 +48,7 @@ class _Endpoint:
 class _Harness:
     def __init__(self, endpoint: _Endpoint, *, delays: tuple[float, ...] = (1.0, 2.0), park_after: float = 30.0,
                  allow_private: bool = True) -> None:  # fmt: skip
-        engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
-        Base.metadata.create_all(engine)
-        self.db: sessionmaker[Session] = session_factory(engine)
+        self.db: sessionmaker[Session] = sqlite_db()
         self.config = WebhookConfig(secrets={"org": KEY}, retry_delays=delays, allow_private=allow_private)
         self.turns = TurnRepository(self.db, webhooks=WebhookOutbox(self.config))
         self.deliveries = WebhookDeliveryRepository(self.db)

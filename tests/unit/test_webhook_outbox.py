@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import StaticPool
 
-from shared.db import session_factory
 from shared.db.batches import BatchRecord, BatchRepository
-from shared.db.tables import Base, WebhookDeliveryRow
+from shared.db.tables import WebhookDeliveryRow
 from shared.db.turns import Committed, NewTurn, TurnOutcome, TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
@@ -21,7 +19,7 @@ from shared.models.turn import PendingToolCall, TurnStatus, Usage
 from shared.result import ErrorCode, ErrorInfo
 from shared.turn_view import to_turn
 from shared.webhooks import WebhookConfig, WebhookSender
-from tests.unit.fakes import FIXED_NOW
+from tests.unit.fakes import FIXED_NOW, sqlite_db
 
 KEY = b"0123456789abcdef0123"
 URL = "https://hooks.example.com/in"
@@ -39,12 +37,6 @@ class _Sends:
         if self.fail:
             raise ConnectionError("broker down")
         self.sent.append(delivery_id)
-
-
-def _db() -> sessionmaker[Session]:
-    engine = create_engine("sqlite://", connect_args={"check_same_thread": False}, poolclass=StaticPool)
-    Base.metadata.create_all(engine)
-    return session_factory(engine)
 
 
 def _turn(turns: TurnRepository, index: int = 1, *, org: str = "org", url: str | None = URL) -> str:
@@ -75,7 +67,7 @@ def _rows(db: sessionmaker[Session]) -> list[WebhookDeliveryRow]:
 
 def test_a_commit_records_its_event_once_and_returns_it_to_send() -> None:
     # Given a turn whose request names an endpoint
-    db = _db()
+    db = sqlite_db()
     turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
     # When its commit runs twice (a redelivered persist step)
@@ -93,14 +85,14 @@ def test_a_commit_records_its_event_once_and_returns_it_to_send() -> None:
 
 
 def test_no_event_for_an_organisation_without_a_secret_or_a_request_without_an_endpoint() -> None:
-    db = _db()
+    db = sqlite_db()
     turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     committed = [_commit(turns, _turn(turns, 1, org="org-without-secret")), _commit(turns, _turn(turns, 2, url=None))]
     assert _rows(db) == [] and [c.deliveries for c in committed if c is not None] == [[], []]
 
 
 def test_the_organisation_default_endpoint_takes_events_of_requests_that_name_none() -> None:
-    db = _db()
+    db = sqlite_db()
     config = WebhookConfig(secrets={"org": KEY}, default_urls={"org": "https://default.example.com/h"})
     turns = TurnRepository(db, webhooks=WebhookOutbox(config))
     _commit(turns, _turn(turns, url=None))
@@ -114,7 +106,7 @@ def test_the_sender_enqueues_each_delivery_it_is_given() -> None:
 
 
 def test_a_broker_that_refuses_leaves_the_delivery_pending_for_the_sweep() -> None:
-    db = _db()
+    db = sqlite_db()
     turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
     committed = _commit(turns, turn_id)
@@ -132,7 +124,7 @@ def test_an_error_recording_the_event_never_fails_the_turn() -> None:
         def url_for(self, org_id: str, requested: str | None) -> str | None:
             raise RuntimeError("a bug in the webhook code")
 
-    db = _db()
+    db = sqlite_db()
     turns = TurnRepository(db, webhooks=WebhookOutbox(_Broken(secrets={"org": KEY})))
     turn_id = _turn(turns)
     committed = _commit(turns, turn_id)
@@ -143,7 +135,7 @@ def test_an_error_recording_the_event_never_fails_the_turn() -> None:
 
 
 def test_a_pause_and_the_end_of_the_next_round_are_two_events() -> None:
-    db = _db()
+    db = sqlite_db()
     turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
     _commit(turns, turn_id, TurnStatus.REQUIRES_CLIENT_TOOLS)
@@ -155,7 +147,7 @@ def test_a_pause_and_the_end_of_the_next_round_are_two_events() -> None:
 
 
 def test_a_turn_ended_outside_the_pipeline_raises_its_event() -> None:
-    db = _db()
+    db = sqlite_db()
     turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     turn_id = _turn(turns)
     error = ErrorInfo(code=ErrorCode.CANCELLED, message="the turn was cancelled by the client")
@@ -168,7 +160,7 @@ def test_a_turn_ended_outside_the_pipeline_raises_its_event() -> None:
 
 def test_the_last_turn_of_a_batch_out_of_flight_raises_batch_completed_once() -> None:
     # Given a batch of two turns with an endpoint of its own (its turns name none)
-    db = _db()
+    db = sqlite_db()
     turns = TurnRepository(db, webhooks=WebhookOutbox(CONFIG))
     batch = BatchRecord(batch_id="batch_1", org_id="org", user_id="u", total=2, created_at=FIXED_NOW,
                         webhook_url="https://batch.example.com/h")  # fmt: skip
