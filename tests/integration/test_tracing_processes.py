@@ -105,10 +105,13 @@ def test_a_turn_is_one_trace_across_the_gateway_and_the_workers_processes(
             trace_id, root_span_id = turn_ids(paused["turn_id"])
 
             def arrived() -> list[tuple[str, int, str, bytes]] | None:
+                # Each process exports on its own schedule: wait for the gateway's two requests as well
+                # as the workers' spans, or a slow first export of the gateway's looks like a missing root.
                 spans = collector.of_trace(trace_id)
                 names = [span[2] for span in spans]
                 both_rounds = names.count("run/aptix.step.persist") >= 2
-                return spans if "run/aptix.step.llm_call" in names and both_rounds else None
+                gateway = {"POST /v1/turns", "POST /v1/turns/{turn_id}/tool-results"} <= set(names)
+                return spans if "run/aptix.step.llm_call" in names and both_rounds and gateway else None
 
             spans = wait_for(arrived, what="the turn's spans at the collector")
         finally:
