@@ -18,10 +18,8 @@ from api_gateway.openai.response_service import ResponseService
 from api_gateway.openai.streams import ResponseStreams
 from api_gateway.services import (
     BatchService,
-    CeleryPublisher,
     EventStreams,
     SessionService,
-    TurnPublisher,
     TurnService,
     WebhookService,
 )
@@ -39,6 +37,7 @@ from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore, StateStore
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import CeleryBroker, StepSender
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from shared.webhooks import WebhookConfig
 
@@ -63,8 +62,8 @@ class GatewayState:
     catalog: ModeCatalog
     producer: Celery
     """The producer-only Celery app (``/readyz`` checks its broker)."""
-    publisher: TurnPublisher
-    """Sends turns' steps through ``producer``."""
+    steps: StepSender
+    """Sends turns' first steps through ``producer`` (``shared.step_sender``)."""
     redis: redis.Redis
     store: StateStore
     """The turn state store (cancel flags, in-flight markers, live traces), one for the process."""
@@ -104,7 +103,6 @@ def connect_gateway(settings: Settings) -> GatewayState:
     db = session_factory(engine)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     producer = create_producer(settings)
-    publisher = CeleryPublisher(producer)
     webhooks = WebhookConfig.from_settings(settings)
     sessions = SessionRepository(db)
     turns = TurnRepository(db, webhooks=_outbox(webhooks, producer))
@@ -114,6 +112,8 @@ def connect_gateway(settings: Settings) -> GatewayState:
         config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches
     )
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
+    # No publish retries: a refused send is a 503 at once, and the client tries again.
+    steps = StepSender.for_settings(CeleryBroker(producer, retry=False), store, settings)
     events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
     turn_service = TurnService(
@@ -123,7 +123,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         catalog=catalog,
         store=store,
         events=events,
-        publisher=publisher,
+        steps=steps,
         clock=utc_now,
         metrics=metrics,
         webhooks=webhook_service,
@@ -154,7 +154,7 @@ def connect_gateway(settings: Settings) -> GatewayState:
         batches=batches,
         catalog=catalog,
         producer=producer,
-        publisher=publisher,
+        steps=steps,
         redis=client,
         store=store,
         events=events,

@@ -14,8 +14,6 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from aptix_cli.metrics_export import MultiProcessListener
 
 __all__ = [
@@ -212,15 +210,14 @@ def reconciler(args: argparse.Namespace) -> int:
 
     _start_logging(args.loglevel, "reconciler")
     listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
-    from shared.broker import create_producer, send_step, send_webhook
+    from shared.broker import create_producer, send_webhook
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
     from shared.db.webhook_deliveries import WebhookDeliveryRepository
-    from shared.models.envelope import TurnEnvelope
     from shared.settings import get_settings
     from shared.state import RedisStateStore
-    from workers.dispatcher import Dispatcher
+    from shared.step_sender import CeleryBroker, StepSender
     from workers.metrics import WorkerMetrics
     from workers.runtime import build_reconciler, webhook_outbox
     from workers.webhooks import WebhookSweeper
@@ -231,9 +228,6 @@ def reconciler(args: argparse.Namespace) -> int:
 
         start_tracing(settings, service_name="aptix-reconciler")
     producer = create_producer(settings)
-
-    def send(envelope: TurnEnvelope, countdown: float) -> None:
-        send_step(producer, envelope, countdown=countdown)
 
     def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
         send_webhook(producer, delivery_id, attempt=attempt, countdown=countdown)
@@ -246,7 +240,7 @@ def reconciler(args: argparse.Namespace) -> int:
         settings,
         turns=TurnRepository(db, webhooks=outbox),
         store=store,
-        dispatcher=Dispatcher.for_settings(send, store, settings),
+        steps=StepSender.for_settings(CeleryBroker(producer, retry=True), store, settings),
         owner=owner,
         metrics=WorkerMetrics(),
         webhooks=None if outbox is None else WebhookSweeper(WebhookDeliveryRepository(db), send_attempt),
@@ -270,27 +264,24 @@ def scheduler(args: argparse.Namespace) -> int:
 
     _start_logging(args.loglevel, "scheduler")
     listener = _worker_metrics_listener("scheduler")  # before prometheus_client is imported
-    from shared.broker import create_producer, send_steps
+    from shared.broker import create_producer
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
-    from shared.models.envelope import TurnEnvelope
     from shared.settings import get_settings
     from shared.state import RedisStateStore
+    from shared.step_sender import CeleryBroker, StepSender
     from workers.metrics import WorkerMetrics
     from workers.runtime import build_scheduler
 
     settings = get_settings()
     producer = create_producer(settings)
-
-    def publish(envelopes: Sequence[TurnEnvelope]) -> None:
-        send_steps(producer, envelopes)
-
     store = RedisStateStore.from_url(settings.redis_url, max_connections=8)
+    steps = StepSender.for_settings(CeleryBroker(producer, retry=True), store, settings)
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     scheduler = build_scheduler(
-        settings, turns=TurnRepository(db), store=store, publish=publish, owner=owner, metrics=WorkerMetrics()
+        settings, turns=TurnRepository(db), store=store, steps=steps, owner=owner, metrics=WorkerMetrics()
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

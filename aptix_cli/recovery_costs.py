@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete
@@ -34,8 +34,8 @@ from shared.logging import configure_logging
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import RedisStateStore, TurnState
+from shared.step_sender import StepSender
 from shared.task_names import StepName
-from workers.dispatcher import Dispatcher
 from workers.reconciler import Reconciler
 
 __all__ = ["run_recovery_costs"]
@@ -82,10 +82,10 @@ def run_recovery_costs(*, turns: int = 500, writes: int = 300) -> int:
             tool_runs.finish(turn_id=ids[i], call_id="call_1", status="succeeded", output="ok", now=now)
 
         _say(f"  server tool started + outcome records:                  {_timed(writes, tool_records)}")
-        sent: list[TurnEnvelope] = []
+        sent = _Counted()
         reconciler = Reconciler(
             settings=settings, turns=repo, store=store, client=store.client, owner=f"costs-{run}",
-            dispatcher=Dispatcher(lambda envelope, _countdown: sent.append(envelope), store, park_after=30),
+            steps=StepSender(sent, parking=store, park_after=30),
         )  # fmt: skip
         scanned = ids[:turns]
         repo.set_deadlines({turn_id: now + timedelta(hours=1) for turn_id in ids[turns:]})  # only ``turns`` are due
@@ -105,6 +105,13 @@ def run_recovery_costs(*, turns: int = 500, writes: int = 300) -> int:
         if embedded is not None:
             embedded.__exit__(None, None, None)
     return 0
+
+
+class _Counted(list[TurnEnvelope]):
+    """The broker the measured reconciler sends to: it keeps the envelopes."""
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        self.extend(envelopes)
 
 
 def _timed(count: int, action: Callable[[int], None]) -> str:

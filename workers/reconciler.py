@@ -13,7 +13,7 @@ idempotent. A turn re-driven ``APTIX_RECONCILER_MAX_REDRIVES`` times that still 
 A copy runs inside every ``aptix worker`` (``--no-reconciler`` turns it off) and as ``aptix
 reconciler``; one copy at a time is active, chosen through a Redis lease, and several copies or a
 copy killed at any point do no harm (a scan only sends messages that are safe to send twice). Every
-copy also sends the parked messages that are due (``workers.dispatcher``). When the broker is a Redis
+copy also sends the parked messages that are due (``shared.step_sender``). When the broker is a Redis
 that lost its data (its sentinel key vanished), every marker is dropped, so each turn in flight is
 re-driven at its deadline. The active copy also sends the webhook deliveries that are due and that no
 message carries (``workers.webhooks.sweep``).
@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import redis
-from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import SQLAlchemyError
 
 from shared.broker import queue_depth
@@ -55,12 +54,12 @@ from shared.state import StateStore, TurnState
 from shared.state.admission import AdmissionQueue
 from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY, RECONCILER_LEADER_KEY
 from shared.state.leader import LeaderLease
+from shared.step_sender import SEND_ERRORS, StepSender
 from shared.task_names import TASK_QUEUES, StepName, task_name
 from shared.telemetry import turn_span
 from shared.turn_ending import TurnEnding
 from shared.turn_events import TurnEventLog
 from workers.context import utc_now
-from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
 from workers.webhooks.sweep import WebhookSweeper
 
@@ -71,7 +70,7 @@ logger = logging.getLogger(__name__)
 _BATCH = 500
 _MAX_BATCHES_PER_SCAN = 20
 _PRUNE_AFTER_SECONDS = 86400.0
-_ERRORS = (redis.RedisError, SQLAlchemyError, BrokerError, OSError)
+_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, SQLAlchemyError, *SEND_ERRORS)
 
 
 @dataclass
@@ -103,7 +102,7 @@ class Reconciler:
         turns: TurnRepository,
         store: StateStore,
         client: redis.Redis,
-        dispatcher: Dispatcher,
+        steps: StepSender,
         owner: str,
         broker_client: redis.Redis | None = None,
         clock: Callable[[], datetime] = utc_now,
@@ -119,7 +118,7 @@ class Reconciler:
             turns: the turn repository (deadlines, checkpoints).
             store: the state store (states, markers, parked messages).
             client: the state store's Redis, for the leader lease.
-            dispatcher: sends re-driven and due messages.
+            steps: sends re-driven and due parked messages.
             owner: this copy's name in the leader lease.
             broker_client: the broker's Redis, when the broker is Redis (for the sentinel).
             clock: the wall clock.
@@ -134,7 +133,7 @@ class Reconciler:
         self._turns = turns
         self._store = store
         self._client = client
-        self._dispatcher = dispatcher
+        self._steps = steps
         self._owner = owner
         self._broker = broker_client
         self._clock = clock
@@ -172,7 +171,7 @@ class Reconciler:
 
     def release_due(self) -> int:
         """Send the parked messages that are due."""
-        sent = self._dispatcher.release_due(now=self._clock().timestamp())
+        sent = self._steps.release_due(now=self._clock().timestamp())
         self.stats.released += sent
         return sent
 
@@ -292,7 +291,7 @@ class Reconciler:
             self._store.drop(turn.turn_id)  # older than the checkpoint: the step carries on from the checkpoint
             self.stats.redis_calls += 1
         with turn_span(turn.turn_id, "reconciler re-drive", source=source, step_key=envelope.step_key):
-            self._dispatcher.dispatch(envelope, 0.0, now=now.timestamp())
+            self._steps.send([envelope])
         window = self._settings.reconciler_queued_seconds if turn.status is TurnStatus.QUEUED else self._deadline()
         self._store.mark_alive([turn.turn_id], until=now.timestamp() + window)
         self._turns.note_redrive(turn.turn_id, deadline_at=now + timedelta(seconds=self._deadline()))

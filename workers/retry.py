@@ -18,7 +18,7 @@ Each reason, with the delay before the next try, its budget, and what happens wh
 
 Every "later" becomes the same message sent again with this delay (``workers.driver``); a wait
 long enough to outlast the broker's visibility timeout is parked in Redis instead
-(``workers.dispatcher``). While a turn waits, its in-flight marker covers the delay, so the
+(``shared.step_sender``). While a turn waits, its in-flight marker covers the delay, so the
 reconciler does not take a wait for a stall; if the message is lost anyway, the reconciler
 re-drives the turn at its deadline.
 """

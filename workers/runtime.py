@@ -1,5 +1,5 @@
 """WorkerRuntime: what one worker process builds once, at start: its database engine, its step
-context, its dispatcher, its metrics, its webhook deliverer, and (in the worker's main process) its
+context, its step sender, its metrics, its webhook deliverer, and (in the worker's main process) its
 copies of the reconciler and of the admission scheduler.
 
 ``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Sequence
 
 import httpx
 import redis
@@ -23,17 +22,16 @@ from shared.db import session_factory
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
-from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import StateStore
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import Broker, StepSender
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig
 from workers.context import StepContext, build_context, utc_now, worker_engine
-from workers.dispatcher import Dispatcher, SendStep
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
-from workers.scheduler import AdmissionScheduler, Publish
+from workers.scheduler import AdmissionScheduler
 from workers.webhooks import WebhookDeliverer, WebhookSweeper
 from workers.webhooks.delivery import SendAttempt, http_client
 
@@ -48,30 +46,27 @@ class WorkerRuntime:
     def __init__(
         self,
         settings: Settings,
-        send: SendStep,
+        broker: Broker,
         *,
         reconciler: bool = True,
         scheduler: bool = True,
         metrics: WorkerMetrics | None = None,
         send_webhook: SendAttempt | None = None,
-        send_now: Publish | None = None,
     ) -> None:
         """Prepare the runtime; nothing is built or connected until :meth:`start`.
 
         Args:
             settings: the worker's settings.
-            send: publishes one step message with a countdown.
+            broker: where the process's step messages go (``shared.step_sender``).
             reconciler: whether this worker runs a copy of the reconciler.
             scheduler: whether this worker runs a copy of the admission scheduler.
             metrics: the collectors the steps, the driver and the reconciler count on; built at
                 :meth:`start` when None.
-            send_now: publishes many steps at once, in one broker round trip (the admission
-                scheduler's releases); None: one ``send`` each.
             send_webhook: publishes one webhook delivery attempt with a countdown; None: this
                 process records no webhook event and delivers none.
         """
         self._settings = settings
-        self._send = send
+        self._broker = broker
         self._send_webhook = send_webhook
         self._deliverer: WebhookDeliverer | None = None
         self._http: httpx.Client | None = None
@@ -80,16 +75,15 @@ class WorkerRuntime:
         self._hostname: str | None = None
         self._engine: Engine | None = None
         self._ctx: StepContext | None = None
-        self._dispatcher: Dispatcher | None = None
+        self._steps: StepSender | None = None
         self._stop = threading.Event()
         self._reconciler_thread: threading.Thread | None = None
         self._with_scheduler = scheduler
-        self._send_now = send_now
         self._scheduler_stop = threading.Event()
         self._scheduler_thread: threading.Thread | None = None
 
     def start(self, hostname: str) -> None:
-        """Build the step context and the dispatcher of this process (worker node ``hostname``).
+        """Build the step context and the step sender of this process (worker node ``hostname``).
 
         Celery calls it (through ``worker_init``) before the worker takes any message, on the
         thread that builds the worker, so no task can see a half-built runtime.
@@ -107,7 +101,7 @@ class WorkerRuntime:
         self._ctx = build_context(
             self._settings, engine=self._engine, hostname=hostname, metrics=self._metrics, webhooks=outbox
         )
-        self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.store, self._settings)
+        self._steps = StepSender.for_settings(self._broker, self._ctx.store, self._settings)
         if self._send_webhook is not None:
             if self._http is not None:
                 self._http.close()
@@ -117,7 +111,7 @@ class WorkerRuntime:
                 config=WebhookConfig.from_settings(self._settings),
                 http=self._http,
                 send=self._send_webhook,
-                park_after=self._dispatcher.park_after,
+                park_after=self._steps.park_after,
                 clock=utc_now,
                 random=random.random,
             )
@@ -139,15 +133,15 @@ class WorkerRuntime:
         return self._ctx
 
     @property
-    def dispatcher(self) -> Dispatcher:
-        """The dispatcher :meth:`start` built.
+    def steps(self) -> StepSender:
+        """The step sender :meth:`start` built: every step message this process sends goes through it.
 
         Raises:
             RuntimeError: when the worker did not start (a task called outside a worker).
         """
-        if self._dispatcher is None:
+        if self._steps is None:
             raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
-        return self._dispatcher
+        return self._steps
 
     @property
     def webhooks(self) -> WebhookDeliverer:
@@ -169,7 +163,7 @@ class WorkerRuntime:
             self._settings,
             turns=ctx.turns,
             store=ctx.store,
-            dispatcher=self.dispatcher,
+            steps=self.steps,
             owner=f"{ctx.hostname}:{os.getpid()}",
             metrics=ctx.metrics,
             webhooks=self._sweeper(),
@@ -186,18 +180,11 @@ class WorkerRuntime:
         if not self._with_scheduler or self._scheduler_thread is not None:
             return
         ctx = self.context
-        send = self._send
-
-        def send_each(envelopes: Sequence[TurnEnvelope]) -> None:
-            for envelope in envelopes:
-                send(envelope, 0.0)
-
-        publish = self._send_now or send_each
         scheduler = build_scheduler(
             self._settings,
             turns=ctx.turns,
             store=ctx.store,
-            publish=publish,
+            steps=self.steps,
             owner=f"{ctx.hostname}:{os.getpid()}",
             metrics=ctx.metrics,
         )
@@ -234,7 +221,7 @@ def build_reconciler(
     *,
     turns: TurnRepository,
     store: StateStore,
-    dispatcher: Dispatcher,
+    steps: StepSender,
     owner: str,
     metrics: WorkerMetrics | None = None,
     webhooks: WebhookSweeper | None = None,
@@ -255,7 +242,7 @@ def build_reconciler(
         turns=turns,
         store=store,
         client=client,
-        dispatcher=dispatcher,
+        steps=steps,
         owner=owner,
         broker_client=broker,
         metrics=metrics,
@@ -272,7 +259,7 @@ def build_scheduler(
     *,
     turns: TurnRepository,
     store: StateStore,
-    publish: Publish,
+    steps: StepSender,
     owner: str,
     metrics: WorkerMetrics | None = None,
 ) -> AdmissionScheduler:
@@ -281,7 +268,7 @@ def build_scheduler(
     if not isinstance(client, redis.Redis):
         raise TypeError("the admission scheduler needs the Redis state store")
     return AdmissionScheduler(
-        settings=settings, admission=AdmissionQueue(client), turns=turns, publish=publish, owner=owner, metrics=metrics
+        settings=settings, admission=AdmissionQueue(client), turns=turns, steps=steps, owner=owner, metrics=metrics
     )
 
 

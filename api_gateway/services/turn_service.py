@@ -1,6 +1,6 @@
 """TurnService: what the gateway does to a turn — record, read, resume, cancel and expire it.
 
-Routes speak HTTP and call this; it speaks in repositories, the state store and the publisher, and
+Routes speak HTTP and call this; it speaks in repositories, the state store and the step sender, and
 refuses requests with the ``ServiceError``s of ``api_gateway.services.errors``.
 
 Every change that needs a message on the broker sends it before the database commits (the
@@ -24,7 +24,6 @@ from api_gateway.ids import is_turn_id
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.services.admission import admit
 from api_gateway.services.errors import Conflict, NotFound
-from api_gateway.services.publisher import TurnPublisher
 from api_gateway.services.turn_sender import TurnSender
 from api_gateway.services.webhook_service import WebhookService
 from shared.db.records import TurnRecord
@@ -38,6 +37,7 @@ from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import StateStore
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import StepSender
 from shared.turn_ending import CANCELLED_BY_CLIENT, TurnEnding
 from shared.turn_events import TurnEventLog
 
@@ -58,7 +58,7 @@ class TurnService:
         catalog: ModeCatalog,
         store: StateStore,
         events: TurnEventLog,
-        publisher: TurnPublisher,
+        steps: StepSender,
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,
         webhooks: WebhookService | None = None,
@@ -70,10 +70,9 @@ class TurnService:
         self._sessions = sessions
         self._catalog = catalog
         self._store = store
-        self._publisher = publisher
         self._clock = clock
         self.sender = TurnSender(
-            settings=settings, store=store, publisher=publisher, clock=clock, metrics=metrics, admission=admission
+            settings=settings, store=store, steps=steps, clock=clock, metrics=metrics, admission=admission
         )
         self._ending = TurnEnding(
             turns=turns, store=store, metrics=metrics, clock=clock, events=events, admission=admission
@@ -112,7 +111,7 @@ class TurnService:
                 turn,
                 now=self._clock(),
                 deadline_at=self.deadline(),
-                before_commit=lambda: self.sender.publish_new(
+                before_commit=lambda: self.sender.send_new(
                     [turn.turn_id], batch=False, refused="the turn was not accepted", org_id=org_id
                 ),
             )
@@ -233,9 +232,7 @@ class TurnService:
             results=[result.model_dump() for result in body.tool_results],
             now=self._clock(),
             deadline_at=self.deadline(),
-            before_commit=lambda round_: self.sender.publish_reentry(
-                turn_id, round_=round_, batch=batch, org_id=org_id
-            ),
+            before_commit=lambda round_: self.sender.send_reentry(turn_id, round_=round_, batch=batch, org_id=org_id),
         )
         if round_ is None:
             current = self.require(turn_id, org_id=org_id)

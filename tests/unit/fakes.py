@@ -1,12 +1,12 @@
 """In-process fakes for unit tests: a StepContext on SQLite in memory, MemoryStateStore, a scripted LLM,
-and builders of envelopes, recorded turns and model answers."""
+a broker that keeps the step messages it is given, and builders of envelopes, recorded turns and model answers."""
 
 from __future__ import annotations
 
 import json
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
@@ -70,6 +70,25 @@ class FakeLlm:
         if answer.output_text and on_text_done is not None:
             on_text_done()
         return answer
+
+
+class FakeBroker:
+    """A ``shared.step_sender.Broker`` that keeps what it is asked to publish; raises ``refuse`` instead when set."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[TurnEnvelope, float]] = []
+        """Each envelope published, with its countdown."""
+        self.refuse: Exception | None = None
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.published.extend((envelope, countdown) for envelope in envelopes)
+
+    @property
+    def sent(self) -> list[TurnEnvelope]:
+        """The envelopes published, in order."""
+        return [envelope for envelope, _countdown in self.published]
 
 
 class Clock:

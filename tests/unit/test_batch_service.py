@@ -34,12 +34,12 @@ def _lines(*requests: dict[str, object] | str) -> list[bytes]:
 
 def test_same_key_and_body_replay_the_batch_and_send_nothing_more(gateway: Gateway) -> None:
     first = gateway.batches.record(_body("a", "b", key="k1"), org_id=ORG, user_id=USER)
-    sent = len(gateway.publisher.sent)
+    sent = len(gateway.broker.sent)
 
     again = gateway.batches.record(_body("a", "b", key="k1"), org_id=ORG, user_id=USER)
 
     assert again.batch_id == first.batch_id
-    assert len(gateway.publisher.sent) == sent == 2
+    assert len(gateway.broker.sent) == sent == 2
 
 
 def test_same_key_with_another_body_is_a_conflict(gateway: Gateway) -> None:
@@ -70,7 +70,7 @@ def test_a_request_key_of_an_earlier_turn_reuses_it(gateway: Gateway) -> None:
 
     assert (batch.total, batch.reused, batch.counts[TurnStatus.QUEUED]) == (2, 1, 2)
     assert [turn.turn_id for turn in gateway.batches.turns(batch.batch_id)][1] == earlier.turn_id
-    assert len(gateway.publisher.sent) == 2  # the earlier turn's own, and the new one's
+    assert len(gateway.broker.sent) == 2  # the earlier turn's own, and the new one's
 
 
 def test_a_request_key_of_a_different_turn_is_a_conflict_naming_the_request(gateway: Gateway) -> None:
@@ -147,7 +147,7 @@ def test_an_upload_names_its_bad_line_and_records_nothing(gateway: Gateway, line
 
     assert refused.value.message.startswith("line 3: ")
     assert refused.value.details[0]["loc"][: len(loc)] == loc
-    assert gateway.publisher.sent == [] and gateway.batches.page(org_id=ORG, limit=5, after=None).data == []
+    assert gateway.broker.sent == [] and gateway.batches.page(org_id=ORG, limit=5, after=None).data == []
 
 
 def test_memory_store_cancel_many_flags_turns_and_drops_their_markers() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -14,11 +15,11 @@ from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.state import MemoryStateStore
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import StepSender
 from shared.task_names import StepName
 from shared.turn_events import MemoryTurnEventLog
 from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state
 from workers.context import StepContext
-from workers.dispatcher import Dispatcher
 from workers.driver import run_step
 from workers.llm.types import LlmResponse
 from workers.reconciler import Reconciler, frontier
@@ -27,8 +28,10 @@ TURN_ID = "turn_" + "2" * 32
 
 
 class _Sent(list[tuple[TurnEnvelope, float]]):
-    def __call__(self, envelope: TurnEnvelope, countdown: float) -> None:
-        self.append((envelope, countdown))
+    """The broker of the reconciler's step sender: keeps each envelope with its countdown."""
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        self.extend((envelope, countdown) for envelope in envelopes)
 
 
 def _reconciler(ctx: StepContext, clock: Clock, sent: _Sent, broker: fakeredis.FakeRedis | None = None) -> Reconciler:
@@ -37,7 +40,7 @@ def _reconciler(ctx: StepContext, clock: Clock, sent: _Sent, broker: fakeredis.F
         turns=ctx.turns,
         store=ctx.store,
         client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(sent, ctx.store, park_after=30),
+        steps=StepSender(sent, parking=ctx.store, park_after=30),
         owner="unit",
         broker_client=broker,
         clock=clock,
@@ -176,7 +179,7 @@ def test_a_turn_given_up_on_gets_its_event_and_leaves_flight_and_admission() -> 
     admission.admit_now("o", [TURN_ID], now=FIXED_NOW.timestamp())
     reconciler = Reconciler(
         settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(_Sent(), ctx.store, park_after=30), owner="unit", clock=clock, events=ctx.events,
+        steps=StepSender(_Sent(), parking=ctx.store, park_after=30), owner="unit", clock=clock, events=ctx.events,
         admission=admission,
     )  # fmt: skip
     # When the reconciler re-drives it once, then gives up on it
@@ -212,7 +215,7 @@ def test_only_one_copy_leads_until_its_lease_lapses() -> None:
     client = fakeredis.FakeRedis()
     copies = [
         Reconciler(settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=client,
-                   dispatcher=Dispatcher(_Sent(), ctx.store, park_after=30), owner=name)
+                   steps=StepSender(_Sent(), parking=ctx.store, park_after=30), owner=name)
         for name in ("a", "b")
     ]  # fmt: skip
     assert [copy.lead() for copy in copies] == [True, False]
@@ -226,7 +229,8 @@ def test_parked_message_is_sent_when_due() -> None:
     sent = _Sent()
     reconciler = _reconciler(ctx, clock, sent)
     envelope = TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1, attempt=3)
-    Dispatcher(sent, ctx.store, park_after=30).dispatch(envelope, 45.0, now=clock.now.timestamp())
+    steps = StepSender(sent, parking=ctx.store, park_after=30, clock=lambda: clock.now.timestamp())
+    steps.send([envelope], countdown=45.0)
     assert sent == [] and reconciler.release_due() == 0
     clock.now = FIXED_NOW + timedelta(seconds=46)
     assert reconciler.release_due() == 1 and sent == [(envelope, 0.0)]
@@ -267,7 +271,7 @@ def _admitting(ctx: StepContext, clock: Clock, sent: _Sent) -> tuple[Reconciler,
     admission = AdmissionQueue(fakeredis.FakeRedis())
     reconciler = Reconciler(
         settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(sent, ctx.store, park_after=30), owner="unit", clock=clock, admission=admission,
+        steps=StepSender(sent, parking=ctx.store, park_after=30), owner="unit", clock=clock, admission=admission,
     )  # fmt: skip
     return reconciler, admission
 

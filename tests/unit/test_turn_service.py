@@ -1,4 +1,4 @@
-"""TurnService, BatchService and SessionService on SQLite and the in-memory state store, with a fake publisher.
+"""TurnService, BatchService and SessionService on SQLite and the in-memory state store, with a fake broker.
 
 What the gateway does to a turn — record, resume, cancel, expire — without HTTP, a broker or a worker;
 the routes over them are covered by tests/integration/test_gateway_http.py.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from datetime import timedelta
 
 import fakeredis
@@ -34,34 +33,21 @@ from shared.db.sessions import SessionRepository
 from shared.db.tables import Base
 from shared.db.turns import TurnOutcome, TurnRepository
 from shared.models.batch import BatchRequest, BatchTurnRequest
-from shared.models.envelope import TurnEnvelope
 from shared.models.turn import PendingToolCall, ToolResult, ToolResultsRequest, TurnRequest, TurnStatus, Usage
 from shared.modes import load_catalog
 from shared.result import ErrorCode
 from shared.settings import Settings
 from shared.state import MemoryStateStore
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import StepSender
 from shared.task_names import StepName
 from shared.turn_events import MemoryTurnEventLog
 from shared.turn_view import to_turn
-from tests.unit.fakes import FIXED_NOW, Clock
+from tests.unit.fakes import FIXED_NOW, Clock, FakeBroker
 
 ORG = "org_a"
 USER = "user_a"
 TIMEOUT_SECONDS = 60
-
-
-class FakePublisher:
-    """Keeps what it is asked to send; raises ``refuse`` instead when set."""
-
-    def __init__(self) -> None:
-        self.sent: list[TurnEnvelope] = []
-        self.refuse: Exception | None = None
-
-    def publish(self, envelopes: Sequence[TurnEnvelope]) -> None:
-        if self.refuse is not None:
-            raise self.refuse
-        self.sent.extend(envelopes)
 
 
 class Gateway:
@@ -75,7 +61,7 @@ class Gateway:
         self.clock = Clock()
         self.store = MemoryStateStore()
         self.events = MemoryTurnEventLog()
-        self.publisher = FakePublisher()
+        self.broker = FakeBroker()
         self.metrics = GatewayMetrics()
         self.turns = TurnRepository(db)
         self.sessions = SessionRepository(db)
@@ -86,7 +72,7 @@ class Gateway:
             catalog=load_catalog(),
             store=self.store,
             events=self.events,
-            publisher=self.publisher,
+            steps=StepSender(self.broker, parking=self.store, park_after=30),
             clock=self.clock,
             metrics=self.metrics,
             admission=admission,
@@ -135,7 +121,7 @@ def test_record_queues_a_new_turn_and_sends_its_first_step(gateway: Gateway) -> 
 
     assert TurnStatus(row.status) is TurnStatus.QUEUED
     assert row.new_session
-    assert [(e.turn_id, e.step, e.priority) for e in gateway.publisher.sent] == [
+    assert [(e.turn_id, e.step, e.priority) for e in gateway.broker.sent] == [
         (row.turn_id, StepName.REQUEST_HANDLER, INTERACTIVE_PRIORITY)
     ]
     marker = gateway.store.alive_until([row.turn_id])[row.turn_id]
@@ -150,7 +136,7 @@ def test_record_returns_the_earlier_turn_when_the_idempotency_key_is_replayed(ga
     again = gateway.service.record(request, org_id=ORG, user_id=USER)
 
     assert again.turn_id == first.turn_id
-    assert len(gateway.publisher.sent) == 1
+    assert len(gateway.broker.sent) == 1
 
 
 def test_record_refuses_when_the_idempotency_key_came_with_another_request(gateway: Gateway) -> None:
@@ -160,7 +146,7 @@ def test_record_refuses_when_the_idempotency_key_came_with_another_request(gatew
         gateway.service.record(TurnRequest(input="other", idempotency_key="key-1"), org_id=ORG, user_id=USER)
 
     assert refused.value.code == "idempotency_key_reused"
-    assert len(gateway.publisher.sent) == 1
+    assert len(gateway.broker.sent) == 1
 
 
 def test_record_keeps_the_stream_flag_only_when_the_turn_streams(gateway: Gateway) -> None:
@@ -212,7 +198,7 @@ def test_record_refuses_when_a_client_tool_takes_a_server_tool_name(gateway: Gat
 
 def test_record_records_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
     session_id = gateway.session()
-    gateway.publisher.refuse = OSError("connection refused")
+    gateway.broker.refuse = OSError("connection refused")
 
     with pytest.raises(Unavailable) as refused:
         gateway.service.record(TurnRequest(session_id=session_id, input="hi"), org_id=ORG, user_id=USER)
@@ -235,7 +221,7 @@ def test_resume_refuses_when_the_turn_is_not_paused(gateway: Gateway) -> None:
 def test_resume_leaves_wrong_call_ids_to_the_pipeline(gateway: Gateway) -> None:
     # Given a turn paused for call_1
     turn_id = gateway.paused_turn(gateway.session())
-    gateway.publisher.sent.clear()
+    gateway.broker.published.clear()
 
     # When results for another call arrive
     row = gateway.service.resume(turn_id, _results("call_unknown"), org_id=ORG)
@@ -243,7 +229,7 @@ def test_resume_leaves_wrong_call_ids_to_the_pipeline(gateway: Gateway) -> None:
     # Then the turn runs its next round, and a worker will judge the results (continuation_mismatch)
     assert TurnStatus(row.status) is TurnStatus.RUNNING
     assert row.client_tool_results == [{"call_id": "call_unknown", "output": "42"}]
-    assert [(e.turn_id, e.step, e.round) for e in gateway.publisher.sent] == [(turn_id, StepName.REQUEST_HANDLER, 1)]
+    assert [(e.turn_id, e.step, e.round) for e in gateway.broker.sent] == [(turn_id, StepName.REQUEST_HANDLER, 1)]
 
 
 def test_resume_refuses_when_the_client_tool_timeout_passed(gateway: Gateway) -> None:
@@ -259,7 +245,7 @@ def test_resume_refuses_when_the_client_tool_timeout_passed(gateway: Gateway) ->
 
 def test_resume_accepts_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
     turn_id = gateway.paused_turn(gateway.session())
-    gateway.publisher.refuse = OSError("connection refused")
+    gateway.broker.refuse = OSError("connection refused")
 
     with pytest.raises(Unavailable) as refused:
         gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
@@ -401,7 +387,7 @@ def test_batch_record_queues_every_request_at_batch_priority(gateway: Gateway) -
     batch = gateway.batches.record(body, org_id=ORG, user_id=USER)
 
     assert batch.total == 2
-    assert [e.priority for e in gateway.publisher.sent] == [BATCH_START_PRIORITY, BATCH_START_PRIORITY]
+    assert [e.priority for e in gateway.broker.sent] == [BATCH_START_PRIORITY, BATCH_START_PRIORITY]
     assert gateway.accepted("batch") == 2
 
 
@@ -411,11 +397,11 @@ def test_batch_record_refuses_more_requests_than_the_limit(gateway: Gateway) -> 
     with pytest.raises(InvalidRequest):
         gateway.batches.record(body, org_id=ORG, user_id=USER)
 
-    assert gateway.publisher.sent == []
+    assert gateway.broker.sent == []
 
 
 def test_batch_record_records_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
-    gateway.publisher.refuse = OSError("connection refused")
+    gateway.broker.refuse = OSError("connection refused")
 
     with pytest.raises(Unavailable) as refused:
         gateway.batches.record(BatchRequest(requests=[BatchTurnRequest(input="a")]), org_id=ORG, user_id=USER)
@@ -493,9 +479,9 @@ def test_with_admission_a_batch_is_held_not_sent_and_an_interactive_turn_is_sent
     batch = gateway.batches.record(
         BatchRequest(requests=[BatchTurnRequest(input="a"), BatchTurnRequest(input="b")]), org_id=ORG, user_id=USER
     )
-    assert gateway.publisher.sent == []
+    assert gateway.broker.sent == []
     turn = gateway.service.record(TurnRequest(input="now"), org_id=ORG, user_id=USER)
-    assert [(e.turn_id, e.priority) for e in gateway.publisher.sent] == [(turn.turn_id, INTERACTIVE_PRIORITY)]
+    assert [(e.turn_id, e.priority) for e in gateway.broker.sent] == [(turn.turn_id, INTERACTIVE_PRIORITY)]
     counts = admission.counts()[ORG]
     assert (counts.held, counts.in_flight) == (batch.total, 1)
     marker = gateway.store.alive_until([turn.turn_id])[turn.turn_id]
@@ -525,7 +511,7 @@ def test_a_client_tool_timeout_frees_the_marker_and_slot_a_refused_resume_left_b
     # Given a paused turn whose resume the broker refused after its marker and admission slot were written
     gateway, admission, _ = _admitting()
     turn_id = gateway.paused_turn(gateway.session())
-    gateway.publisher.refuse = OSError("connection refused")
+    gateway.broker.refuse = OSError("connection refused")
     with pytest.raises(Unavailable):
         gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
     assert admission.where(ORG, [turn_id]) == {turn_id: "in_flight"} and gateway.store.alive_until([turn_id])

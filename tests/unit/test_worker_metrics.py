@@ -20,10 +20,10 @@ from shared.errors import LlmError, StateConflict
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo
 from shared.state import MemoryStateStore
+from shared.step_sender import StepSender
 from shared.task_names import StepName
-from tests.unit.fakes import FIXED_NOW, TURN_ID, Clock, FakeLlm, drive, make_context, record_turn
+from tests.unit.fakes import FIXED_NOW, TURN_ID, Clock, FakeBroker, FakeLlm, drive, make_context, record_turn
 from workers.context import StepContext
-from workers.dispatcher import Dispatcher
 from workers.driver import fail_turn, run_step
 from workers.llm.types import FunctionCall, LlmResponse
 from workers.metrics import model_outcome
@@ -161,7 +161,7 @@ def test_the_reconciler_counts_its_scans_its_re_drives_by_source_and_the_turn_it
     record_turn(ctx)
     reconciler = Reconciler(
         settings=ctx.settings, turns=ctx.turns, store=ctx.store, client=fakeredis.FakeRedis(),
-        dispatcher=Dispatcher(lambda envelope, countdown: None, ctx.store, park_after=30), owner="unit",
+        steps=StepSender(FakeBroker(), parking=ctx.store, park_after=30), owner="unit",
         clock=clock, metrics=ctx.metrics,
     )  # fmt: skip
 
