@@ -1,13 +1,14 @@
 """GatewayState: what the gateway's routes see, built once by ``create_app`` through :func:`connect_gateway`.
 
 The routes call services; the ports those services are built on (repositories, the state store,
-the publisher, the event log, the clock) stay inside :func:`connect_gateway`, which wires them on
+the broker step messages go to, the event log, the clock) stay inside :func:`connect_gateway`, which wires them on
 the connections :func:`open_ports` opens (or on in-process ones a unit test passes as
 :class:`GatewayPorts`).
 """
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,10 +25,8 @@ from api_gateway.openai.response_service import ResponseService
 from api_gateway.openai.streams import ResponseStreams
 from api_gateway.services import (
     BatchService,
-    CeleryPublisher,
     EventStreams,
     SessionService,
-    TurnPublisher,
     TurnService,
     WebhookService,
 )
@@ -45,6 +44,7 @@ from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import Broker, CeleryBroker, StepSender
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
 
@@ -92,7 +92,7 @@ def utc_now() -> datetime:
 @dataclass(frozen=True)
 class GatewayPorts:
     """What the gateway's services are built on: :func:`open_ports` connects them from the settings;
-    a unit test passes in-process ones (SQLite, fakeredis, a publisher that records) to the same wiring."""
+    a unit test passes in-process ones (SQLite, fakeredis, a broker that records) to the same wiring."""
 
     engine: Engine
     redis: redis.Redis
@@ -100,7 +100,8 @@ class GatewayPorts:
     follower: aioredis.Redis
     """The asyncio client turn event streams and response streams read on."""
     producer: Celery
-    publisher: TurnPublisher
+    broker: Broker
+    """Where the gateway's step messages go (``shared.step_sender``): ``producer``'s queues."""
     clock: Callable[[], datetime] = utc_now
 
 
@@ -119,7 +120,8 @@ def open_ports(settings: Settings) -> GatewayPorts:
         redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
         follower=follower,
         producer=producer,
-        publisher=CeleryPublisher(producer),
+        # No publish retries: a refused send is a 503 at once, and the client tries again.
+        broker=CeleryBroker(producer, retry=False),
     )
 
 
@@ -134,7 +136,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         The state ``create_app`` keeps for its routes.
     """
     ports = ports or open_ports(settings)
-    engine, client, producer, publisher, clock = ports.engine, ports.redis, ports.producer, ports.publisher, ports.clock
+    engine, client, producer, clock = ports.engine, ports.redis, ports.producer, ports.clock
     db = session_factory(engine)
     webhooks = WebhookConfig.from_settings(settings)
     sessions = SessionRepository(db)
@@ -145,6 +147,9 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches
     )
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
+    # The gateway sends first steps and re-entries now, never after a countdown: nothing it sends is
+    # parked (the waits the workers park are the retry policy's, ``workers.retry.park_after``).
+    steps = StepSender(ports.broker, timers=store, park_after=math.inf)
     events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
     turn_service = TurnService(
@@ -156,7 +161,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         cancel_flags=store,
         in_flight=store,
         events=events,
-        publisher=publisher,
+        steps=steps,
         clock=clock,
         metrics=metrics,
         webhooks=webhook_service,

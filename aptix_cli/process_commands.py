@@ -14,8 +14,6 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from aptix_cli.metrics_export import MultiProcessListener
 
 __all__ = [
@@ -212,18 +210,17 @@ def reconciler(args: argparse.Namespace) -> int:
 
     _start_logging(args.loglevel, "reconciler")
     listener = _worker_metrics_listener("reconciler")  # before prometheus_client is imported
-    from shared.broker import create_producer, send_step, send_webhook
+    from shared.broker import create_producer, send_webhook
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
     from shared.db.webhook_deliveries import WebhookDeliveryRepository
-    from shared.models.envelope import TurnEnvelope
     from shared.settings import get_settings
     from shared.state import RedisStateStore
+    from shared.step_sender import CeleryBroker
     from workers.context import state_client
-    from workers.dispatcher import Dispatcher
     from workers.metrics import WorkerMetrics
-    from workers.runtime import build_reconciler, webhook_outbox, webhook_sender
+    from workers.runtime import build_reconciler, build_step_sender, webhook_outbox, webhook_sender
     from workers.webhooks import WebhookSweeper
 
     settings = get_settings()
@@ -232,9 +229,6 @@ def reconciler(args: argparse.Namespace) -> int:
 
         start_tracing(settings, service_name="aptix-reconciler")
     producer = create_producer(settings)
-
-    def send(envelope: TurnEnvelope, countdown: float) -> None:
-        send_step(producer, envelope, countdown=countdown)
 
     def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
         send_webhook(producer, delivery_id, attempt=attempt, countdown=countdown)
@@ -247,7 +241,7 @@ def reconciler(args: argparse.Namespace) -> int:
         settings,
         client=client,
         turns=TurnRepository(db, webhooks=outbox),
-        dispatcher=Dispatcher.for_settings(send, RedisStateStore(client), settings),
+        steps=build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings),
         owner=owner,
         metrics=WorkerMetrics(),
         webhooks=None if outbox is None else WebhookSweeper(WebhookDeliveryRepository(db), send_attempt),
@@ -272,27 +266,25 @@ def scheduler(args: argparse.Namespace) -> int:
 
     _start_logging(args.loglevel, "scheduler")
     listener = _worker_metrics_listener("scheduler")  # before prometheus_client is imported
-    from shared.broker import create_producer, send_steps
+    from shared.broker import create_producer
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
-    from shared.models.envelope import TurnEnvelope
     from shared.settings import get_settings
+    from shared.state import RedisStateStore
     from shared.state.redis_store import connect
+    from shared.step_sender import CeleryBroker
     from workers.metrics import WorkerMetrics
-    from workers.runtime import build_scheduler
+    from workers.runtime import build_scheduler, build_step_sender
 
     settings = get_settings()
     producer = create_producer(settings)
-
-    def publish(envelopes: Sequence[TurnEnvelope]) -> None:
-        send_steps(producer, envelopes)
-
     client = connect(settings.redis_url, max_connections=8)
+    steps = build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings)
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     scheduler = build_scheduler(
-        settings, client=client, turns=TurnRepository(db), publish=publish, owner=owner, metrics=WorkerMetrics()
+        settings, client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics()
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete
@@ -36,10 +36,10 @@ from shared.settings import Settings
 from shared.state import RedisStateStore, TurnState
 from shared.state.keys import RECONCILER_LEADER_KEY
 from shared.state.leader import LeaderLease
+from shared.step_sender import StepSender
 from shared.task_names import StepName
 from shared.turn_ending import TurnEnding
 from workers.context import utc_now
-from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
 
@@ -87,12 +87,12 @@ def run_recovery_costs(*, turns: int = 500, writes: int = 300) -> int:
             tool_runs.finish(turn_id=ids[i], call_id="call_1", status="succeeded", output="ok", now=now)
 
         _say(f"  server tool started + outcome records:                  {_timed(writes, tool_records)}")
-        sent: list[TurnEnvelope] = []
+        sent = _Counted()
         ending = TurnEnding(turns=repo, cancel_flags=store, in_flight=store, metrics=WorkerMetrics(), clock=utc_now)
         reconciler = Reconciler(
             settings=settings, turns=repo, states=store, in_flight=store, ending=ending,
             leader=LeaderLease(store.client, key=RECONCILER_LEADER_KEY, owner=f"costs-{run}"),
-            dispatcher=Dispatcher(lambda envelope, _countdown: sent.append(envelope), store, park_after=30),
+            steps=StepSender(sent, timers=store, park_after=30),
         )  # fmt: skip
         scanned = ids[:turns]
         repo.set_deadlines({turn_id: now + timedelta(hours=1) for turn_id in ids[turns:]})  # only ``turns`` are due
@@ -112,6 +112,13 @@ def run_recovery_costs(*, turns: int = 500, writes: int = 300) -> int:
         if embedded is not None:
             embedded.__exit__(None, None, None)
     return 0
+
+
+class _Counted(list[TurnEnvelope]):
+    """The broker the measured reconciler sends to: it keeps the envelopes."""
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        self.extend(envelopes)
 
 
 def _timed(count: int, action: Callable[[int], None]) -> str:

@@ -1,24 +1,22 @@
 """Celery configuration both sides share: JSON only, acks late, task events on demand, routing by task name.
 
 The gateway builds a producer-only app from it (it sends tasks by name); the workers build the
-full app in ``workers.app``.
+full app in ``workers.app``. Step messages leave through ``shared.step_sender``; webhook delivery
+attempts through :func:`send_webhook`.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
 from kombu.entity import Exchange
 from kombu.entity import Queue as KombuQueue
 
-from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
+from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
 from shared.settings import Settings
-from shared.task_names import TASK_QUEUES, WEBHOOK_TASK, Queue, task_name
-from shared.telemetry import active_tracing, turn_accepted, turn_trace
+from shared.task_names import TASK_QUEUES, WEBHOOK_TASK, Queue
 
 __all__ = [
     "BATCH_PRIORITY",
@@ -26,9 +24,7 @@ __all__ = [
     "INTERACTIVE_PRIORITY",
     "celery_config",
     "create_producer",
-    "publish_steps",
     "queue_depth",
-    "send_step",
     "send_webhook",
     "unacked_depth",
     "visibility_timeout",
@@ -142,87 +138,6 @@ def create_producer(settings: Settings) -> Celery:
     app = Celery("aptix-gateway", set_as_current=False)
     app.conf.update(celery_config(settings))
     return app
-
-
-def send_step(
-    app: Celery, envelope: TurnEnvelope, *, countdown: float | None = None, producer: Any = None, declare: bool = True
-) -> None:
-    """Send the task of ``envelope.step`` with the envelope as its only argument, at its priority.
-
-    With tracing on, the message carries the turn's trace context (``shared.telemetry``). ``declare=False``
-    skips kombu's check that the queue is declared: a message to a direct queue goes straight to it
-    (Redis: an ``LPUSH`` to the queue's list), and the check costs a quarter of a publish's CPU, which
-    counts when the gateway publishes a 100,000-turn batch.
-    """
-    name = task_name(envelope.step)
-    args = [envelope.model_dump(mode="json")]
-    with turn_trace(envelope.turn_id):
-        app.send_task(
-            name,
-            args=args,
-            queue=TASK_QUEUES[name].value,
-            countdown=countdown if countdown else None,
-            priority=envelope.priority,
-            producer=producer,
-            # What Flower shows as the task's arguments. Celery computes it with its pure-Python
-            # saferepr (3 % of a worker's CPU); an envelope is a small flat dict, so repr() is the same text.
-            argsrepr=repr(args),
-            kwargsrepr="{}",
-            **({} if declare else {"declare": []}),
-        )
-
-
-def send_steps(app: Celery, envelopes: Sequence[TurnEnvelope], *, start_traces: bool = False) -> None:
-    """Send many envelopes' steps now, through one pooled producer, in one broker round trip.
-
-    The producer batches the messages (kombu's ``Producer.batch``: on Redis, one pipeline of
-    ``LPUSH``es sent at the end). Without tracing they are published by :func:`publish_steps` (a
-    third of ``send_task``'s CPU); with tracing, by :func:`send_step`, in each turn's trace. The
-    gateway sends a turn's first steps this way (``start_traces``: a first step's message starts
-    its turn's trace), and so does the admission scheduler when it releases held turns (their
-    traces were started by the request that accepted them).
-
-    Raises:
-        kombu.exceptions.OperationalError: the broker refused (no retry).
-    """
-    with app.producer_or_acquire() as producer, producer.batch(max_size=max(len(envelopes), 1)):
-        if active_tracing() is None:
-            publish_steps(app, envelopes, producer=producer)
-            return
-        for envelope in envelopes:
-            if start_traces and envelope.round == 0 and envelope.hop == 0:
-                with turn_accepted(envelope.turn_id):  # the root, unless the request is already in its trace
-                    send_step(app, envelope, producer=producer, declare=False)
-            else:
-                send_step(app, envelope, producer=producer, declare=False)
-
-
-def publish_steps(app: Celery, envelopes: Sequence[TurnEnvelope], *, producer: Any) -> None:
-    """Publish many envelopes' steps through ``producer`` as Celery's own task messages, without ``send_task``.
-
-    The message is the one ``send_step`` sends (``app.amqp.create_task_message``: the same headers,
-    body and properties), published straight to its queue: ``send_task``'s option merging, routing
-    and signals cost 60 % of a publish's CPU, which counts when the gateway publishes the first steps
-    of a 100,000-turn upload. For a process without tracing only: the trace context rides on
-    Celery's publish signal, which this skips (the gateway falls back to ``send_step`` when tracing is on).
-
-    Raises:
-        kombu.exceptions.OperationalError: the broker refused (no retry: the caller's request fails).
-    """
-    for envelope in envelopes:
-        name = task_name(envelope.step)
-        args = [envelope.model_dump(mode="json")]
-        shown = repr(args)
-        headers, properties, body, _sent_event = app.amqp.create_task_message(
-            str(uuid.uuid4()), name, args, {}, argsrepr=shown, kwargsrepr="{}", ignore_result=None,
-            reply_to=app.thread_oid,
-        )  # fmt: skip
-        # send_task also copies its options (argsrepr, kwargsrepr) into the properties: the same message.
-        producer.publish(
-            body, exchange="", routing_key=TASK_QUEUES[name].value, serializer="json", headers=headers,
-            priority=envelope.priority, delivery_mode=2, declare=[], retry=False, argsrepr=shown, kwargsrepr="{}",
-            **properties,
-        )  # fmt: skip
 
 
 def send_webhook(app: Celery, delivery_id: str, *, attempt: int, countdown: float | None = None) -> None:

@@ -10,7 +10,7 @@ Every record carries the fields of :data:`CONTEXT_FIELDS` (``turn_id``, ``sessio
   nested context anywhere else (the gateway's access line).
 - the process: a worker's Celery node name (:func:`set_process_fields`).
 - Celery's lines about a task it has not started yet. "received" comes with the task's
-  ``argsrepr`` (the envelope, ``shared.broker.send_step``), read with one short regex; later lines
+  ``argsrepr`` (the envelope, ``shared.step_sender``), read with one short regex; later lines
   that name only the task id ("accepted", a lost child's "raised error") find the fields a worker
   remembered when it was handed the task (:func:`remember_task`). Records of other loggers, and
   records inside a task, never pay for either.

@@ -19,9 +19,10 @@ span into a turn's trace from the turn id alone:
 - Between tasks the context travels in each Celery message's headers
   (``opentelemetry-instrumentation-celery``): a task span is the child of the publish span of the
   step that sent it, which is the child of that step's task span.
-- Every message is sent through ``shared.broker.send_step``, under :func:`turn_trace`: a message sent
-  from outside the turn's trace (a reconciler re-drive, a parked retry a reconciler thread
-  releases, a batch's turns, whose request is a trace of its own) goes out under the turn's root.
+- Every message is sent through ``shared.step_sender.StepSender``, under :func:`turn_trace`: a
+  message sent from outside the turn's trace (a reconciler re-drive, a parked retry a reconciler
+  thread releases, a batch's turns, whose request is a trace of its own) goes out under the turn's
+  root.
 - A message that arrives without trace headers (its sender had tracing off) still runs under the
   turn's root.
 

@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 from celery.worker import state as worker_state
 
-from shared.broker import celery_config, send_step, send_steps, send_webhook
+from shared.broker import celery_config, send_webhook
 from shared.logging import (
     begin_task,
     configure_logging,
@@ -25,9 +25,9 @@ from shared.logging import (
     remember_task,
     set_process_fields,
 )
-from shared.models.envelope import TurnEnvelope
 from shared.redaction import secrets_in
 from shared.settings import Settings, get_settings
+from shared.step_sender import CeleryBroker
 from shared.task_names import TASK_QUEUES
 from workers.liveness import Heartbeat, RunningTask, health_dir, heartbeat_path
 from workers.runtime import WorkerRuntime
@@ -56,19 +56,13 @@ def create_celery(
     app = Celery("aptix", set_as_current=False)
     app.conf.update(celery_config(settings))
 
-    def send(envelope: TurnEnvelope, countdown: float) -> None:
-        send_step(app, envelope, countdown=countdown)
-
     def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:
         send_webhook(app, delivery_id, attempt=attempt, countdown=countdown)
 
+    # A next step's publish is retried on a lost connection (Celery's policy): the task that sends
+    # it is not acknowledged until it is sent.
     runtime = WorkerRuntime(
-        settings,
-        send,
-        reconciler=reconciler,
-        scheduler=scheduler,
-        send_webhook=send_attempt,
-        send_now=functools.partial(send_steps, app),
+        settings, CeleryBroker(app, retry=True), reconciler=reconciler, scheduler=scheduler, send_webhook=send_attempt
     )
     register_tasks(app, runtime)
     _connect_signals(app, runtime, settings)

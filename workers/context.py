@@ -111,7 +111,7 @@ class StepContext:
     in_flight: InFlightMarkers
     """The turns' in-flight markers, which the reconciler reads."""
     timers: Timers
-    """Messages parked until due (the dispatcher's long waits)."""
+    """Messages parked until due (the step sender's long waits: ``shared.step_sender``)."""
     events: TurnEventLog
     """The turns' event logs (Redis Streams), which clients follow live (``GET /v1/turns/{id}/events``)."""
     sessions: SessionRepository

@@ -13,7 +13,7 @@ idempotent. A turn re-driven ``APTIX_RECONCILER_MAX_REDRIVES`` times that still 
 A copy runs inside every ``aptix worker`` (``--no-reconciler`` turns it off) and as ``aptix
 reconciler``; one copy at a time is active, chosen through a Redis lease, and several copies or a
 copy killed at any point do no harm (a scan only sends messages that are safe to send twice). Every
-copy also sends the parked messages that are due (``workers.dispatcher``). When the broker is a Redis
+copy also sends the parked messages that are due (``shared.step_sender``). When the broker is a Redis
 that lost its data (its sentinel key vanished), every marker is dropped, so each turn in flight is
 re-driven at its deadline. The active copy also sends the webhook deliveries that are due and that no
 message carries (``workers.webhooks.sweep``).
@@ -43,7 +43,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import redis
-from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import SQLAlchemyError
 
 from shared.db.turns import InFlightTurn, TurnRepository
@@ -54,12 +53,12 @@ from shared.settings import Settings
 from shared.state import InFlightMarkers, TurnState, TurnStates
 from shared.state.admission import Place
 from shared.state.leader import Leader
+from shared.step_sender import SEND_ERRORS, StepSender
 from shared.telemetry import turn_span
 from shared.turn_ending import TurnEnding
 from workers import retry
 from workers.broker_watch import BrokerWatch
 from workers.context import utc_now
-from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
 from workers.webhooks.sweep import WebhookSweeper
 
@@ -70,7 +69,7 @@ logger = logging.getLogger(__name__)
 _BATCH = 500
 _MAX_BATCHES_PER_SCAN = 20
 _PRUNE_AFTER_SECONDS = 86400.0
-_ERRORS = (redis.RedisError, SQLAlchemyError, BrokerError, OSError)
+_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, SQLAlchemyError, *SEND_ERRORS)
 
 
 class AdmissionPlaces(Protocol):
@@ -112,7 +111,7 @@ class Reconciler:
         turns: TurnRepository,
         states: TurnStates,
         in_flight: InFlightMarkers,
-        dispatcher: Dispatcher,
+        steps: StepSender,
         leader: Leader,
         ending: TurnEnding,
         broker: BrokerWatch | None = None,
@@ -128,7 +127,7 @@ class Reconciler:
             turns: the turn repository (deadlines, checkpoints).
             states: the turns' states in Redis (the frontier they record; the reconciler loads and drops them).
             in_flight: the turns' in-flight markers.
-            dispatcher: sends re-driven and due messages (and keeps the parked ones).
+            steps: sends re-driven messages and the parked ones that are due.
             leader: the leader lease (``RECONCILER_LEADER_KEY``): only its holder scans.
             ending: ends a turn given up on, with all its cleanup (``shared.turn_ending``).
             broker: the broker, when it is Redis (its sentinel, the first step's queue); None otherwise.
@@ -142,7 +141,7 @@ class Reconciler:
         self._turns = turns
         self._states = states
         self._in_flight = in_flight
-        self._dispatcher = dispatcher
+        self._steps = steps
         self._broker = broker
         self._clock = clock
         self._metrics = metrics or WorkerMetrics()
@@ -177,7 +176,7 @@ class Reconciler:
 
     def release_due(self) -> int:
         """Send the parked messages that are due."""
-        sent = self._dispatcher.release_due(now=self._clock().timestamp())
+        sent = self._steps.release_due(now=self._clock().timestamp())
         self.stats.released += sent
         return sent
 
@@ -295,7 +294,7 @@ class Reconciler:
             self._states.drop(turn.turn_id)  # older than the checkpoint: the step carries on from the checkpoint
             self.stats.redis_calls += 1
         with turn_span(turn.turn_id, "reconciler re-drive", source=source, step_key=envelope.step_key):
-            self._dispatcher.dispatch(envelope, 0.0, now=now.timestamp())
+            self._steps.send([envelope])
         window = self._settings.reconciler_queued_seconds if turn.status is TurnStatus.QUEUED else self._deadline()
         self._in_flight.mark_alive([turn.turn_id], until=now.timestamp() + window)
         self._turns.note_redrive(turn.turn_id, deadline_at=now + timedelta(seconds=self._deadline()))

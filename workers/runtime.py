@@ -1,5 +1,5 @@
 """WorkerRuntime: what one worker process builds once, at start: its database engine, its step
-context, its dispatcher, its metrics, its webhook deliverer, and (in the worker's main process) its
+context, its step sender, its metrics, its webhook deliverer, and (in the worker's main process) its
 copies of the reconciler and of the admission scheduler.
 
 ``workers.app`` calls :meth:`WorkerRuntime.start` from Celery's ``worker_init`` signal and again in
@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Sequence
 
 import httpx
 import redis
@@ -23,25 +22,27 @@ from shared.db import session_factory
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
-from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
-from shared.state import RedisStateStore
+from shared.state import RedisStateStore, Timers
 from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
+from shared.step_sender import Broker, StepSender
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
+from workers import retry
 from workers.broker_watch import RedisBrokerWatch
 from workers.context import StepContext, build_context, state_client, utc_now, worker_engine
-from workers.dispatcher import Dispatcher, SendStep
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
-from workers.scheduler import AdmissionScheduler, Publish
+from workers.scheduler import AdmissionScheduler
 from workers.webhooks import WebhookDeliverer, WebhookSweeper
 from workers.webhooks.delivery import SendAttempt, http_client
 
-__all__ = ["WorkerRuntime", "build_reconciler", "build_scheduler", "webhook_outbox", "webhook_sender"]
+__all__ = [
+    "WorkerRuntime", "build_reconciler", "build_scheduler", "build_step_sender", "webhook_outbox", "webhook_sender",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -52,30 +53,27 @@ class WorkerRuntime:
     def __init__(
         self,
         settings: Settings,
-        send: SendStep,
+        broker: Broker,
         *,
         reconciler: bool = True,
         scheduler: bool = True,
         metrics: WorkerMetrics | None = None,
         send_webhook: SendAttempt | None = None,
-        send_now: Publish | None = None,
     ) -> None:
         """Prepare the runtime; nothing is built or connected until :meth:`start`.
 
         Args:
             settings: the worker's settings.
-            send: publishes one step message with a countdown.
+            broker: where the process's step messages go (``shared.step_sender``).
             reconciler: whether this worker runs a copy of the reconciler.
             scheduler: whether this worker runs a copy of the admission scheduler.
             metrics: the collectors the steps, the driver and the reconciler count on; built at
                 :meth:`start` when None.
-            send_now: publishes many steps at once, in one broker round trip (the admission
-                scheduler's releases); None: one ``send`` each.
             send_webhook: publishes one webhook delivery attempt with a countdown; None: this
                 process records no webhook event and delivers none.
         """
         self._settings = settings
-        self._send = send
+        self._broker = broker
         self._send_webhook = send_webhook
         self._deliverer: WebhookDeliverer | None = None
         self._http: httpx.Client | None = None
@@ -85,16 +83,15 @@ class WorkerRuntime:
         self._engine: Engine | None = None
         self._redis: redis.Redis | None = None
         self._ctx: StepContext | None = None
-        self._dispatcher: Dispatcher | None = None
+        self._steps: StepSender | None = None
         self._stop = threading.Event()
         self._reconciler_thread: threading.Thread | None = None
         self._with_scheduler = scheduler
-        self._send_now = send_now
         self._scheduler_stop = threading.Event()
         self._scheduler_thread: threading.Thread | None = None
 
     def start(self, hostname: str) -> None:
-        """Build the step context and the dispatcher of this process (worker node ``hostname``).
+        """Build the step context and the step sender of this process (worker node ``hostname``).
 
         Celery calls it (through ``worker_init``) before the worker takes any message, on the
         thread that builds the worker, so no task can see a half-built runtime.
@@ -118,7 +115,7 @@ class WorkerRuntime:
             outbox=webhook_outbox(self._settings, self._send_webhook),
             webhook_sender=webhook_sender(self._settings, self._send_webhook),
         )
-        self._dispatcher = Dispatcher.for_settings(self._send, self._ctx.timers, self._settings)
+        self._steps = build_step_sender(self._broker, self._ctx.timers, self._settings)
         if self._send_webhook is not None:
             if self._http is not None:
                 self._http.close()
@@ -128,7 +125,7 @@ class WorkerRuntime:
                 config=WebhookConfig.from_settings(self._settings),
                 http=self._http,
                 send=self._send_webhook,
-                park_after=self._dispatcher.park_after,
+                park_after=self._steps.park_after,
                 clock=utc_now,
                 random=random.random,
             )
@@ -150,15 +147,15 @@ class WorkerRuntime:
         return self._ctx
 
     @property
-    def dispatcher(self) -> Dispatcher:
-        """The dispatcher :meth:`start` built.
+    def steps(self) -> StepSender:
+        """The step sender :meth:`start` built: every step message this process sends goes through it.
 
         Raises:
             RuntimeError: when the worker did not start (a task called outside a worker).
         """
-        if self._dispatcher is None:
+        if self._steps is None:
             raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
-        return self._dispatcher
+        return self._steps
 
     @property
     def webhooks(self) -> WebhookDeliverer:
@@ -181,7 +178,7 @@ class WorkerRuntime:
             self._settings,
             client=self._redis,
             turns=ctx.turns,
-            dispatcher=self.dispatcher,
+            steps=self.steps,
             owner=f"{ctx.hostname}:{os.getpid()}",
             metrics=ctx.metrics,
             webhooks=self._sweeper(),
@@ -199,19 +196,12 @@ class WorkerRuntime:
         if not self._with_scheduler or self._scheduler_thread is not None:
             return
         ctx = self.context
-        send = self._send
-
-        def send_each(envelopes: Sequence[TurnEnvelope]) -> None:
-            for envelope in envelopes:
-                send(envelope, 0.0)
-
-        publish = self._send_now or send_each
         assert self._redis is not None  # built with the context
         scheduler = build_scheduler(
             self._settings,
             client=self._redis,
             turns=ctx.turns,
-            publish=publish,
+            steps=self.steps,
             owner=f"{ctx.hostname}:{os.getpid()}",
             metrics=ctx.metrics,
         )
@@ -243,12 +233,18 @@ class WorkerRuntime:
             thread.join(timeout=5)
 
 
+def build_step_sender(broker: Broker, timers: Timers, settings: Settings) -> StepSender:
+    """The step sender of a worker, a reconciler or a scheduler process: it sends to ``broker`` and
+    parks in ``timers`` the waits the retry policy says to park (:func:`workers.retry.park_after`)."""
+    return StepSender(broker, timers=timers, park_after=retry.park_after(settings))
+
+
 def build_reconciler(
     settings: Settings,
     *,
     client: redis.Redis,
     turns: TurnRepository,
-    dispatcher: Dispatcher,
+    steps: StepSender,
     owner: str,
     metrics: WorkerMetrics | None = None,
     webhooks: WebhookSweeper | None = None,
@@ -283,7 +279,7 @@ def build_reconciler(
         turns=turns,
         states=store,
         in_flight=store,
-        dispatcher=dispatcher,
+        steps=steps,
         leader=LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner),
         ending=ending,
         broker=broker,
@@ -298,7 +294,7 @@ def build_scheduler(
     *,
     client: redis.Redis,
     turns: TurnRepository,
-    publish: Publish,
+    steps: StepSender,
     owner: str,
     metrics: WorkerMetrics | None = None,
 ) -> AdmissionScheduler:
@@ -307,7 +303,7 @@ def build_scheduler(
         settings=settings,
         admission=AdmissionQueue(client),
         turns=turns,
-        publish=publish,
+        steps=steps,
         leader=LeaderLease(client, key=SCHEDULER_LEADER_KEY, owner=owner),
         metrics=metrics,
     )

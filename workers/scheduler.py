@@ -27,26 +27,23 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import redis
-from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import SQLAlchemyError
 
 from shared.db.turns import TurnRepository
-from shared.models.envelope import TurnEnvelope, first_step
+from shared.models.envelope import first_step
 from shared.models.turn import TurnStatus
 from shared.settings import Settings
 from shared.state.admission import AdmissionQueue, Release
 from shared.state.leader import Leader
+from shared.step_sender import SEND_ERRORS, StepSender
 from workers.metrics import WorkerMetrics
 
-__all__ = ["AdmissionScheduler", "Publish"]
+__all__ = ["AdmissionScheduler"]
 
 logger = logging.getLogger(__name__)
-
-Publish = Callable[[Sequence[TurnEnvelope]], None]
-"""Sends first-step messages to the broker (raises when the broker refuses)."""
 
 _RELEASE_BATCH = 200
 """Turns one release script moves at most (the scheduler loops while it releases some)."""
@@ -60,7 +57,7 @@ _SWEEP_AFTER_SECONDS = 5.0
 """An in-flight entry this old is checked against the database by the sweep."""
 _UNRECORDED_AFTER_SECONDS = 120.0
 """An in-flight turn the database does not know (its batch rolled back) is dropped after this long."""
-_ERRORS = (redis.RedisError, SQLAlchemyError, BrokerError, OSError)
+_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, SQLAlchemyError, *SEND_ERRORS)
 _MOVING = (TurnStatus.QUEUED, TurnStatus.RUNNING)
 
 
@@ -73,7 +70,7 @@ class AdmissionScheduler:
         settings: Settings,
         admission: AdmissionQueue,
         turns: TurnRepository,
-        publish: Publish,
+        steps: StepSender,
         leader: Leader,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
@@ -84,7 +81,7 @@ class AdmissionScheduler:
             settings: ``APTIX_ORG_MAX_IN_FLIGHT``.
             admission: the held and in-flight sets.
             turns: the turn repository (the sweep reads turns' statuses).
-            publish: sends first-step messages.
+            steps: sends the released turns' first steps (a release's in one broker round trip).
             leader: the leader lease (``SCHEDULER_LEADER_KEY``): only its holder releases turns.
             metrics: counts releases and shows the sets (a private set when None).
             clock: the wall clock (Unix time).
@@ -92,7 +89,7 @@ class AdmissionScheduler:
         self._settings = settings
         self._admission = admission
         self._turns = turns
-        self._publish = publish
+        self._steps = steps
         self._metrics = metrics or WorkerMetrics()
         self._clock = clock
         self._lease = leader
@@ -201,5 +198,5 @@ class AdmissionScheduler:
         self._shown = self._metrics.show_admission(counts, shown=self._shown)
 
     def _send(self, release: Release) -> None:
-        self._publish([first_step(turn_id, batch=True) for turn_id in release.turn_ids])
+        self._steps.send([first_step(turn_id, batch=True) for turn_id in release.turn_ids])
         self._admission.settle(release.release_id)

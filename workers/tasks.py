@@ -19,7 +19,6 @@ database and the sweep sends it.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Annotated, Any
 
 import redis
@@ -31,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from shared.errors import TurnFailed
 from shared.models.envelope import TurnEnvelope
+from shared.step_sender import SEND_ERRORS
 from shared.task_names import LAYER_OF, WEBHOOK_TASK, Layer
 from workers.driver import run_step
 from workers.runtime import WorkerRuntime
@@ -39,7 +39,6 @@ __all__ = ["register_tasks"]
 
 logger = logging.getLogger(__name__)
 
-_SEND_ERRORS = (BrokerError, redis.RedisError, OSError)
 _DELIVERY_ERRORS = (SQLAlchemyError, redis.RedisError, BrokerError)
 
 
@@ -93,8 +92,8 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         if dispatch is None:
             return
         try:
-            runtime.dispatcher.dispatch(dispatch.envelope, dispatch.countdown, now=time.time())
-        except _SEND_ERRORS as exc:
+            runtime.steps.send([dispatch.envelope], countdown=dispatch.countdown)
+        except SEND_ERRORS as exc:
             logger.warning(
                 "could not send %s of turn %s (%s); requeueing", dispatch.envelope.step_key, envelope.turn_id, exc
             )

@@ -3,21 +3,18 @@
 from api_gateway.services.batch_service import BatchService
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
 from api_gateway.services.event_stream import EventStreams
-from api_gateway.services.publisher import CeleryPublisher, TurnPublisher
 from api_gateway.services.session_service import SessionService
 from api_gateway.services.turn_service import TurnService
 from api_gateway.services.webhook_service import WebhookService
 
 __all__ = [
     "BatchService",
-    "CeleryPublisher",
     "Conflict",
     "EventStreams",
     "InvalidRequest",
     "NotFound",
     "ServiceError",
     "SessionService",
-    "TurnPublisher",
     "TurnService",
     "Unavailable",
     "WebhookService",

@@ -124,7 +124,7 @@ class BatchService:
                 reused=reused,
                 now=now,
                 deadline_at=self._turns.deadline(),
-                before_commit=lambda turn_ids: self._turns.sender.publish_new(
+                before_commit=lambda turn_ids: self._turns.sender.send_new(
                     turn_ids, batch=True, refused="the batch was not accepted", org_id=org_id
                 ),
             )

@@ -1,10 +1,11 @@
-"""TurnSender: how the gateway sends a turn's first step: at once, or held for fair admission.
+"""TurnSender: what the gateway does around sending a turn's first step: hold it for fair admission or send it now.
 
 A batch's turns wait in their organisation's admission queue (``shared.state.admission``) until the
-admission scheduler releases them; an interactive turn and a re-entry are sent at once and counted
-in flight. Every send marks the turns in flight for the reconciler first. A refusal of the broker
-or of Redis is :class:`~api_gateway.services.errors.Unavailable`, raised inside the caller's
-``before_commit``: nothing is recorded.
+admission scheduler releases them; an interactive turn and a re-entry are sent at once
+(``shared.step_sender.StepSender``, the one way a step is sent) and counted in flight. Every send
+marks the turns in flight for the reconciler first. A refusal of the broker or of Redis is
+:class:`~api_gateway.services.errors.Unavailable`, raised inside the caller's ``before_commit``:
+nothing is recorded.
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ from redis import RedisError
 
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.services.errors import Unavailable
-from api_gateway.services.publisher import PUBLISH_ERRORS, TurnPublisher
 from shared.models.envelope import first_step
 from shared.settings import Settings
 from shared.state import InFlightMarkers
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import SEND_ERRORS, StepSender
 from shared.telemetry import active_tracing, turn_accepted
 
 __all__ = ["TurnSender", "unavailable"]
 
 logger = logging.getLogger(__name__)
 
-_PUBLISH_CHUNK = 1000
+_SEND_CHUNK = 1000
 """Turns per marker write and per hold or producer batch."""
 
 
@@ -40,19 +41,19 @@ class TurnSender:
         *,
         settings: Settings,
         store: InFlightMarkers,
-        publisher: TurnPublisher,
+        steps: StepSender,
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,
         admission: AdmissionQueue | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
-        self._publisher = publisher
+        self._steps = steps
         self._clock = clock
         self._metrics = metrics
         self._admission = admission
 
-    def publish_new(self, turn_ids: list[str], *, batch: bool, refused: str, org_id: str) -> None:
+    def send_new(self, turn_ids: list[str], *, batch: bool, refused: str, org_id: str) -> None:
         """Send each new interactive turn's first step, or hold a batch's turns for admission; mark them
         in flight for the reconciler.
 
@@ -81,17 +82,17 @@ class TurnSender:
         try:
             # A batch of 100,000 turns goes out in chunks: one marker write and one hold or producer per
             # chunk, never 100,000 envelopes in memory at once.
-            for start in range(0, len(turn_ids), _PUBLISH_CHUNK):
-                chunk = turn_ids[start : start + _PUBLISH_CHUNK]
+            for start in range(0, len(turn_ids), _SEND_CHUNK):
+                chunk = turn_ids[start : start + _SEND_CHUNK]
                 self._store.mark_alive(chunk, until=until)
+                _start_traces(chunk)
                 if batch and self._admission is not None:
                     self._admission.hold(org_id, chunk)
-                    _start_traces(chunk)
                     continue
                 if self._admission is not None:
                     self._admission.admit_now(org_id, chunk, now=now)
-                self._publisher.publish([first_step(turn_id, batch=batch) for turn_id in chunk])
-        except PUBLISH_ERRORS as exc:
+                self._steps.send([first_step(turn_id, batch=batch) for turn_id in chunk])
+        except SEND_ERRORS as exc:
             logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
             raise unavailable(refused) from exc
         self._metrics.turns_accepted.labels("batch" if batch else "single").inc(len(turn_ids))
@@ -113,7 +114,7 @@ class TurnSender:
             logger.error("could not withdraw %d held turn(s): %s", len(turn_ids), exc)
             raise unavailable("the turns were not withdrawn") from exc
 
-    def publish_reentry(self, turn_id: str, *, round_: int, batch: bool, org_id: str) -> None:
+    def send_reentry(self, turn_id: str, *, round_: int, batch: bool, org_id: str) -> None:
         """Send the re-entry of a turn whose client tool results were accepted (round ``round_``).
 
         Raises:
@@ -127,17 +128,19 @@ class TurnSender:
             self._store.mark_alive([turn_id], until=until)
             if self._admission is not None:  # never held: it runs again at once, and counts in flight
                 self._admission.admit_now(org_id, [turn_id], now=now)
-            self._publisher.publish([envelope])
-        except PUBLISH_ERRORS as exc:
+            self._steps.send([envelope])
+        except SEND_ERRORS as exc:
             logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
             raise unavailable("the results were not accepted") from exc
 
 
 def _start_traces(turn_ids: list[str]) -> None:
-    """With tracing on, each held turn's root span now, linked to the request that accepted it.
+    """With tracing on, each new turn's root span, linked to the request that accepted it (``shared.telemetry``).
 
-    The admission scheduler sends the first step later, in another process, inside the turn's trace
-    (``shared.broker.send_step``): the root must exist by then, and only the request can link to it.
+    Nothing for a turn whose request is its root already (``POST /v1/turns``). A batch's turns get a
+    root of their own each: only the request can link to it, and their first steps are sent after
+    it ends, inside each turn's trace (``shared.step_sender``), by this request or, for a held turn,
+    later by the admission scheduler in another process.
     """
     if active_tracing() is None:
         return

@@ -1,6 +1,6 @@
 """TurnService: what the gateway does to a turn — record, read, resume, cancel and expire it.
 
-Routes speak HTTP and call this; it speaks in repositories, the state store and the publisher, and
+Routes speak HTTP and call this; it speaks in repositories, the state store and the step sender, and
 refuses requests with the ``ServiceError``s of ``api_gateway.services.errors``.
 
 Every change that needs a message on the broker sends it before the database commits (the
@@ -24,7 +24,6 @@ from api_gateway.ids import is_turn_id
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.services.admission import admit
 from api_gateway.services.errors import Conflict, NotFound
-from api_gateway.services.publisher import TurnPublisher
 from api_gateway.services.turn_sender import TurnSender
 from api_gateway.services.webhook_service import WebhookService
 from shared.db.records import TurnRecord
@@ -38,6 +37,7 @@ from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import CancelFlags, InFlightMarkers, TurnStates
 from shared.state.admission import AdmissionQueue
+from shared.step_sender import StepSender
 from shared.turn_ending import CANCELLED_BY_CLIENT, TurnEnding
 from shared.turn_events import TurnEventLog
 from shared.webhooks import WebhookSender
@@ -61,7 +61,7 @@ class TurnService:
         cancel_flags: CancelFlags,
         in_flight: InFlightMarkers,
         events: TurnEventLog,
-        publisher: TurnPublisher,
+        steps: StepSender,
         clock: Callable[[], datetime],
         metrics: GatewayMetrics,
         webhooks: WebhookService | None = None,
@@ -74,10 +74,9 @@ class TurnService:
         self._sessions = sessions
         self._catalog = catalog
         self._states = states
-        self._publisher = publisher
         self._clock = clock
         self.sender = TurnSender(
-            settings=settings, store=in_flight, publisher=publisher, clock=clock, metrics=metrics, admission=admission
+            settings=settings, store=in_flight, steps=steps, clock=clock, metrics=metrics, admission=admission
         )
         self._ending = TurnEnding(
             turns=turns, cancel_flags=cancel_flags, in_flight=in_flight, metrics=metrics, clock=clock, events=events,
@@ -117,7 +116,7 @@ class TurnService:
                 turn,
                 now=self._clock(),
                 deadline_at=self.deadline(),
-                before_commit=lambda: self.sender.publish_new(
+                before_commit=lambda: self.sender.send_new(
                     [turn.turn_id], batch=False, refused="the turn was not accepted", org_id=org_id
                 ),
             )
@@ -238,9 +237,7 @@ class TurnService:
             results=[result.model_dump() for result in body.tool_results],
             now=self._clock(),
             deadline_at=self.deadline(),
-            before_commit=lambda round_: self.sender.publish_reentry(
-                turn_id, round_=round_, batch=batch, org_id=org_id
-            ),
+            before_commit=lambda round_: self.sender.send_reentry(turn_id, round_=round_, batch=batch, org_id=org_id),
         )
         if round_ is None:
             current = self.require(turn_id, org_id=org_id)

@@ -145,7 +145,7 @@ class InFlightMarkers(Protocol):
 
 
 class Timers(Protocol):
-    """Messages parked until they are due (long waits the broker must not hold: ``workers.dispatcher``)."""
+    """Messages parked until they are due (long waits the broker must not hold: ``shared.step_sender``)."""
 
     def park(self, envelope_json: str, *, due: float) -> None:
         """Keep an envelope to send at ``due`` (Unix time)."""

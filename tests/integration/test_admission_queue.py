@@ -16,10 +16,11 @@ import redis
 from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.settings import Settings
-from shared.state import RedisStateStore, TurnState
+from shared.state import MemoryStateStore, RedisStateStore, TurnState
 from shared.state.admission import REPUBLISH_AFTER_SECONDS, AdmissionQueue
 from shared.state.keys import SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
+from shared.step_sender import StepSender
 from shared.task_names import StepName
 from workers.scheduler import AdmissionScheduler
 
@@ -38,17 +39,24 @@ class _Statuses:
         return {turn_id: self.known[turn_id] for turn_id in turn_ids if turn_id in self.known}
 
 
+class _Kept:
+    """The scheduler's broker: keeps the envelopes it is given in ``sent``."""
+
+    def __init__(self, sent: list[TurnEnvelope]) -> None:
+        self.sent = sent
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        self.sent.extend(envelopes)
+
+
 def _scheduler(
     client: redis.Redis, sent: list[TurnEnvelope], *, cap: int, owner: str = "s1", turns: _Statuses | None = None
 ) -> AdmissionScheduler:
-    def publish(envelopes: Sequence[TurnEnvelope]) -> None:
-        sent.extend(envelopes)
-
     return AdmissionScheduler(
         settings=Settings(org_max_in_flight=cap),
         admission=AdmissionQueue(client),
         turns=turns or _Statuses(),  # type: ignore[arg-type]  # only statuses() is read
-        publish=publish,
+        steps=StepSender(_Kept(sent), timers=MemoryStateStore(), park_after=30),
         leader=LeaderLease(client, key=SCHEDULER_LEADER_KEY, owner=owner),
         clock=lambda: T0,
     )

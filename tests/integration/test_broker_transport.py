@@ -1,4 +1,6 @@
-"""shared.broker_transport on a real Redis: a channel reuses one client, and messages still flow."""
+"""The broker on a real Redis: shared.broker_transport's channel reuses one client, messages still flow,
+the backlog counts every list, and shared.step_sender's messages are byte for byte what ``send_task`` sends
+(with tracing on: tests/integration/test_tracing.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import pytest
 import redis
 from celery.utils.saferepr import saferepr
 
-from shared.broker import create_producer, publish_steps, queue_depth, send_step, unacked_depth
+from shared.broker import celery_config, create_producer, queue_depth, unacked_depth
 from shared.broker_transport import Channel
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.task_names import Queue, StepName
+from tests.support.step_messages import ENVELOPES, messages, send_task, step_sender, without_ids
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +29,7 @@ def test_a_channel_keeps_one_client_until_its_pool_is_replaced(redis_db_url: str
         first = channel._create_client()
         assert channel._create_client() is first
         for hop in range(5):
-            send_step(app, TurnEnvelope(turn_id=f"t{hop}", step=StepName.REASONER, hop=hop))
+            step_sender(app).send([TurnEnvelope(turn_id=f"t{hop}", step=StepName.REASONER, hop=hop)])
         channel._disconnect_pools()  # what kombu does after a fork or a lost connection
         assert channel._create_client() is not first
     assert queue_depth(redis_client, Queue.PIPELINE) == 5
@@ -35,7 +38,7 @@ def test_a_channel_keeps_one_client_until_its_pool_is_replaced(redis_db_url: str
 def test_a_step_message_shows_its_envelope_as_celery_would(redis_db_url: str, redis_client: redis.Redis) -> None:
     app = create_producer(Settings(broker_url=redis_db_url, redis_url=redis_db_url))
     envelope = TurnEnvelope(turn_id=f"turn_{uuid.uuid4().hex}", step=StepName.LLM_CALL, hop=4, priority=3)
-    send_step(app, envelope)
+    step_sender(app).send([envelope])
     keys = [key for key in redis_client.keys("llm*") if redis_client.type(key) == b"list"]
     (raw,) = [item for key in keys for item in redis_client.lrange(key, 0, -1)]
     headers = json.loads(raw)["headers"]
@@ -49,10 +52,10 @@ def test_the_backlog_counts_every_priority_list_and_the_messages_workers_hold(
 ) -> None:
     app = create_producer(Settings(broker_url=redis_db_url, redis_url=redis_db_url))
     # Given messages at every priority on pipeline, and two on llm
+    sender = step_sender(app)
     for hop, priority in enumerate((0, 3, 6, 9)):
-        send_step(app, TurnEnvelope(turn_id=f"p{hop}", step=StepName.REASONER, hop=hop, priority=priority))
-    for hop in range(2):
-        send_step(app, TurnEnvelope(turn_id=f"l{hop}", step=StepName.LLM_CALL, hop=hop))
+        sender.send([TurnEnvelope(turn_id=f"p{hop}", step=StepName.REASONER, hop=hop, priority=priority)])
+    sender.send([TurnEnvelope(turn_id=f"l{hop}", step=StepName.LLM_CALL, hop=hop) for hop in range(2)])
     assert len([k for k in redis_client.keys("pipeline*") if redis_client.type(k) == b"list"]) == 4
     # When a consumer takes one pipeline message and does not acknowledge it (a task in progress)
     with app.connection_for_read() as connection:
@@ -65,21 +68,44 @@ def test_the_backlog_counts_every_priority_list_and_the_messages_workers_hold(
     assert unacked_depth(redis_client)[Queue.PIPELINE] == 0
 
 
-def test_publish_steps_sends_the_message_send_step_sends_in_one_pipeline(
-    redis_db_url: str, redis_client: redis.Redis
-) -> None:
-    # Given a producer on a real Redis broker
+@pytest.mark.parametrize("countdown", [0.0, 2.5])
+def test_a_step_message_is_byte_for_byte_the_one_send_task_sends(redis_db_url: str, countdown: float) -> None:
+    # Given the gateway's producer-only app, tracing off
     app = create_producer(Settings(broker_url=redis_db_url, redis_url=redis_db_url))
-    envelope = TurnEnvelope(turn_id="turn_" + "a" * 32, step=StepName.REQUEST_HANDLER, priority=9)
-    # When one envelope goes through send_step and the same through publish_steps in a producer batch
-    send_step(app, envelope)
-    with app.producer_or_acquire() as producer, producer.batch(max_size=10):
-        publish_steps(app, [envelope, envelope.model_copy(update={"turn_id": "turn_" + "b" * 32})], producer=producer)
-    # Then all three wait in the same priority list, and the two ways make the same message but for its ids
-    keys = [key for key in redis_client.keys("*") if b"pipeline" in key]
-    assert len(keys) == 1 and redis_client.llen(keys[0]) == 3
-    sent, direct, _other = (json.loads(raw) for raw in reversed(redis_client.lrange(keys[0], 0, -1)))
-    for message in (sent, direct):
-        message["headers"].pop("id"), message["headers"].pop("root_id")
-        message["properties"].pop("correlation_id"), message["properties"].pop("delivery_tag")
-    assert direct == sent
+    # When each envelope goes through send_task, then through the step sender, alone and all together
+    for envelope in ENVELOPES:
+        send_task(app, envelope, countdown)
+        step_sender(app).send([envelope], countdown=countdown)
+    step_sender(app).send(ENVELOPES, countdown=countdown)
+    # Then the three messages of each envelope are the same bytes, ids and ETA aside
+    for envelope in ENVELOPES:
+        by_send_task, alone, batched = (without_ids(raw) for raw in messages(redis_db_url, envelope))
+        assert alone == by_send_task and batched == by_send_task
+
+
+def test_a_step_message_sent_from_a_task_is_the_one_send_task_sends_there(redis_db_url: str) -> None:
+    # Given a task that sends a step both ways (a driver sending the next step). Not on a worker's
+    # app: a second one in this process would lend its step tasks to later apps (Celery's shared tasks).
+    app = create_producer(Settings(broker_url=redis_db_url, redis_url=redis_db_url))
+    sender = step_sender(app)
+
+    @app.task(name="test.send_both_ways", shared=False)
+    def send_both_ways() -> None:
+        for envelope in ENVELOPES:
+            send_task(app, envelope, 0.0)
+            sender.send([envelope])
+
+    # When the task runs (as a worker runs it: its request is the current worker task)
+    send_both_ways.apply(task_id="parent-task")
+    # Then both carry the task as parent and root, and are otherwise the same bytes
+    for envelope in ENVELOPES:
+        by_send_task, ours = messages(redis_db_url, envelope)
+        assert json.loads(ours)["headers"]["parent_id"] == "parent-task"
+        assert without_ids(ours) == without_ids(by_send_task)
+
+
+def test_no_app_sends_sent_events_or_has_a_result_backend_so_a_step_message_needs_neither() -> None:
+    # The two things send_task does around the message itself that the step sender leaves out
+    config = celery_config(Settings())  # every Aptix app's, the gateway's and the workers'
+    assert config["task_send_sent_event"] is False
+    assert config["result_backend"] is None

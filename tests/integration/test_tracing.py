@@ -1,5 +1,6 @@
 """One turn, one trace: the gateway's requests and every task of the turn share the turn's trace id,
-through a server tool call, a client-tool pause and resume, and a reconciler re-drive.
+through a server tool call, a client-tool pause and resume, and a reconciler re-drive; and a step
+message carries its turn's trace context and is otherwise what ``send_task`` sends.
 
 The gateway app and a Celery worker run in this one process (as in ``aptix dev``), on the real
 Redis and PostgreSQL, with spans kept in memory.
@@ -26,28 +27,29 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from api_gateway.app import create_app
 from scripted_llm import ScriptedServer
-from shared.broker import create_producer, send_step
+from shared.broker import create_producer
 from shared.db import create_db_engine, session_factory
 from shared.db.turns import TurnRepository
 from shared.logging import set_process_fields
-from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import RedisStateStore
 from shared.state.keys import RECONCILER_LEADER_KEY
 from shared.state.leader import LeaderLease
-from shared.telemetry import start_tracing, stop_tracing
+from shared.step_sender import CeleryBroker
+from shared.telemetry import start_tracing, stop_tracing, turn_trace
 from shared.tracing import turn_ids
 from shared.turn_ending import TurnEnding
 from tests.conftest import API_KEYS, KEY_A, redis_databases
 from tests.integration.conftest import OPEN_FILE
 from tests.support.databases import fresh_database
+from tests.support.step_messages import ENVELOPES, messages, send_task, step_sender, without_ids
 from tests.support.waiting import wait_for
 from workers.app import create_celery
 from workers.broker_watch import RedisBrokerWatch
 from workers.context import utc_now
-from workers.dispatcher import Dispatcher
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
+from workers.runtime import build_step_sender
 
 pytestmark = pytest.mark.integration
 
@@ -213,6 +215,24 @@ def test_each_turn_of_a_batch_is_a_trace_of_its_own_linked_to_the_batch_request(
     _assert_no_stray_task_span(traced)
 
 
+def test_a_step_message_carries_its_turns_trace_and_is_otherwise_the_one_send_task_sends(traced: Traced) -> None:
+    # Given tracing on (this module's), no span current (a reconciler thread, say) and a broker of
+    # this test's own (the module's worker takes nothing from it)
+    with redis_databases(1) as (broker_url,):
+        app = create_producer(Settings(broker_url=broker_url, redis_url=broker_url))
+        # When each envelope goes through send_task in its turn's trace, then through the step sender
+        for envelope in ENVELOPES:
+            with turn_trace(envelope.turn_id):
+                send_task(app, envelope)
+            step_sender(app).send([envelope])
+        # Then each message carries its turn's trace, and the two are the same bytes but for their own ids and span
+        for envelope in ENVELOPES:
+            by_send_task, ours = messages(broker_url, envelope)
+            trace_id = turn_ids(envelope.turn_id)[0]
+            assert json.loads(ours)["headers"]["traceparent"].split("-")[1] == f"{trace_id:032x}"
+            assert without_ids(ours, ids=("traceparent",)) == without_ids(by_send_task, ids=("traceparent",))
+
+
 def _assert_one_trace(spans: list[ReadableSpan], turn_id: str, *, root_name: str = "POST /v1/turns") -> None:
     """The turn's spans form one tree under its root (the request that created it), holding all its tasks."""
     trace_id, root_span_id = turn_ids(turn_id)
@@ -249,17 +269,13 @@ def _reconciler(settings: Settings, *, later: timedelta) -> Reconciler:
     """A reconciler whose clock runs ``later`` ahead (every turn is past its deadline)."""
     store = RedisStateStore.from_url(settings.redis_url)
     producer = create_producer(settings)
-
-    def send(envelope: TurnEnvelope, countdown: float) -> None:
-        send_step(producer, envelope, countdown=countdown)
-
     turns = TurnRepository(session_factory(create_db_engine(settings.database_url, pool_size=1)))
     return Reconciler(
         settings=settings,
         turns=turns,
         states=store,
         in_flight=store,
-        dispatcher=Dispatcher.for_settings(send, store, settings),
+        steps=build_step_sender(CeleryBroker(producer, retry=True), store, settings),
         leader=LeaderLease(store.client, key=RECONCILER_LEADER_KEY, owner="test-reconciler"),
         ending=TurnEnding(turns=turns, cancel_flags=store, in_flight=store, metrics=WorkerMetrics(), clock=utc_now),
         broker=RedisBrokerWatch(

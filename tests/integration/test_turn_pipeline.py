@@ -7,10 +7,12 @@ import uuid
 import pytest
 from sqlalchemy import Engine, func, select
 
-from shared.broker import create_producer, send_step
+from shared.broker import create_producer
 from shared.db.tables import SessionRow, TranscriptItemRow, TurnRow
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
+from shared.state import MemoryStateStore
+from shared.step_sender import CeleryBroker, StepSender
 from shared.task_names import StepName
 from tests.integration.conftest import System
 from tests.integration.events import TaskEventRecorder
@@ -142,6 +144,7 @@ def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
     before = _row_counts(engine, turn["session_id"])
     # When every step message of the turn is delivered again
     producer = create_producer(Settings(broker_url=system.env["APTIX_BROKER_URL"]))
+    sender = StepSender(CeleryBroker(producer, retry=False), timers=MemoryStateStore(), park_after=30)
     steps = [
         (StepName.REQUEST_HANDLER, 0),
         (StepName.SESSION_RESTORER, 0),
@@ -155,8 +158,8 @@ def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
     ]
     for hop, (step, iteration) in enumerate(steps):
         envelope = TurnEnvelope(turn_id=turn["turn_id"], step=step, hop=hop, iteration=iteration)
-        send_step(producer, envelope)
-        send_step(producer, envelope)
+        sender.send([envelope])
+        sender.send([envelope])
     _wait_for_tasks(task_events, turn["turn_id"], at_least=6 + 2 * len(steps))
     # Then there is still one LLM call, and the rows and the turn are unchanged
     assert len(system.llm_requests(marker)) == 1

@@ -12,7 +12,7 @@ from tests.unit.fakes import FakeLlm, Gateway, answer, drive, make_context, reco
 
 @pytest.fixture
 def gateway() -> Gateway:
-    """The gateway's services on SQLite and fakeredis, with a publisher that records (tests.unit.fakes.Gateway)."""
+    """The gateway's services on SQLite and fakeredis, with a broker that records (tests.unit.fakes.Gateway)."""
     return Gateway()
 
 

@@ -1,6 +1,6 @@
 """In-process fakes for unit tests: a StepContext on SQLite in memory, MemoryStateStore, a scripted LLM,
-the gateway as ``connect_gateway`` wires it on in-process ports, and builders of envelopes, recorded turns
-and model answers.
+the gateway as ``connect_gateway`` wires it on in-process ports, a broker that keeps the step messages it
+is given, and builders of envelopes, recorded turns and model answers.
 
 Every unit test that needs a database takes it from :func:`sqlite_engine` (or :func:`sqlite_db`)."""
 
@@ -86,6 +86,25 @@ class FakeLlm:
         return answer
 
 
+class FakeBroker:
+    """A ``shared.step_sender.Broker`` that keeps what it is asked to publish; raises ``refuse`` instead when set."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[TurnEnvelope, float]] = []
+        """Each envelope published, with its countdown."""
+        self.refuse: Exception | None = None
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.published.extend((envelope, countdown) for envelope in envelopes)
+
+    @property
+    def sent(self) -> list[TurnEnvelope]:
+        """The envelopes published, in order."""
+        return [envelope for envelope, _countdown in self.published]
+
+
 class Clock:
     """A settable clock (starts at FIXED_NOW)."""
 
@@ -163,24 +182,11 @@ def memory_store(ctx: StepContext) -> MemoryStateStore:
     return ctx.states
 
 
-class RecordingPublisher:
-    """The gateway's TurnPublisher in unit tests: keeps what it is asked to send; raises ``refuse`` instead when set."""
-
-    def __init__(self) -> None:
-        self.sent: list[TurnEnvelope] = []
-        self.refuse: Exception | None = None
-
-    def publish(self, envelopes: Sequence[TurnEnvelope]) -> None:
-        if self.refuse is not None:
-            raise self.refuse
-        self.sent.extend(envelopes)
-
-
 class Gateway:
     """The gateway's services as ``connect_gateway`` wires them, on in-process ports, and the ports to look at.
 
     The ports: SQLite in memory, fakeredis (the state store, event logs and fair admission, as in
-    production), a :class:`RecordingPublisher` and a settable :class:`Clock`. Settings default to a
+    production), a :class:`FakeBroker` and a settable :class:`Clock`. Settings default to a
     60 s client tool timeout and batches of at most 3 requests. ``GatewayState`` keeps only what the
     routes use, so what a test looks at besides the services (the repositories, the cancel flags and
     in-flight markers, the event logs, admission) is opened here on the same database and Redis.
@@ -191,14 +197,15 @@ class Gateway:
         self.settings = Settings(**{**options, **settings})
         self.redis_server = fakeredis.FakeServer()
         """Its Redis: ``redis_server.connected = False`` makes every call refuse."""
-        self.publisher = RecordingPublisher()
+        self.broker = FakeBroker()
+        """Where the gateway's step messages go (``broker.sent``; ``broker.refuse`` makes it refuse)."""
         self.clock = Clock()
         ports = GatewayPorts(
             engine=sqlite_engine(),
             redis=fakeredis.FakeRedis(server=self.redis_server),
             follower=fakeredis.FakeAsyncRedis(server=self.redis_server),
             producer=create_producer(self.settings),
-            publisher=self.publisher,
+            broker=self.broker,
             clock=self.clock,
         )
         self.wired = connect_gateway(self.settings, ports)

@@ -35,7 +35,7 @@ def test_same_key_and_body_replay_the_batch_and_queue_nothing_more(gateway: Gate
     again = gateway.batches.record(_body("a", "b", key="k1"), org_id=ORG, user_id=USER)
 
     assert again.batch_id == first.batch_id
-    assert gateway.held() == held == 2 and gateway.publisher.sent == []
+    assert gateway.held() == held == 2 and gateway.broker.sent == []
 
 
 def test_same_key_with_another_body_is_a_conflict(gateway: Gateway) -> None:
@@ -66,7 +66,7 @@ def test_a_request_key_of_an_earlier_turn_reuses_it(gateway: Gateway) -> None:
 
     assert (batch.total, batch.reused, batch.counts[TurnStatus.QUEUED]) == (2, 1, 2)
     assert [turn.turn_id for turn in gateway.batches.turns(batch.batch_id)][1] == earlier.turn_id
-    assert len(gateway.publisher.sent) == 1 and gateway.held() == 1  # the earlier turn was sent; the new one waits
+    assert len(gateway.broker.sent) == 1 and gateway.held() == 1  # the earlier turn was sent; the new one waits
 
 
 def test_a_request_key_of_a_different_turn_is_a_conflict_naming_the_request(gateway: Gateway) -> None:
@@ -143,7 +143,7 @@ def test_an_upload_names_its_bad_line_and_records_nothing(gateway: Gateway, line
 
     assert refused.value.message.startswith("line 3: ")
     assert refused.value.details[0]["loc"][: len(loc)] == loc
-    assert gateway.held() == 0 and gateway.publisher.sent == []
+    assert gateway.held() == 0 and gateway.broker.sent == []
     assert gateway.batches.page(org_id=ORG, limit=5, after=None).data == []
 
 

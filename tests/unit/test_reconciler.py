@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -16,12 +17,12 @@ from shared.state import MemoryStateStore
 from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY
 from shared.state.leader import LeaderLease
+from shared.step_sender import StepSender
 from shared.task_names import StepName
 from shared.turn_events import MemoryTurnEventLog
 from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state, with_store
 from workers.broker_watch import RedisBrokerWatch
 from workers.context import StepContext
-from workers.dispatcher import Dispatcher
 from workers.driver import run_step
 from workers.llm.types import LlmResponse
 from workers.reconciler import Reconciler, frontier
@@ -30,8 +31,10 @@ TURN_ID = "turn_" + "2" * 32
 
 
 class _Sent(list[tuple[TurnEnvelope, float]]):
-    def __call__(self, envelope: TurnEnvelope, countdown: float) -> None:
-        self.append((envelope, countdown))
+    """The broker of the reconciler's step sender: keeps each envelope with its countdown."""
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        self.extend((envelope, countdown) for envelope in envelopes)
 
 
 def _reconciler(
@@ -51,7 +54,7 @@ def _reconciler(
         turns=ctx.turns,
         states=ctx.states,
         in_flight=ctx.in_flight,
-        dispatcher=Dispatcher(_Sent() if sent is None else sent, ctx.timers, park_after=30),
+        steps=StepSender(_Sent() if sent is None else sent, timers=ctx.timers, park_after=30),
         leader=LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner),
         ending=replace(ctx.ending, admission=admission),
         broker=None if broker is None else RedisBrokerWatch(broker, client, owner=owner),
@@ -232,7 +235,8 @@ def test_parked_message_is_sent_when_due() -> None:
     sent = _Sent()
     reconciler = _reconciler(ctx, clock, sent)
     envelope = TurnEnvelope(turn_id=TURN_ID, step=StepName.LLM_CALL, hop=4, iteration=1, attempt=3)
-    Dispatcher(sent, ctx.timers, park_after=30).dispatch(envelope, 45.0, now=clock.now.timestamp())
+    steps = StepSender(sent, timers=ctx.timers, park_after=30, clock=lambda: clock.now.timestamp())
+    steps.send([envelope], countdown=45.0)
     assert sent == [] and reconciler.release_due() == 0
     clock.now = FIXED_NOW + timedelta(seconds=46)
     assert reconciler.release_due() == 1 and sent == [(envelope, 0.0)]

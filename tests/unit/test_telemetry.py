@@ -10,9 +10,11 @@ from types import SimpleNamespace
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.broker import create_producer, send_step
+from shared.broker import create_producer
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
+from shared.state import MemoryStateStore
+from shared.step_sender import CeleryBroker, StepSender
 from shared.task_names import StepName
 from shared.telemetry import start_tracing, stop_tracing
 from shared.tracing import _adopt_turn_trace, root_traceparent, turn_ids
@@ -55,9 +57,12 @@ def test_nothing_of_tracing_is_imported_while_it_is_off() -> None:
     code = f"""
 import json, sys
 from shared.settings import Settings
+from shared.state import MemoryStateStore
+from shared.step_sender import CeleryBroker, StepSender
 from shared.logging import configure_logging
-from shared.broker import send_step
 from shared.models.envelope import TurnEnvelope
+from shared.state import MemoryStateStore
+from shared.step_sender import CeleryBroker, StepSender
 from shared.task_names import StepName
 from api_gateway.app import create_app
 from workers.app import create_celery
@@ -65,7 +70,8 @@ settings = Settings(broker_url="memory://", database_url="sqlite://")
 configure_logging("INFO", log_format="json")
 create_app(settings)
 app = create_celery(settings)
-send_step(app, TurnEnvelope(turn_id="turn_" + "0" * 31 + "1", step=StepName.REQUEST_HANDLER))
+steps = StepSender(CeleryBroker(app, retry=False), timers=MemoryStateStore(), park_after=30)
+steps.send([TurnEnvelope(turn_id="turn_" + "0" * 31 + "1", step=StepName.REQUEST_HANDLER)])
 print(json.dumps({{"loaded": [m for m in sys.modules if m.startswith({TRACING_MODULES!r})]}}))
 """
     # Then none of OpenTelemetry's trace SDK, instrumentations or exporter is loaded, nor our tracing module
@@ -79,6 +85,8 @@ def test_starting_tracing_imports_no_database_driver_before_a_worker_patches_gev
 import json, sys
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from shared.settings import Settings
+from shared.state import MemoryStateStore
+from shared.step_sender import CeleryBroker, StepSender
 from shared.telemetry import start_tracing
 import api_gateway.telemetry
 start_tracing(Settings(otel_enabled=True), service_name="aptix-worker", exporter=InMemorySpanExporter())
@@ -94,7 +102,9 @@ def test_a_message_sent_outside_any_trace_goes_out_under_its_turns_root() -> Non
     start_tracing(settings, service_name="aptix-test", exporter=exporter)
     try:
         # When a step is sent
-        send_step(create_producer(settings), TurnEnvelope(turn_id=TURN, step=StepName.REASONER, hop=4))
+        producer = create_producer(settings)
+        steps = StepSender(CeleryBroker(producer, retry=False), timers=MemoryStateStore(), park_after=30)
+        steps.send([TurnEnvelope(turn_id=TURN, step=StepName.REASONER, hop=4)])
     finally:
         stop_tracing()
     # Then its publish span is a child of the turn's root, in the turn's trace

@@ -1,5 +1,5 @@
 """TurnService, BatchService and SessionService as ``connect_gateway`` wires them (fakes.Gateway): on SQLite
-and fakeredis, with a publisher that records and a settable clock.
+and fakeredis, with a broker that records and a settable clock.
 
 What the gateway does to a turn — record, resume, cancel, expire — without HTTP, a broker or a worker;
 the routes over them are covered by tests/integration/test_gateway_http.py.
@@ -58,7 +58,7 @@ def test_record_queues_a_new_turn_and_sends_its_first_step(gateway: Gateway) -> 
 
     assert TurnStatus(row.status) is TurnStatus.QUEUED
     assert row.new_session
-    assert [(e.turn_id, e.step, e.priority) for e in gateway.publisher.sent] == [
+    assert [(e.turn_id, e.step, e.priority) for e in gateway.broker.sent] == [
         (row.turn_id, StepName.REQUEST_HANDLER, INTERACTIVE_PRIORITY)
     ]
     marker = gateway.in_flight.alive_until([row.turn_id])[row.turn_id]
@@ -73,7 +73,7 @@ def test_record_returns_the_earlier_turn_when_the_idempotency_key_is_replayed(ga
     again = gateway.service.record(request, org_id=ORG, user_id=USER)
 
     assert again.turn_id == first.turn_id
-    assert len(gateway.publisher.sent) == 1
+    assert len(gateway.broker.sent) == 1
 
 
 def test_record_refuses_when_the_idempotency_key_came_with_another_request(gateway: Gateway) -> None:
@@ -83,7 +83,7 @@ def test_record_refuses_when_the_idempotency_key_came_with_another_request(gatew
         gateway.service.record(TurnRequest(input="other", idempotency_key="key-1"), org_id=ORG, user_id=USER)
 
     assert refused.value.code == "idempotency_key_reused"
-    assert len(gateway.publisher.sent) == 1
+    assert len(gateway.broker.sent) == 1
 
 
 def test_record_keeps_the_stream_flag_only_when_the_turn_streams(gateway: Gateway) -> None:
@@ -135,7 +135,7 @@ def test_record_refuses_when_a_client_tool_takes_a_server_tool_name(gateway: Gat
 
 def test_record_records_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
     session_id = gateway.session()
-    gateway.publisher.refuse = OSError("connection refused")
+    gateway.broker.refuse = OSError("connection refused")
 
     with pytest.raises(Unavailable) as refused:
         gateway.service.record(TurnRequest(session_id=session_id, input="hi"), org_id=ORG, user_id=USER)
@@ -158,7 +158,7 @@ def test_resume_refuses_when_the_turn_is_not_paused(gateway: Gateway) -> None:
 def test_resume_leaves_wrong_call_ids_to_the_pipeline(gateway: Gateway) -> None:
     # Given a turn paused for call_1
     turn_id = gateway.paused_turn(gateway.session())
-    gateway.publisher.sent.clear()
+    gateway.broker.published.clear()
 
     # When results for another call arrive
     row = gateway.service.resume(turn_id, _results("call_unknown"), org_id=ORG)
@@ -166,7 +166,7 @@ def test_resume_leaves_wrong_call_ids_to_the_pipeline(gateway: Gateway) -> None:
     # Then the turn runs its next round, and a worker will judge the results (continuation_mismatch)
     assert TurnStatus(row.status) is TurnStatus.RUNNING
     assert row.client_tool_results == [{"call_id": "call_unknown", "output": "42"}]
-    assert [(e.turn_id, e.step, e.round) for e in gateway.publisher.sent] == [(turn_id, StepName.REQUEST_HANDLER, 1)]
+    assert [(e.turn_id, e.step, e.round) for e in gateway.broker.sent] == [(turn_id, StepName.REQUEST_HANDLER, 1)]
 
 
 def test_resume_refuses_when_the_client_tool_timeout_passed(gateway: Gateway) -> None:
@@ -182,7 +182,7 @@ def test_resume_refuses_when_the_client_tool_timeout_passed(gateway: Gateway) ->
 
 def test_resume_accepts_nothing_when_the_broker_refuses(gateway: Gateway) -> None:
     turn_id = gateway.paused_turn(gateway.session())
-    gateway.publisher.refuse = OSError("connection refused")
+    gateway.broker.refuse = OSError("connection refused")
 
     with pytest.raises(Unavailable) as refused:
         gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
@@ -325,7 +325,7 @@ def test_batch_record_holds_every_request_for_admission_and_counts_it(gateway: G
 
     # The admission scheduler sends them later, at batch priority (tests/integration/test_admission_queue.py)
     turn_ids = [turn.turn_id for turn in gateway.batches.turns(batch.batch_id)]
-    assert batch.total == 2 and gateway.held() == 2 and gateway.publisher.sent == []
+    assert batch.total == 2 and gateway.held() == 2 and gateway.broker.sent == []
     marker = FIXED_NOW.timestamp() + gateway.settings.reconciler_queued_seconds
     assert gateway.in_flight.alive_until(turn_ids) == dict.fromkeys(turn_ids, marker)
     assert gateway.accepted("batch") == 2
@@ -337,7 +337,7 @@ def test_batch_record_refuses_more_requests_than_the_limit(gateway: Gateway) -> 
     with pytest.raises(InvalidRequest):
         gateway.batches.record(body, org_id=ORG, user_id=USER)
 
-    assert gateway.publisher.sent == [] and gateway.held() == 0
+    assert gateway.broker.sent == [] and gateway.held() == 0
 
 
 def test_session_lists_its_turns_oldest_first(gateway: Gateway) -> None:
@@ -403,9 +403,9 @@ def test_with_admission_a_batch_is_held_not_sent_and_an_interactive_turn_is_sent
     batch = gateway.batches.record(
         BatchRequest(requests=[BatchTurnRequest(input="a"), BatchTurnRequest(input="b")]), org_id=ORG, user_id=USER
     )
-    assert gateway.publisher.sent == []
+    assert gateway.broker.sent == []
     turn = gateway.service.record(TurnRequest(input="now"), org_id=ORG, user_id=USER)
-    assert [(e.turn_id, e.priority) for e in gateway.publisher.sent] == [(turn.turn_id, INTERACTIVE_PRIORITY)]
+    assert [(e.turn_id, e.priority) for e in gateway.broker.sent] == [(turn.turn_id, INTERACTIVE_PRIORITY)]
     counts = admission.counts()[ORG]
     assert (counts.held, counts.in_flight) == (batch.total, 1)
     marker = gateway.in_flight.alive_until([turn.turn_id])[turn.turn_id]
@@ -434,7 +434,7 @@ def test_a_client_tool_timeout_frees_the_marker_and_slot_a_refused_resume_left_b
     # Given a paused turn whose resume the broker refused after its marker and admission slot were written
     admission = gateway.admission
     turn_id = gateway.paused_turn(gateway.session())
-    gateway.publisher.refuse = OSError("connection refused")
+    gateway.broker.refuse = OSError("connection refused")
     with pytest.raises(Unavailable):
         gateway.service.resume(turn_id, _results("call_1"), org_id=ORG)
     assert admission.where(ORG, [turn_id]) == {turn_id: "in_flight"} and gateway.in_flight.alive_until([turn_id])

@@ -21,10 +21,12 @@ from shared.result import ErrorCode, ErrorInfo
 from shared.state import MemoryStateStore
 from shared.state.keys import RECONCILER_LEADER_KEY
 from shared.state.leader import LeaderLease
+from shared.step_sender import StepSender
 from shared.task_names import StepName
-from tests.unit.fakes import FIXED_NOW, TURN_ID, Clock, FakeLlm, drive, make_context, record_turn, with_store
+from tests.unit.fakes import (
+    FIXED_NOW, TURN_ID, Clock, FakeBroker, FakeLlm, drive, make_context, record_turn, with_store,
+)  # fmt: skip
 from workers.context import StepContext
-from workers.dispatcher import Dispatcher
 from workers.driver import fail_turn, run_step
 from workers.llm.types import FunctionCall, LlmResponse
 from workers.metrics import model_outcome
@@ -162,7 +164,7 @@ def test_the_reconciler_counts_its_scans_its_re_drives_by_source_and_the_turn_it
     record_turn(ctx)
     reconciler = Reconciler(
         settings=ctx.settings, turns=ctx.turns, states=ctx.states, in_flight=ctx.in_flight,
-        dispatcher=Dispatcher(lambda envelope, countdown: None, ctx.timers, park_after=30),
+        steps=StepSender(FakeBroker(), timers=ctx.timers, park_after=30),
         leader=LeaderLease(fakeredis.FakeRedis(), key=RECONCILER_LEADER_KEY, owner="unit"), ending=ctx.ending,
         clock=clock, metrics=ctx.metrics,
     )  # fmt: skip

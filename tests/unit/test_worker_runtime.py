@@ -8,15 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
+from tests.unit.fakes import FakeBroker
 from workers.runtime import WorkerRuntime
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _discard(envelope: TurnEnvelope, countdown: float) -> None:
-    """A send that goes nowhere: these tests never run a step."""
 
 
 def _settings(tmp_path: Path) -> Settings:
@@ -36,16 +32,16 @@ def test_importing_the_worker_modules_builds_no_app_and_sets_no_default_app() ->
 
 
 def test_runtime_context_raises_when_the_worker_did_not_start(tmp_path: Path) -> None:
-    runtime = WorkerRuntime(_settings(tmp_path), _discard)
+    runtime = WorkerRuntime(_settings(tmp_path), FakeBroker())
     with pytest.raises(RuntimeError, match="not started"):
         runtime.context  # noqa: B018  # the property is the call under test
     with pytest.raises(RuntimeError, match="not started"):
-        runtime.dispatcher  # noqa: B018
+        runtime.steps  # noqa: B018
 
 
 def test_runtime_builds_its_context_at_start_and_a_new_one_in_a_prefork_child(tmp_path: Path) -> None:
     # Given a runtime started as worker node "steps@host"
-    runtime = WorkerRuntime(_settings(tmp_path), _discard)
+    runtime = WorkerRuntime(_settings(tmp_path), FakeBroker())
     runtime.start("steps@host")
     parent = runtime.context
     assert parent.hostname == "steps@host"
@@ -59,7 +55,7 @@ def test_runtime_builds_its_context_at_start_and_a_new_one_in_a_prefork_child(tm
 
 
 def test_runtime_in_a_child_of_a_worker_that_never_started_builds_nothing(tmp_path: Path) -> None:
-    runtime = WorkerRuntime(_settings(tmp_path), _discard)
+    runtime = WorkerRuntime(_settings(tmp_path), FakeBroker())
     runtime.restart_in_child()
     with pytest.raises(RuntimeError):
         runtime.context  # noqa: B018

@@ -4,7 +4,7 @@ It claims the attempt (``shared.db.webhook_deliveries``: of several messages for
 makes it), checks the endpoint again (its host may resolve elsewhere now: ``shared.webhooks.addresses``)
 and POSTs the event, signed (``workers.webhooks.signing``), to the very address it checked, without
 following redirects; then it records the answer and decides (``workers.webhooks.schedule``). A retry
-due within the dispatcher's parking threshold (half the broker's visibility timeout) is sent with a
+due within the retry policy's parking threshold (``workers.retry.park_after``) is sent with a
 countdown; a longer wait is parked in the database (``next_attempt_at``), never held by a worker, and
 the reconciler's sweep sends it when due (``workers.webhooks.sweep``), as it sends an attempt whose
 worker died.

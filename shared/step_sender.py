@@ -1,0 +1,246 @@
+"""StepSender: the one way a turn's next steps leave a process.
+
+Every step message goes out through :meth:`StepSender.send`: the gateway's first steps and
+re-entries (``api_gateway.services.turn_sender``), the driver's next step after each task
+(``workers.tasks``), the admission scheduler's released turns (``workers.scheduler``) and the
+reconciler's re-drives and due parked messages (``workers.reconciler``). A send is one of:
+
+- **now**: each envelope becomes Celery's task message for its step's task, published to the
+  step's queue at the envelope's priority. Several envelopes go out through one pooled producer in
+  one broker round trip (kombu's ``Producer.batch``: on Redis, one pipeline of ``LPUSH``\\es).
+- **after a countdown** (a retry-after): the same message with an ETA, held by a worker until due.
+- **parked**: a countdown longer than ``park_after`` is kept in the state store's
+  :class:`~shared.state.Timers` instead, and :meth:`StepSender.release_due` (every reconciler
+  thread, about once a second) sends it when due. The threshold is the retry policy's
+  (``workers.retry.park_after``: half the broker's visibility timeout, beyond which Redis would
+  deliver an unacknowledged ETA message a second time); the workers, the reconciler and the
+  scheduler build their sender with it. A parked message lost with Redis is recovered like any lost
+  message: the turn's in-flight marker lapses and the reconciler re-drives it.
+
+:class:`CeleryBroker` builds each message itself, with Celery's own message factory
+(``app.amqp.create_task_message``), and publishes it straight to the queue: ``send_task`` adds
+option merging, routing and registry look-ups that cost about two thirds of a publish's CPU, on
+every hop of every turn. The message is the one ``app.send_task(name, args=[envelope],
+queue=..., countdown=..., priority=...)`` would send, byte for byte (headers, properties, body),
+from a worker's task too (its root and parent ids): ``tests/integration/test_broker_transport.py``
+holds the two equal against a real ``send_task`` on real Redis, so this is the only path. Celery's
+publish signals are sent as ``send_task`` sends them, so with tracing on (``shared.telemetry``) the
+OpenTelemetry instrumentation writes each message's trace context into its headers; each message
+goes out in its turn's trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Protocol
+
+from celery import Celery, signals
+from kombu.exceptions import BatchPublishError
+from kombu.exceptions import OperationalError as BrokerError
+from kombu.utils.uuid import uuid
+from redis import RedisError
+
+from shared.models.envelope import TurnEnvelope
+from shared.state import Timers
+from shared.task_names import TASK_QUEUES, task_name
+from shared.telemetry import turn_trace
+
+__all__ = ["SEND_ERRORS", "Broker", "CeleryBroker", "StepSender"]
+
+logger = logging.getLogger(__name__)
+
+SEND_ERRORS: tuple[type[Exception], ...] = (BrokerError, BatchPublishError, RedisError, OSError)
+"""What a send raises when the broker (or, for a parked message, the state store) refuses."""
+
+
+class Broker(Protocol):
+    """Where step messages go: puts each envelope's message on its step's queue."""
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        """Put each envelope's message on its step's queue, due in ``countdown`` seconds (0: at once), in one round trip.
+
+        Raises:
+            Exception: one of :data:`SEND_ERRORS` when the broker refuses.
+        """
+
+
+class StepSender:
+    """Sends turns' next steps now, after a countdown, or parked until due; one per process."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        timers: Timers,
+        park_after: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Build the sender.
+
+        Args:
+            broker: where messages go.
+            timers: where long waits are parked (the state store's timers).
+            park_after: countdowns longer than this many seconds are parked: the retry policy's
+                ``workers.retry.park_after(settings)``; ``math.inf`` for a process that only sends
+                now (the gateway).
+            clock: the wall clock (Unix time), for a parked message's due time.
+        """
+        self._broker = broker
+        self._timers = timers
+        self._park_after = park_after
+        self._clock = clock
+
+    @property
+    def park_after(self) -> float:
+        """Countdowns longer than this many seconds are parked rather than given to the broker."""
+        return self._park_after
+
+    def send(self, envelopes: Sequence[TurnEnvelope], *, countdown: float = 0.0) -> None:
+        """Send each envelope's step after ``countdown`` seconds (0: now), all in one broker round trip.
+
+        Args:
+            envelopes: the steps to send.
+            countdown: seconds before they are due; beyond :attr:`park_after` they are parked.
+
+        Raises:
+            Exception: one of :data:`SEND_ERRORS` when the broker (or the state store) refuses.
+        """
+        if not envelopes:
+            return
+        if countdown > self._park_after:
+            due = self._clock() + countdown
+            for envelope in envelopes:
+                self._timers.park(envelope.model_dump_json(), due=due)
+            return
+        self._broker.publish(envelopes, countdown=countdown)
+
+    def release_due(self, *, now: float) -> int:
+        """Send the parked messages that are due (``now``: Unix time), in one round trip; how many.
+
+        Raises:
+            Exception: one of :data:`SEND_ERRORS`; the messages are parked again, due at once.
+        """
+        due: list[tuple[str, TurnEnvelope]] = []
+        for raw in self._timers.pop_due(now=now):
+            try:
+                due.append((raw, TurnEnvelope.model_validate_json(raw)))
+            except ValueError:
+                logger.error("dropping a parked message that is not an envelope: %.200s", raw)
+        if not due:
+            return 0
+        try:
+            self._broker.publish([envelope for _raw, envelope in due], countdown=0.0)
+        except Exception:
+            for raw, _envelope in due:  # for the next round; the broker is down
+                self._timers.park(raw, due=now)
+            raise
+        logger.info("sent %d parked message(s) that were due", len(due))
+        return len(due)
+
+
+class CeleryBroker:
+    """The broker of a Celery app: each envelope as the task message ``send_task`` would send."""
+
+    def __init__(self, app: Celery, *, retry: bool) -> None:
+        """Build it on ``app`` (the gateway's producer-only app or a worker's).
+
+        Args:
+            app: the Celery app whose producer pool, configuration and message factory are used.
+            retry: whether a message published alone is retried on a lost connection, under the
+                app's ``task_publish_retry_policy`` (as ``send_task`` does): a worker's next step
+                (the task is not acknowledged until it is sent). The gateway answers 503 at once
+                instead. Messages published together are not: a pipeline succeeds or fails whole.
+        """
+        self._app = app
+        self._retry = retry
+
+    def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
+        """Put each envelope's message on its queue, due in ``countdown`` seconds, through one pooled producer.
+
+        Raises:
+            kombu.exceptions.OperationalError: the broker refused (a connection error, translated as
+                ``send_task`` translates it); ``BatchPublishError`` when a pipeline's outcome is unknown.
+        """
+        if not envelopes:
+            return
+        # Read once per call, not per message: what send_task reads on every call.
+        conf = self._conf
+        parent = self._app.current_worker_task  # the task these are sent from, in a worker
+        ids = (parent.request.root_id or parent.request.id, parent.request.id) if parent else (None, None)
+        signalled = bool(signals.before_task_publish.receivers or signals.after_task_publish.receivers)
+        with self._app.producer_or_acquire() as producer, producer.connection._reraise_as_library_errors():
+            if len(envelopes) == 1:
+                self._publish(producer, envelopes[0], countdown, conf, ids, signalled, retry=self._retry)
+                return
+            with producer.batch(max_size=len(envelopes)):
+                for envelope in envelopes:
+                    self._publish(producer, envelope, countdown, conf, ids, signalled, retry=False)
+
+    def _publish(
+        self,
+        producer: Any,
+        envelope: TurnEnvelope,
+        countdown: float,
+        conf: _PublishConf,
+        ids: tuple[str | None, str | None],
+        signalled: bool,
+        *,
+        retry: bool,
+    ) -> None:
+        # What Celery.send_task and AMQP.send_task_message do for a step, in the same order, without
+        # what they do for options a step never has (see the module docstring).
+        name = task_name(envelope.step)
+        queue = TASK_QUEUES[name].value
+        args = [envelope.model_dump(mode="json")]
+        # What Flower shows as the task's arguments. Celery computes it with its pure-Python
+        # saferepr (3 % of a worker's CPU); an envelope is a small flat dict, so repr() is the same
+        # text (the identity test holds them equal).
+        shown = repr(args)
+        root_id, parent_id = ids
+        headers, properties, body, _sent_event = conf.create_task_message(
+            uuid(), name, args, {}, countdown or None, None, None, None, None, 0, None, None, None,
+            self._app.thread_oid, None, None, False, root_id, parent_id, None, None,
+            ignore_result=None, argsrepr=shown, kwargsrepr="{}",
+        )  # fmt: skip
+        properties["priority"] = envelope.priority  # send_task copies its options into the properties
+        declare: list[Any] = []  # the queue is direct: a message goes straight to its list
+        with turn_trace(envelope.turn_id):
+            if signalled:  # tracing's instrumentation writes the trace context into the headers
+                signals.before_task_publish.send(
+                    sender=name, body=body, exchange="", routing_key=queue, declare=declare, headers=headers,
+                    properties=properties, retry_policy=conf.retry_policy,
+                )  # fmt: skip
+            producer.publish(
+                body, exchange="", routing_key=queue, serializer=conf.serializer, compression=conf.compression,
+                retry=retry, retry_policy=conf.retry_policy, delivery_mode=conf.delivery_mode, declare=declare,
+                headers=headers, timeout=None, confirm_timeout=None, **properties,
+            )  # fmt: skip
+            if signalled:
+                signals.after_task_publish.send(sender=name, body=body, headers=headers, exchange="", routing_key=queue)
+
+    @cached_property
+    def _conf(self) -> _PublishConf:
+        conf = self._app.conf
+        return _PublishConf(
+            create_task_message=self._app.amqp.create_task_message,
+            serializer=conf.task_serializer,
+            compression=conf.task_compression,
+            delivery_mode=conf.task_default_delivery_mode,
+            retry_policy=dict(conf.task_publish_retry_policy),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _PublishConf:
+    """What ``send_task`` reads of its app on every call, read once."""
+
+    create_task_message: Callable[..., tuple[dict[str, Any], dict[str, Any], Any, Any]]
+    """Celery's message factory (``app.amqp``'s, for the app's task protocol)."""
+    serializer: str
+    compression: str | None
+    delivery_mode: str | int
+    retry_policy: dict[str, Any]

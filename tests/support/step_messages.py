@@ -1,0 +1,69 @@
+"""Step messages as they lie on a Redis broker, sent by Celery's ``send_task`` and by ``shared.step_sender``.
+
+The identity tests (``tests/integration/test_broker_transport.py``, and with tracing on
+``test_tracing.py``) send the same envelopes both ways and compare the raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+import redis
+from celery import Celery
+
+from shared.models.envelope import TurnEnvelope
+from shared.state import MemoryStateStore
+from shared.step_sender import CeleryBroker, StepSender
+from shared.task_names import TASK_QUEUES, StepName, task_name
+
+__all__ = ["ENVELOPES", "messages", "send_task", "step_sender", "without_ids"]
+
+ENVELOPES = [
+    TurnEnvelope(turn_id="turn_" + "a" * 32, step=StepName.REQUEST_HANDLER, priority=9),
+    TurnEnvelope(turn_id="turn_" + "b" * 32, step=StepName.REASONER, round=1, hop=5, iteration=2, priority=3),
+    TurnEnvelope(turn_id="turn_" + "c" * 32, step=StepName.LLM_CALL, hop=6, iteration=1, attempt=4),
+    TurnEnvelope(turn_id="turn_" + "d" * 32, step=StepName.EXECUTE_SERVER_TOOLS, hop=8, iteration=1, priority=3),
+    TurnEnvelope(turn_id="turn_" + "e" * 32, step=StepName.PERSIST, hop=13, iteration=2),
+]
+"""An envelope of each queue, at several priorities, each of a turn of its own."""
+
+
+def step_sender(app: Celery) -> StepSender:
+    """A step sender on ``app`` (no publish retries; nothing is parked unless a countdown passes 30 s)."""
+    return StepSender(CeleryBroker(app, retry=False), timers=MemoryStateStore(), park_after=30)
+
+
+def send_task(app: Celery, envelope: TurnEnvelope, countdown: float = 0.0) -> None:
+    """The envelope through Celery's own ``send_task``, the way a task is sent by name."""
+    name = task_name(envelope.step)
+    app.send_task(
+        name,
+        args=[envelope.model_dump(mode="json")],
+        queue=TASK_QUEUES[name].value,
+        countdown=countdown or None,
+        priority=envelope.priority,
+    )
+
+
+def messages(broker_url: str, envelope: TurnEnvelope) -> list[bytes]:
+    """The raw messages of ``envelope``'s turn on the broker, in the order they were sent."""
+    name = task_name(envelope.step)
+    queue = TASK_QUEUES[name].value
+    key = queue if envelope.priority == 0 else f"{queue}\x06\x16{envelope.priority}"
+    raws = reversed(redis.Redis.from_url(broker_url).lrange(key, 0, -1))
+    return [raw for raw in raws if envelope.turn_id in json.loads(raw)["headers"]["argsrepr"]]
+
+
+def without_ids(raw: bytes, *, ids: tuple[str, ...] = ()) -> bytes:
+    """The raw message with what each message has of its own written as placeholders: its task id,
+    delivery tag and ETA (checked to be about now), and the headers named in ``ids``."""
+    message = json.loads(raw)
+    headers, properties = message["headers"], message["properties"]
+    if headers["eta"] is not None:
+        assert abs(datetime.fromisoformat(headers["eta"]).timestamp() - time.time()) < 30
+        raw = raw.replace(headers["eta"].encode(), b"ETA")
+    for unique in (headers["id"], properties["delivery_tag"], *(headers[header] for header in ids)):
+        raw = raw.replace(unique.encode(), b"UNIQUE")
+    return raw
