@@ -57,8 +57,6 @@ def test_nothing_of_tracing_is_imported_while_it_is_off() -> None:
     code = f"""
 import json, sys
 from shared.settings import Settings
-from shared.state import MemoryStateStore
-from shared.step_sender import CeleryBroker, StepSender
 from shared.logging import configure_logging
 from shared.models.envelope import TurnEnvelope
 from shared.state import MemoryStateStore
@@ -85,8 +83,6 @@ def test_starting_tracing_imports_no_database_driver_before_a_worker_patches_gev
 import json, sys
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from shared.settings import Settings
-from shared.state import MemoryStateStore
-from shared.step_sender import CeleryBroker, StepSender
 from shared.telemetry import start_tracing
 import api_gateway.telemetry
 start_tracing(Settings(otel_enabled=True), service_name="aptix-worker", exporter=InMemorySpanExporter())
