@@ -61,7 +61,7 @@ class Broker(Protocol):
     """Where step messages go: puts each envelope's message on its step's queue."""
 
     def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
-        """Put each envelope's message on its step's queue, due in ``countdown`` seconds (0: at once), in one round trip.
+        """Put each envelope's message on its step's queue, due in ``countdown`` seconds (0: now), in one round trip.
 
         Raises:
             Exception: one of :data:`SEND_ERRORS` when the broker refuses.

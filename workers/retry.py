@@ -44,12 +44,13 @@ is down or broken: they count against its circuit breaker (:data:`MODEL_DOWN`), 
 
 How "later" is carried out: the same message is sent again with the wait as its countdown (the
 driver; ``attempt`` + 1); a wait longer than :func:`park_after` (half the broker's visibility timeout,
-which would deliver it twice) is parked in Redis and sent when due (``shared.step_sender``, which each worker builds with this
-threshold). While a turn waits its in-flight marker covers the wait, so the reconciler does not take
-it for a stall. Two troubles are met in place and never reach the table: a write that must land (a checkpoint, a tool's
-outcome) on a dropped database connection is tried again at once (:func:`retry_dropped_connection`,
-then the step's *infrastructure* row), and a next message the broker refused makes the task requeue
-its own message (``workers.tasks``: its step is recorded, so running it again only sends).
+which would deliver it twice) is parked in Redis and sent when due (``shared.step_sender``, which each
+worker builds with this threshold). While a turn waits its in-flight marker covers the wait, so the
+reconciler does not take it for a stall. Two troubles are met in place and never reach the table: a
+write that must land (a checkpoint, a tool's outcome) on a dropped database connection is tried
+again at once (:func:`retry_dropped_connection`, then the step's *infrastructure* row), and a next
+message the broker refused makes the task requeue its own message (``workers.tasks``: its step is
+recorded, so running it again only sends).
 """
 
 from __future__ import annotations

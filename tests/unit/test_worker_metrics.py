@@ -24,8 +24,16 @@ from shared.state.leader import LeaderLease
 from shared.step_sender import StepSender
 from shared.task_names import StepName
 from tests.unit.fakes import (
-    FIXED_NOW, TURN_ID, Clock, FakeBroker, FakeLlm, drive, make_context, record_turn, with_store,
-)  # fmt: skip
+    FIXED_NOW,
+    TURN_ID,
+    Clock,
+    FakeBroker,
+    FakeLlm,
+    drive,
+    make_context,
+    record_turn,
+    with_store,
+)
 from workers.context import StepContext
 from workers.driver import fail_turn, run_step
 from workers.llm.types import FunctionCall, LlmResponse
