@@ -10,6 +10,7 @@ import pytest
 
 from shared.settings import Settings
 from tests.unit.fakes import FakeBroker
+from workers import retry
 from workers.runtime import WorkerRuntime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +46,8 @@ def test_runtime_builds_its_context_at_start_and_a_new_one_in_a_prefork_child(tm
     runtime.start("steps@host")
     parent = runtime.context
     assert parent.hostname == "steps@host"
+    # and its step sender parks the waits the retry policy says to park
+    assert runtime.steps.park_after == retry.park_after(runtime.context.settings)
 
     # When a prefork child starts
     runtime.restart_in_child()
