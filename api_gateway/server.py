@@ -147,7 +147,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
         peer = self.client[0] if self.client else None
-        refusal = self.guard.admit(peer, open_connections=len(self.connections))
+        refusal = self.guard.accept(peer, open_connections=len(self.connections))
         if refusal is not None:
             transport.write(refusal)
             transport.close()
@@ -266,7 +266,7 @@ class _Guard:
             ),
         }
 
-    def admit(self, peer: str | None, *, open_connections: int) -> bytes | None:
+    def accept(self, peer: str | None, *, open_connections: int) -> bytes | None:
         """Count a new connection from ``peer``; the answer that refuses it when a cap is reached.
 
         Args:
@@ -293,7 +293,7 @@ class _Guard:
         return None
 
     def release(self, peer: str) -> None:
-        """Forget one closed connection from ``peer`` (admitted by :meth:`admit`)."""
+        """Forget one closed connection from ``peer`` (accepted by :meth:`accept`)."""
         held = self._per_peer.pop(peer, 1) - 1
         if held > 0:
             self._per_peer[peer] = held

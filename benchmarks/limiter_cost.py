@@ -7,10 +7,10 @@ Run from the repo root against a Redis (keys are prefixed with a random id and d
 
 Cases, each one model call's worth of limiter work on a ~6 KB composed request:
 
-- Aptix (``workers.llm.limiter``): ``admit`` before the call (its token estimate included) and
+- Aptix (``workers.llm.limiter``): ``pace`` before the call (its token estimate included) and
   ``settle`` after, with no limits (a 429 pause is still checked), with ``rpm``, and with ``rpm`` +
   ``tpm`` (the answer's usage differs from the estimate, so settling is a second round trip); and a
-  call held back (``admit`` answering a wait).
+  call held back (``pace`` answering a wait).
 - The ``limits`` package's Redis storage, when it is importable (it is no dependency of Aptix: to
   compare, install ``limits[redis]`` in a scratch venv and put its site-packages on ``PYTHONPATH``):
   a moving window and a sliding-window counter, ``hit`` on an rpm item and, for rpm + tpm, on a tpm
@@ -90,14 +90,14 @@ def _aptix_cases(client: redis.Redis, prefix: str) -> list[Case]:
         bucket = limiter(label, limits)
 
         def call(bucket: RateLimiter = bucket) -> None:
-            admission = bucket.admit(request)
-            bucket.settle(admission, used=1234)
+            slot = bucket.pace(request)
+            bucket.settle(slot, used=1234)
 
         burst = _aptix_burst(limiter("burst", Limits(rpm=300))) if label == "rpm" else ""
         cases.append((f"aptix GCRA: {label}", call, burst))
     held = limiter("held", Limits(rpm=1, tpm=10**12))
-    held.admit(request)
-    cases.append(("aptix GCRA: a call held back (admit answers its slot)", lambda: _discard(held.admit(request)), ""))
+    held.pace(request)
+    cases.append(("aptix GCRA: a call held back (pace answers its slot)", lambda: _discard(held.pace(request)), ""))
     estimate = ("  of which the token estimate (JSON of the 6 KB request)", lambda: _discard(estimate_tokens(request)))
     cases.append((*estimate, ""))
     return cases

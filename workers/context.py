@@ -28,7 +28,7 @@ from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from shared.webhooks import WebhookSender
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
-from workers.llm.limiter import Admission, RateLimiter, Unlimited, limiter_keys, limits_for
+from workers.llm.limiter import RateLimiter, Slot, Unlimited, limiter_keys, limits_for
 from workers.llm.types import LlmResponse
 from workers.metrics import WorkerMetrics
 from workers.tools.executor import ToolExecutor
@@ -83,10 +83,10 @@ class BreakerPort(Protocol):
 class LimiterPort(Protocol):
     """A model's shared rate limits (``workers.llm.limiter``): asked before each call, told after."""
 
-    def admit(self, request: dict[str, Any]) -> Admission:
+    def pace(self, request: dict[str, Any]) -> Slot:
         """Let the call go now (and charge it), or say how long to wait."""
 
-    def settle(self, admission: Admission, *, used: int, called: bool = True) -> None:
+    def settle(self, slot: Slot, *, used: int, called: bool = True) -> None:
         """Correct the call's charge: the tokens it used, or nothing at all when it was not made."""
 
     def pause(self, seconds: float) -> float:

@@ -52,7 +52,7 @@ class BatchService:
         Raises:
             InvalidRequest: more than ``APTIX_MAX_BATCH_REQUESTS`` requests, two requests continuing one
                 session or sharing an idempotency key, a webhook URL refused, or a request
-                :meth:`TurnService.admit` refuses.
+                :meth:`TurnService.check_request` refuses.
             NotFound: ``session_not_found``.
             Conflict: ``session_busy`` or ``idempotency_key_reused`` (the batch's key, or a request's).
             Unavailable: the broker or the state store refused; nothing was recorded.
@@ -71,14 +71,14 @@ class BatchService:
                                webhook_url=body.webhook_url, idempotency_key=body.idempotency_key)  # fmt: skip
 
     def stage(self, batch_id: str, *, org_id: str, user_id: str, webhook_url: str | None) -> StagedBatch:
-        """An empty staged batch whose requests are admitted as turns of ``batch_id``.
+        """An empty staged batch whose requests are checked as turns of ``batch_id``.
 
         Raises:
             InvalidRequest: the batch's ``webhook_url`` is refused.
         """
 
-        def admit(request: TurnRequest, loc: Loc, index: int) -> NewTurn:
-            return self._turns.admit(
+        def check_request(request: TurnRequest, loc: Loc, index: int) -> NewTurn:
+            return self._turns.check_request(
                 request, org_id=org_id, user_id=user_id, loc=loc, batch_id=batch_id, batch_index=index,
                 check_webhook=False,
             )  # fmt: skip
@@ -87,7 +87,7 @@ class BatchService:
             if self._webhooks is not None:
                 self._webhooks.check_url(url, org_id=org_id, loc=loc)
 
-        return StagedBatch(admit=admit, check_url=check_url, webhook_url=webhook_url)
+        return StagedBatch(check_request=check_request, check_url=check_url, webhook_url=webhook_url)
 
     def commit(
         self,

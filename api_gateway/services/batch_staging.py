@@ -1,7 +1,7 @@
 """StagedBatch: a batch's requests checked one by one and kept aside until the batch is recorded.
 
 Both ways of submitting a batch (a JSON body, a JSON Lines upload) feed their requests here, in order.
-Each request is admitted as ``POST /v1/turns`` would (``TurnService.admit``) and the turn it describes is
+Each request is checked as ``POST /v1/turns`` would (``TurnService.check_request``) and the turn it describes is
 written to a spool (memory while small, then a temporary file): 100,000 turns never sit in memory at
 once. What the batch as a whole must satisfy is checked on the way: no two requests continue one
 session, no two share an idempotency key, each distinct webhook URL is allowed. The staged batch also
@@ -31,8 +31,8 @@ _NEW_TURN_FIELDS = tuple(field.name for field in dataclasses.fields(NewTurn))
 Loc = tuple[str | int, ...]
 """Where a request sits in the HTTP body, for the ``loc`` of error details (``("body", "requests", 3)``)."""
 
-Admit = Callable[[TurnRequest, Loc, int], NewTurn]
-"""Admits one request at ``loc`` as the batch's ``index``-th turn (``TurnService.admit`` bound to the batch)."""
+CheckRequest = Callable[[TurnRequest, Loc, int], NewTurn]
+"""Checks one request at ``loc`` as the batch's ``index``-th turn (``TurnService.check_request`` bound to the batch)."""
 CheckUrl = Callable[[str | None, Loc], None]
 """Refuses a webhook URL the organisation may not use (``WebhookService.check_url``)."""
 
@@ -45,20 +45,20 @@ class _Keyed:
 
 
 class StagedBatch:
-    """A batch's admitted turns, in request order, with what the batch as a whole needs to know.
+    """A batch's checked turns, in request order, with what the batch as a whole needs to know.
 
     Use as a context manager: the spool is removed on exit.
     """
 
-    def __init__(self, *, admit: Admit, check_url: CheckUrl, webhook_url: str | None) -> None:
+    def __init__(self, *, check_request: CheckRequest, check_url: CheckUrl, webhook_url: str | None) -> None:
         """Start an empty batch.
 
         Args:
-            admit: admits one request (raises the ``ServiceError`` that refuses it).
+            check_request: checks one request (raises the ``ServiceError`` that refuses it).
             check_url: refuses a webhook URL (the batch's own is checked here).
             webhook_url: the batch's ``webhook_url``.
         """
-        self._admit = admit
+        self._check_request = check_request
         self._check_url = check_url
         self._spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY_BYTES)  # noqa: SIM115  # closed in __exit__
         self._hash = hashlib.sha256()
@@ -78,12 +78,12 @@ class StagedBatch:
         self._spool.close()
 
     def add(self, request: TurnRequest, *, loc: Loc) -> None:
-        """Admit the next request and stage its turn.
+        """Check the next request and stage its turn.
 
         Raises:
             InvalidRequest: a repeated session or idempotency key, a webhook URL refused, or what
-                ``admit`` refuses.
-            ServiceError: what ``admit`` refuses otherwise (``session_not_found``).
+                ``check_request`` refuses.
+            ServiceError: what ``check_request`` refuses otherwise (``session_not_found``).
         """
         index = self.count
         if request.session_id is not None:
@@ -103,7 +103,7 @@ class StagedBatch:
         if request.webhook_url not in self._urls:
             self._check_url(request.webhook_url, loc)
             self._urls.add(request.webhook_url)
-        turn = self._admit(request, loc, index)
+        turn = self._check_request(request, loc, index)
         if request.session_id is not None:
             self._sessions[request.session_id] = loc
         if turn.idempotency_key is not None:

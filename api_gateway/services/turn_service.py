@@ -22,8 +22,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.ids import is_turn_id
 from api_gateway.metrics import GatewayMetrics
-from api_gateway.services.admission import admit
 from api_gateway.services.errors import Conflict, NotFound
+from api_gateway.services.turn_checks import check_turn_request
 from api_gateway.services.turn_sender import TurnSender
 from api_gateway.services.webhook_service import WebhookService
 from shared.db.records import TurnRecord
@@ -105,12 +105,12 @@ class TurnService:
             The recorded turn (for a replayed idempotency key, the earlier one, as it stands now).
 
         Raises:
-            InvalidRequest: see :func:`~api_gateway.services.admission.admit`.
+            InvalidRequest: see :func:`~api_gateway.services.turn_checks.check_turn_request`.
             NotFound: ``session_not_found``.
             Conflict: ``session_busy`` (the session has an unfinished turn) or ``idempotency_key_reused``.
             Unavailable: the broker or the state store refused; nothing was recorded.
         """
-        turn = self.admit(body, org_id=org_id, user_id=user_id, turn_id=turn_id, extras=extras)
+        turn = self.check_request(body, org_id=org_id, user_id=user_id, turn_id=turn_id, extras=extras)
         try:
             row, _created = self._turns.create(
                 turn,
@@ -128,7 +128,7 @@ class TurnService:
             ) from exc
         return row
 
-    def admit(
+    def check_request(
         self,
         body: TurnRequest,
         *,
@@ -143,13 +143,13 @@ class TurnService:
     ) -> NewTurn:
         """Check ``body`` and describe the turn to record; a follow-up's session first loses its overdue turns.
 
-        Args and Raises: as :func:`~api_gateway.services.admission.admit`, and its ``webhook_url``
+        Args and Raises: as :func:`~api_gateway.services.turn_checks.check_turn_request`, and its ``webhook_url``
         as :meth:`~api_gateway.services.webhook_service.WebhookService.check_url` (unless
         ``check_webhook`` is False: the caller checked it).
         """
         if check_webhook and self._webhooks is not None:
             self._webhooks.check_url(body.webhook_url, org_id=org_id, loc=loc)
-        turn = admit(
+        turn = check_turn_request(
             body,
             catalog=self._catalog,
             sessions=self._sessions,

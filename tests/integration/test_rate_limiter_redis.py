@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.conftest import ConnectRedis
-from workers.llm.limiter import BURST_SECONDS, MAX_PAUSE_SECONDS, Admission, Limits, RateLimiter, limiter_keys
+from workers.llm.limiter import BURST_SECONDS, MAX_PAUSE_SECONDS, Limits, RateLimiter, Slot, limiter_keys
 
 pytestmark = pytest.mark.integration
 
@@ -53,11 +53,11 @@ def test_calls_at_300_rpm_are_spread_so_no_second_sees_more_than_six(connect_red
     while waiting:
         now, index = heapq.heappop(waiting)
         tries += 1
-        admission = limiters[index % 4].acquire(0, now=now)
-        if admission.wait == 0:
+        slot = limiters[index % 4].acquire(0, now=now)
+        if slot.wait == 0:
             granted.append(now)
         else:
-            heapq.heappush(waiting, (now + admission.wait, index))
+            heapq.heappush(waiting, (now + slot.wait, index))
 
     # Then every call went, no one-second window saw more than 6, the pace was the limit's, and the
     # waiting line sent almost every held-back call back just once
@@ -69,7 +69,7 @@ def test_calls_at_300_rpm_are_spread_so_no_second_sees_more_than_six(connect_red
 
 def test_held_back_calls_are_given_slots_one_interval_apart(connect_redis: ConnectRedis, model: str) -> None:
     limiter = _limiter(connect_redis(), model, rpm=60)
-    assert limiter.acquire(0, now=T0) == Admission(tokens=0)
+    assert limiter.acquire(0, now=T0) == Slot(tokens=0)
     waits = [limiter.acquire(0, now=T0).wait for _ in range(4)]
     assert waits == pytest.approx([1 - BURST_SECONDS, 2 - BURST_SECONDS, 3 - BURST_SECONDS, 4 - BURST_SECONDS])
     assert limiter.acquire(0, now=T0 + 1 - BURST_SECONDS).wait == 0  # the first slot's holder goes
@@ -82,7 +82,7 @@ def test_only_one_of_twenty_simultaneous_callers_goes_on_the_servers_clock(
     callers = [_limiter(connect_redis(), model, rpm=1) for _ in range(20)]
     start = threading.Barrier(len(callers))
 
-    def ask(caller: RateLimiter) -> Admission:
+    def ask(caller: RateLimiter) -> Slot:
         start.wait(timeout=10)
         return caller.acquire(0)  # the Redis server's clock
 
@@ -101,10 +101,10 @@ def test_only_one_of_twenty_simultaneous_callers_goes_on_the_servers_clock(
 def test_a_call_waits_until_the_tokens_reserved_before_it_are_paid_for(connect_redis: ConnectRedis, model: str) -> None:
     # 6,000 tokens a minute: 100 a second
     first, second = (_limiter(connect_redis(), model, tpm=6000) for _ in range(2))
-    assert first.acquire(500, now=T0) == Admission(tokens=500)
+    assert first.acquire(500, now=T0) == Slot(tokens=500)
     held = second.acquire(500, now=T0 + 1)
     assert held.reason == "tokens" and held.wait == pytest.approx(4 - BURST_SECONDS)
-    assert second.acquire(500, now=T0 + 5) == Admission(tokens=500)
+    assert second.acquire(500, now=T0 + 5) == Slot(tokens=500)
 
 
 def test_a_call_larger_than_a_minute_of_tokens_goes_once_the_bucket_is_paid_off(
@@ -152,7 +152,7 @@ def test_either_limit_holds_a_call_back_and_is_named(connect_redis: ConnectRedis
 def test_a_pause_stops_every_limiter_of_the_model_until_it_ends(connect_redis: ConnectRedis, model: str) -> None:
     # Given a model without rate limits, and two limiters on it (two workers)
     first, second = (_limiter(connect_redis(), model) for _ in range(2))
-    assert second.acquire(0, now=T0) == Admission()
+    assert second.acquire(0, now=T0) == Slot()
 
     # When a 429 with Retry-After: 2 pauses it through the first
     assert first.pause(2.0, now=T0) == T0 + 2.0
@@ -160,7 +160,7 @@ def test_a_pause_stops_every_limiter_of_the_model_until_it_ends(connect_redis: C
     # Then the second holds its calls back until the pause ends
     held = second.acquire(0, now=T0 + 0.5)
     assert held.reason == "paused" and held.wait == pytest.approx(1.5)
-    assert second.acquire(0, now=T0 + 2.0) == Admission()
+    assert second.acquire(0, now=T0 + 2.0) == Slot()
 
 
 def test_a_pause_never_shortens_a_longer_one_and_is_capped(connect_redis: ConnectRedis, model: str) -> None:
@@ -175,7 +175,7 @@ def test_another_model_or_api_root_has_buckets_of_its_own(connect_redis: Connect
     other = _limiter(connect_redis(), model + "-other", rpm=1)
     limiter.acquire(0, now=T0)
     limiter.pause(30.0, now=T0)
-    assert other.acquire(0, now=T0) == Admission()
+    assert other.acquire(0, now=T0) == Slot()
     assert limiter_keys("http://a/v1", model) != limiter_keys("http://b/v1", model)
     assert limiter_keys("http://a/v1/", model) == limiter_keys("http://a/v1", model)
 
@@ -183,9 +183,9 @@ def test_another_model_or_api_root_has_buckets_of_its_own(connect_redis: Connect
 def test_a_model_without_limits_writes_nothing(connect_redis: ConnectRedis, model: str) -> None:
     client = connect_redis()
     limiter = _limiter(client, model)
-    admission = limiter.acquire(1000)
-    limiter.settle(admission, used=5)
-    assert admission == Admission() and client.keys("aptix:llm:*") == []
+    slot = limiter.acquire(1000)
+    limiter.settle(slot, used=5)
+    assert slot == Slot() and client.keys("aptix:llm:*") == []
 
 
 def test_the_buckets_expire_once_idle(connect_redis: ConnectRedis, model: str) -> None:

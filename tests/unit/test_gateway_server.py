@@ -41,23 +41,23 @@ def test_server_config_runs_the_guarded_h11_protocol_with_the_limits_of_the_sett
 
 def test_a_client_address_at_its_cap_is_refused_until_one_of_its_connections_closes() -> None:
     guard = _guard(http_max_connections_per_client=2)
-    assert guard.admit("10.0.0.1", open_connections=1) is None
-    assert guard.admit("10.0.0.1", open_connections=2) is None
-    refusal = guard.admit("10.0.0.1", open_connections=3)
+    assert guard.accept("10.0.0.1", open_connections=1) is None
+    assert guard.accept("10.0.0.1", open_connections=2) is None
+    refusal = guard.accept("10.0.0.1", open_connections=3)
     assert refusal.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     assert b"\r\nretry-after: " in refusal and b'"code":"unavailable"' in refusal
-    assert guard.admit("10.0.0.2", open_connections=3) is None
+    assert guard.accept("10.0.0.2", open_connections=3) is None
     guard.release("10.0.0.1")
-    assert guard.admit("10.0.0.1", open_connections=3) is None
+    assert guard.accept("10.0.0.1", open_connections=3) is None
 
 
 def test_without_a_per_client_cap_the_process_wide_cap_still_refuses() -> None:
     guard = _guard(http_max_connections_per_client=0, http_max_connections=3)
-    assert all(guard.admit("10.0.0.1", open_connections=n) is None for n in (1, 2, 3))
-    assert guard.admit("10.0.0.1", open_connections=4).startswith(b"HTTP/1.1 503 ")
+    assert all(guard.accept("10.0.0.1", open_connections=n) is None for n in (1, 2, 3))
+    assert guard.accept("10.0.0.1", open_connections=4).startswith(b"HTTP/1.1 503 ")
 
 
 def test_each_server_counts_its_own_connections() -> None:
     first, second = _guard(http_max_connections_per_client=1), _guard(http_max_connections_per_client=1)
-    assert first.admit("10.0.0.1", open_connections=1) is None
-    assert second.admit("10.0.0.1", open_connections=1) is None
+    assert first.accept("10.0.0.1", open_connections=1) is None
+    assert second.accept("10.0.0.1", open_connections=1) is None

@@ -24,7 +24,7 @@ from shared.task_names import StepName
 from tests.unit.fakes import FakeLlm, drive, make_context, make_state, record_turn
 from workers.context import StepContext
 from workers.driver import run_step
-from workers.llm.limiter import OUTPUT_TOKENS_GUESS, Admission, Limits, estimate_tokens, limits_for
+from workers.llm.limiter import OUTPUT_TOKENS_GUESS, Limits, Slot, estimate_tokens, limits_for
 from workers.llm.types import LlmResponse
 from workers.next_step import Continue, RetryAfter
 from workers.retry import Trouble
@@ -37,17 +37,17 @@ REQUEST: dict[str, Any] = {"model": "m", "input": [{"role": "user", "content": "
 class RecordingLimiter:
     """A limiter that answers what it is told to and records what llm_call told it."""
 
-    answer: Admission = field(default_factory=lambda: Admission(tokens=100))
-    admitted: list[dict[str, Any]] = field(default_factory=list)
-    settled: list[tuple[Admission, int, bool]] = field(default_factory=list)
+    answer: Slot = field(default_factory=lambda: Slot(tokens=100))
+    paced: list[dict[str, Any]] = field(default_factory=list)
+    settled: list[tuple[Slot, int, bool]] = field(default_factory=list)
     paused: list[float] = field(default_factory=list)
 
-    def admit(self, request: dict[str, Any]) -> Admission:
-        self.admitted.append(request)
+    def pace(self, request: dict[str, Any]) -> Slot:
+        self.paced.append(request)
         return self.answer
 
-    def settle(self, admission: Admission, *, used: int, called: bool = True) -> None:
-        self.settled.append((admission, used, called))
+    def settle(self, slot: Slot, *, used: int, called: bool = True) -> None:
+        self.settled.append((slot, used, called))
 
     def pause(self, seconds: float) -> float:
         self.paused.append(seconds)
@@ -159,7 +159,7 @@ def test_catalog_models_section_loads_from_yaml(tmp_path: Path) -> None:
 
 
 def test_llm_call_makes_no_call_and_asks_for_its_slot_when_the_rate_limit_holds_it_back() -> None:
-    limiter = RecordingLimiter(Admission(wait=1.25, reason="requests"))
+    limiter = RecordingLimiter(Slot(wait=1.25, reason="requests"))
     llm = FakeLlm()
     ctx = _with_limiter(make_context(llm), limiter)
     result = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST))
@@ -171,7 +171,7 @@ def test_llm_call_makes_no_call_and_asks_for_its_slot_when_the_rate_limit_holds_
 
 
 def test_llm_call_waits_out_a_pause_like_a_429_not_as_a_paced_slot() -> None:
-    limiter = RecordingLimiter(Admission(wait=1.5, reason="paused"))
+    limiter = RecordingLimiter(Slot(wait=1.5, reason="paused"))
     ctx = _with_limiter(make_context(FakeLlm()), limiter)
     later = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST)).unwrap()
     assert later == RetryAfter(Trouble.MODEL_PAUSED, later.message, hint=1.5)
@@ -183,7 +183,7 @@ def test_llm_call_settles_with_the_tokens_the_answer_reports() -> None:
                                                          output_tokens=12))), limiter)  # fmt: skip
     result = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST))
     assert result.unwrap() == Continue(StepName.REASONER, 1)
-    assert limiter.admitted == [REQUEST] and limiter.settled == [(limiter.answer, 42, True)]
+    assert limiter.paced == [REQUEST] and limiter.settled == [(limiter.answer, 42, True)]
 
 
 def test_llm_call_keeps_the_estimate_when_the_answer_reports_no_usage() -> None:
@@ -237,7 +237,7 @@ def test_llm_call_gives_the_whole_charge_back_when_the_breaker_stops_the_call() 
 
 def test_driver_sends_a_held_back_call_again_after_exactly_its_slot_without_spending_the_budget() -> None:
     # Given a turn whose model call the rate limit holds back for longer than the whole retry budget
-    limiter = RecordingLimiter(Admission(wait=400.0, reason="tokens"))
+    limiter = RecordingLimiter(Slot(wait=400.0, reason="tokens"))
     ctx = _with_limiter(make_context(FakeLlm(), llm_retry_budget_seconds=300), limiter)
     env = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
 
@@ -256,12 +256,12 @@ def test_driver_sends_a_held_back_call_again_after_exactly_its_slot_without_spen
 
 
 def test_driver_completes_the_turn_once_its_slot_comes() -> None:
-    limiter = RecordingLimiter(Admission(wait=0.2, reason="requests"))
+    limiter = RecordingLimiter(Slot(wait=0.2, reason="requests"))
     ctx = _with_limiter(make_context(FakeLlm(LlmResponse(response_id="r", output_text="done"))), limiter)
     env = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
     held = run_step(ctx, env)
     assert held is not None and held.envelope.step is StepName.LLM_CALL
-    limiter.answer = Admission(tokens=10)
+    limiter.answer = Slot(tokens=10)
     drive(ctx, held.envelope)
     row = ctx.turns.get(env.turn_id)
     assert row is not None and row.status == "completed" and row.output_text == "done"

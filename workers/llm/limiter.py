@@ -50,10 +50,10 @@ __all__ = [
     "BURST_SECONDS",
     "MAX_PAUSE_SECONDS",
     "OUTPUT_TOKENS_GUESS",
-    "Admission",
     "HoldReason",
     "Limits",
     "RateLimiter",
+    "Slot",
     "Unlimited",
     "estimate_tokens",
     "limiter_keys",
@@ -168,8 +168,8 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
-    """The limiter's answer to one call: go now, or come back after ``wait`` seconds."""
+class Slot:
+    """The limiter's answer to one call, its slot: go now, or come back after ``wait`` seconds."""
 
     wait: float = 0.0
     """0.0: make the call (it is charged); otherwise the seconds until this call's slot."""
@@ -181,9 +181,9 @@ class Admission:
 
 
 class RateLimiter:
-    """The shared rate limits of one model: ``admit`` before a call, ``settle`` after, ``pause`` on a 429.
+    """The shared rate limits of one model: ``pace`` before a call, ``settle`` after, ``pause`` on a 429.
 
-    Redis errors from ``admit`` propagate: no call was made, and the driver runs the step again later
+    Redis errors from ``pace`` propagate: no call was made, and the driver runs the step again later
     as for any Redis blip. ``settle`` and ``pause`` come after a call was made, so they log a Redis
     error and return: the step must not run again and ask the model twice. The buckets are then off by
     one call's estimate, or the pause is this worker's own.
@@ -208,7 +208,7 @@ class RateLimiter:
         self._settle = client.register_script(_SETTLE)
         self._pause = client.register_script(_PAUSE)
 
-    def admit(self, request: Mapping[str, Any], *, now: float | None = None) -> Admission:
+    def pace(self, request: Mapping[str, Any], *, now: float | None = None) -> Slot:
         """Let a call with this request body go now, or say when to try again. One round trip.
 
         Args:
@@ -216,11 +216,11 @@ class RateLimiter:
             now: the Unix time; None for the Redis server's clock.
 
         Returns:
-            The admission: ``wait`` 0 and the reserved tokens, or the wait and its reason.
+            The slot: ``wait`` 0 and the reserved tokens, or the wait and its reason.
         """
         return self.acquire(estimate_tokens(request) if self.limits.tpm else 0, now=now)
 
-    def acquire(self, tokens: int, *, now: float | None = None) -> Admission:
+    def acquire(self, tokens: int, *, now: float | None = None) -> Slot:
         """Let a call of ``tokens`` (estimated) go now, or say when to try again. One round trip.
 
         Args:
@@ -228,31 +228,31 @@ class RateLimiter:
             now: the Unix time; None for the Redis server's clock.
 
         Returns:
-            The admission.
+            The slot.
         """
         tokens = tokens if self.limits.tpm else 0
         args: list[str | int] = [_now(now), repr(self._per_request), repr(self._per_token), tokens]
         wait, reason = self._acquire(keys=self._keys, args=[*args, repr(BURST_SECONDS), _IDLE_TTL_SECONDS])
         seconds = float(wait)
         if seconds <= 0:
-            return Admission(tokens=tokens)
-        return Admission(wait=seconds, reason=_reason(reason))
+            return Slot(tokens=tokens)
+        return Slot(wait=seconds, reason=_reason(reason))
 
-    def settle(self, admission: Admission, *, used: int, called: bool = True, now: float | None = None) -> None:
+    def settle(self, slot: Slot, *, used: int, called: bool = True, now: float | None = None) -> None:
         """Correct a let-through call's charge once its outcome is known. At most one round trip.
 
         Args:
-            admission: what :meth:`acquire` answered (nothing to settle for a held-back call).
+            slot: what :meth:`acquire` answered (nothing to settle for a held-back call).
             used: the tokens the call used (input + output from the answer's ``usage``; 0 for an error
                 answer). The estimate's surplus is given back, or the shortfall taken.
             called: False when the call was not made after all (the model's breaker was open): its
                 request is given back too.
             now: the Unix time; None for the Redis server's clock.
         """
-        if admission.wait > 0:
+        if slot.wait > 0:
             return
         refund = self._per_request if not called else 0.0
-        extra = (used - admission.tokens) * self._per_token
+        extra = (used - slot.tokens) * self._per_token
         if refund == 0 and extra == 0:
             return
         try:
@@ -282,11 +282,11 @@ class RateLimiter:
 class Unlimited:
     """A limiter that lets every call go and forgets pauses: the default of a bare StepContext (unit tests)."""
 
-    def admit(self, request: Mapping[str, Any]) -> Admission:
+    def pace(self, request: Mapping[str, Any]) -> Slot:
         """Let the call go."""
-        return Admission()
+        return Slot()
 
-    def settle(self, admission: Admission, *, used: int, called: bool = True) -> None:
+    def settle(self, slot: Slot, *, used: int, called: bool = True) -> None:
         """Nothing was charged."""
 
     def pause(self, seconds: float) -> float:

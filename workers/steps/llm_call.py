@@ -28,7 +28,7 @@ from shared.result import ErrorCode, InvokeResult, failure, success
 from shared.state import TurnState
 from shared.task_names import StepName
 from workers.context import BreakerPort, LimiterPort, StepContext
-from workers.llm.limiter import Admission
+from workers.llm.limiter import Slot
 from workers.llm.types import response_to_dict
 from workers.next_step import Continue, Next, RetryAfter
 from workers.retry import MODEL_DOWN, Trouble, model_trouble
@@ -47,13 +47,13 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         return failure(ErrorCode.INTERNAL_ERROR, f"llm_call {env.iteration} found no composed request")
     model = str(request.get("model") or ctx.settings.llm_model)
     limiter = ctx.limiter(model)
-    admission = limiter.admit(request)
-    if admission.wait > 0:
-        return _held_back(ctx, state, model, admission)
+    slot = limiter.pace(request)
+    if slot.wait > 0:
+        return _held_back(ctx, state, model, slot)
     breaker = ctx.breaker(model)
     wait = breaker.before_call(ctx.clock().timestamp())
     if wait > 0:
-        limiter.settle(admission, used=0, called=False)
+        limiter.settle(slot, used=0, called=False)
         logger.info("turn %s: the model's circuit breaker is open; trying again in %.1fs", state.turn_id, wait)
         ctx.metrics.count_breaker_open(model)
         message = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
@@ -65,7 +65,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     except LlmError as exc:
         relay.withdraw()
         ctx.metrics.count_model_call(model, seconds=time.perf_counter() - started, error=exc)
-        _settle_error(limiter, admission, exc)
+        _settle_error(limiter, slot, exc)
         return _on_error(ctx, env, state, exc, breaker)
     except Exception:
         relay.withdraw()  # the step fails or runs again: its text so far is not the answer
@@ -73,7 +73,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     relay.finish()
     seconds = time.perf_counter() - started
     used = response.input_tokens + response.output_tokens
-    limiter.settle(admission, used=used or admission.tokens)  # an answer without usage: the estimate stands
+    limiter.settle(slot, used=used or slot.tokens)  # an answer without usage: the estimate stands
     ctx.metrics.count_model_call(
         model, seconds=seconds, input_tokens=response.input_tokens, output_tokens=response.output_tokens
     )
@@ -110,19 +110,19 @@ def _on_error(
     return success(RetryAfter(trouble, exc.message, hint=exc.retry_after))
 
 
-def _held_back(ctx: StepContext, state: TurnState, model: str, admission: Admission) -> InvokeResult[Next]:
+def _held_back(ctx: StepContext, state: TurnState, model: str, slot: Slot) -> InvokeResult[Next]:
     """The call may not go now: a paused model waits like a 429, a rate limit's slot is no failure."""
-    reason = admission.reason or "paused"
+    reason = slot.reason or "paused"
     ctx.metrics.count_rate_limited(model, reason)
-    logger.info("turn %s: model %s held back (%s); trying again in %.2fs", state.turn_id, model, reason, admission.wait)
+    logger.info("turn %s: model %s held back (%s); trying again in %.2fs", state.turn_id, model, reason, slot.wait)
     if reason == "paused":
         message = "the model did not answer: it asked every caller to wait (429 with Retry-After)"
-        return success(RetryAfter(Trouble.MODEL_PAUSED, message, hint=admission.wait))
+        return success(RetryAfter(Trouble.MODEL_PAUSED, message, hint=slot.wait))
     message = f"the model's shared rate limit ({reason} per minute) held the call back"
-    return success(RetryAfter(Trouble.MODEL_PACED, message, hint=admission.wait))
+    return success(RetryAfter(Trouble.MODEL_PACED, message, hint=slot.wait))
 
 
-def _settle_error(limiter: LimiterPort, admission: Admission, exc: LlmError) -> None:
+def _settle_error(limiter: LimiterPort, slot: Slot, exc: LlmError) -> None:
     """An error answer used no tokens; a 429 with Retry-After pauses the model for every worker.
 
     A call that got no answer (timeout, connection error) keeps its reservation: the model may have run it.
@@ -130,4 +130,4 @@ def _settle_error(limiter: LimiterPort, admission: Admission, exc: LlmError) -> 
     if exc.status_code == 429 and exc.retry_after:
         limiter.pause(exc.retry_after)
     if exc.status_code:
-        limiter.settle(admission, used=0)
+        limiter.settle(slot, used=0)

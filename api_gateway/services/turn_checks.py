@@ -1,4 +1,4 @@
-"""Admission: checking a TurnRequest against the catalog and the caller's sessions.
+"""Turn request checks: checking a TurnRequest against the catalog and the caller's sessions.
 
 Shared by single turns and batches, so both refuse the same inputs the same way.
 """
@@ -16,10 +16,10 @@ from shared.models.turn import TurnRequest
 from shared.modes import ModeCatalog
 from shared.openai.extras import EXTRAS_KEY, TurnExtras
 
-__all__ = ["admit"]
+__all__ = ["check_turn_request"]
 
 
-def admit(
+def check_turn_request(
     body: TurnRequest,
     *,
     catalog: ModeCatalog,
