@@ -23,7 +23,7 @@ from api_gateway.openapi import install_openapi
 from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
-from api_gateway.state import connect_gateway
+from api_gateway.wiring import connect_gateway
 from shared.settings import Settings, get_settings
 
 __all__ = ["create_app"]

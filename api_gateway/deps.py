@@ -1,4 +1,4 @@
-"""Route dependencies: the gateway state, the authenticated caller, ids, the long-poll and the stream flag,
+"""Route dependencies: the gateway wiring, the authenticated caller, ids, the long-poll and the stream flag,
 as Annotated aliases.
 
 ``AuthenticatedRoute`` is the route class of every router whose routes take a ``Caller``: it checks
@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 
 from api_gateway.access_log import note_caller
 from api_gateway.errors import ApiError
-from api_gateway.state import GatewayState
+from api_gateway.wiring import GatewayWiring
 from shared import strict_json
 from shared.settings import ApiKey
 
@@ -33,12 +33,12 @@ _BEARER = HTTPBearer(
 )
 
 
-def _gateway(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.gateway
-    return state
+def _gateway(request: Request) -> GatewayWiring:
+    gateway: GatewayWiring = request.app.state.gateway
+    return gateway
 
 
-def _authenticate(gateway: GatewayState, request: Request) -> ApiKey:
+def _authenticate(gateway: GatewayWiring, request: Request) -> ApiKey:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -53,7 +53,7 @@ def _authenticate(gateway: GatewayState, request: Request) -> ApiKey:
 
 def _caller(
     request: Request,
-    gateway: Annotated[GatewayState, Depends(_gateway)],
+    gateway: Annotated[GatewayWiring, Depends(_gateway)],
     _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
 ) -> ApiKey:
     # _bearer only declares the security scheme; _authenticate reads the header as AuthenticatedRoute did.
@@ -99,7 +99,7 @@ class AuthenticatedRoute(APIRoute):
         return authenticated_handler
 
 
-Gateway = Annotated[GatewayState, Depends(_gateway)]
+Gateway = Annotated[GatewayWiring, Depends(_gateway)]
 Caller = Annotated[ApiKey, Depends(_caller)]
 WaitSeconds = Annotated[
     float | None,

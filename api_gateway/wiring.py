@@ -1,4 +1,4 @@
-"""GatewayState: what the gateway's routes see, built once by ``create_app`` through :func:`connect_gateway`.
+"""GatewayWiring: what the gateway's routes see, built once by ``create_app`` through :func:`connect_gateway`.
 
 The routes call services; the ports those services are built on (repositories, the state store,
 the broker step messages go to, the event log, the clock) stay inside :func:`connect_gateway`, which wires them on
@@ -48,11 +48,11 @@ from shared.step_sender import Broker, CeleryBroker, StepSender
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
 
-__all__ = ["GatewayPorts", "GatewayState", "connect_gateway", "open_ports", "utc_now"]
+__all__ = ["GatewayPorts", "GatewayWiring", "connect_gateway", "open_ports", "utc_now"]
 
 
 @dataclass(frozen=True)
-class GatewayState:
+class GatewayWiring:
     """What the routes use, built once per process: the services, and what ``/readyz`` pings.
 
     Routes call the services; ``/readyz`` pings the engine, Redis and the producer.
@@ -125,7 +125,7 @@ def open_ports(settings: Settings) -> GatewayPorts:
     )
 
 
-def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> GatewayState:
+def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> GatewayWiring:
     """Build the gateway's services on its ports.
 
     Args:
@@ -177,7 +177,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         max_events=settings.events_max_per_turn,
         clock=clock,
     )
-    return GatewayState(
+    return GatewayWiring(
         settings=settings,
         api_keys=settings.accepted_api_keys,
         engine=engine,

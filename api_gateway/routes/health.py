@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.deps import Gateway
 from api_gateway.errors import error_response
 from api_gateway.openapi import error_responses
-from api_gateway.state import GatewayState
+from api_gateway.wiring import GatewayWiring
 from shared.db.migrate import head_revision, schema_revision
 from shared.models.health import Liveness, Readiness
 
@@ -64,7 +64,7 @@ async def readyz(gateway: Gateway) -> JSONResponse:
     return error_response(503, "unavailable", message, details=body["checks"])
 
 
-def _check_all(gateway: GatewayState) -> tuple[str | None, dict[str, bool]]:
+def _check_all(gateway: GatewayWiring) -> tuple[str | None, dict[str, bool]]:
     revision, database = _database(gateway)
     checks = {
         "database": database,
@@ -76,7 +76,7 @@ def _check_all(gateway: GatewayState) -> tuple[str | None, dict[str, bool]]:
     return revision, checks
 
 
-def _database(gateway: GatewayState) -> tuple[str | None, bool]:
+def _database(gateway: GatewayWiring) -> tuple[str | None, bool]:
     try:
         return schema_revision(gateway.engine), True
     except Exception:  # any driver error means "not ready"; the reason goes to the log
@@ -84,7 +84,7 @@ def _database(gateway: GatewayState) -> tuple[str | None, bool]:
         return None, False
 
 
-def _redis(gateway: GatewayState) -> bool:
+def _redis(gateway: GatewayWiring) -> bool:
     try:
         return bool(gateway.redis.ping())
     except Exception:
@@ -92,7 +92,7 @@ def _redis(gateway: GatewayState) -> bool:
         return False
 
 
-def _broker(gateway: GatewayState) -> bool:
+def _broker(gateway: GatewayWiring) -> bool:
     try:
         with gateway.producer.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)

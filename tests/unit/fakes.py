@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from api_gateway.state import GatewayPorts, connect_gateway
+from api_gateway.wiring import GatewayPorts, connect_gateway
 from shared.broker import create_producer
 from shared.db import session_factory
 from shared.db.sessions import SessionRepository
@@ -187,7 +187,7 @@ class Gateway:
 
     The ports: SQLite in memory, fakeredis (the state store, event logs and fair admission, as in
     production), a :class:`FakeBroker` and a settable :class:`Clock`. Settings default to a
-    60 s client tool timeout and batches of at most 3 requests. ``GatewayState`` keeps only what the
+    60 s client tool timeout and batches of at most 3 requests. ``GatewayWiring`` keeps only what the
     routes use, so what a test looks at besides the services (the repositories, the cancel flags and
     in-flight markers, the event logs, admission) is opened here on the same database and Redis.
     """
