@@ -90,8 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(AccessLogMiddleware)  # around all of it: one line per request, with its final status
     if settings.otel_enabled:  # imported only when on: OpenTelemetry costs every process its import
         from api_gateway.telemetry import instrument_gateway
-        from shared.telemetry import start_tracing
+        from shared.telemetry import start_telemetry
 
-        start_tracing(settings, service_name="aptix-gateway")
+        start_telemetry(settings, service_name="aptix-gateway")
         instrument_gateway(app)
     return app

@@ -1,4 +1,4 @@
-"""Tracing of the gateway: FastAPI's OpenTelemetry instrumentation, with a turn's requests in its trace.
+"""Telemetry of the gateway: FastAPI's OpenTelemetry instrumentation, with a turn's requests in its trace.
 
 ``instrument_gateway`` runs only when ``APTIX_OTEL_ENABLED`` (``create_app``); OpenTelemetry is
 imported then, not before. Its middleware sits outside the instrumentation's, so it acts before the
@@ -29,49 +29,49 @@ _TURN_PATH = re.compile(r"^/v1/turns/(turn_[0-9a-f]{32})(?:/|$)")
 _RESERVED_TURN = "aptix.reserved_turn_id"
 _CLIENT_TRACEPARENT = "aptix.client_traceparent"
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
-_NOT_TRACED = "/healthz,/readyz,/metrics"
+_NO_SPANS = "/healthz,/readyz,/metrics"
 
 
 def instrument_gateway(app: FastAPI) -> None:
     """Trace every request of ``app`` (but probes), each turn's in that turn's trace.
 
-    Call it after :func:`shared.telemetry.start_tracing`.
+    Call it after :func:`shared.telemetry.start_telemetry`.
 
     Raises:
-        RuntimeError: tracing was not started in this process.
+        RuntimeError: telemetry was not started in this process.
     """
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-    from shared.telemetry import active_tracing
+    from shared.telemetry import active_telemetry
 
-    tracing = active_tracing()
-    if tracing is None:
-        raise RuntimeError("start_tracing() first: the gateway's spans need the process's tracer provider")
+    telemetry = active_telemetry()
+    if telemetry is None:
+        raise RuntimeError("start_telemetry() first: the gateway's spans need the process's tracer provider")
     FastAPIInstrumentor.instrument_app(
-        app, tracer_provider=tracing.provider, excluded_urls=_NOT_TRACED, server_request_hook=_on_request_span
+        app, tracer_provider=telemetry.provider, excluded_urls=_NO_SPANS, server_request_hook=_on_request_span
     )
     instrumented = app.build_middleware_stack
 
     def build_middleware_stack() -> ASGIApp:
-        return _TurnTraceMiddleware(instrumented())
+        return _TurnSpanMiddleware(instrumented())
 
     app.build_middleware_stack = build_middleware_stack  # type: ignore[method-assign]  # wraps the wrapper
 
 
 def reserved_turn_id(request: Request) -> str | None:
-    """The turn id reserved for the turn ``POST /v1/turns`` creates (None when tracing is off)."""
+    """The turn id reserved for the turn ``POST /v1/turns`` creates (None when telemetry is off)."""
     turn_id = request.scope.get(_RESERVED_TURN)
     return turn_id if isinstance(turn_id, str) else None
 
 
-class _TurnTraceMiddleware:
+class _TurnSpanMiddleware:
     """Puts each turn's requests into the turn's trace, before the request's span starts."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from shared.tracing import reserved_root, root_traceparent
+        from shared.telemetry_sdk import reserved_root, root_traceparent
 
         if scope["type"] != "http":
             await self.app(scope, receive, send)

@@ -225,9 +225,9 @@ def reconciler(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     if settings.otel_enabled:  # its re-drives join each turn's trace
-        from shared.telemetry import start_tracing
+        from shared.telemetry import start_telemetry
 
-        start_tracing(settings, service_name="aptix-reconciler")
+        start_telemetry(settings, service_name="aptix-reconciler")
     producer = create_producer(settings)
 
     def send_attempt(delivery_id: str, attempt: int, countdown: float) -> None:

@@ -54,9 +54,9 @@ def main() -> int:
     if args.tracing:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from shared.telemetry import start_tracing
+        from shared.telemetry import start_telemetry
 
-        start_tracing(Settings(), service_name="step-send-cost", exporter=InMemorySpanExporter())
+        start_telemetry(Settings(), service_name="step-send-cost", exporter=InMemorySpanExporter())
     worker = StepSender(CeleryBroker(app, retry=True), timers=MemoryStateStore(), park_after=30)
     gateway = StepSender(CeleryBroker(app, retry=False), timers=MemoryStateStore(), park_after=30)
     envelopes = [

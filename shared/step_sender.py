@@ -24,7 +24,7 @@ every hop of every turn. The message is the one ``app.send_task(name, args=[enve
 queue=..., countdown=..., priority=...)`` would send, byte for byte (headers, properties, body),
 from a worker's task too (its root and parent ids): ``tests/integration/test_broker_transport.py``
 holds the two equal against a real ``send_task`` on real Redis, so this is the only path. Celery's
-publish signals are sent as ``send_task`` sends them, so with tracing on (``shared.telemetry``) the
+publish signals are sent as ``send_task`` sends them, so with telemetry on (``shared.telemetry``) the
 OpenTelemetry instrumentation writes each message's trace context into its headers; each message
 goes out in its turn's trace.
 """
@@ -47,7 +47,7 @@ from redis import RedisError
 from shared.models.envelope import TurnEnvelope
 from shared.state import Timers
 from shared.task_names import TASK_QUEUES, task_name
-from shared.telemetry import turn_trace
+from shared.telemetry import turn_spans
 
 __all__ = ["SEND_ERRORS", "Broker", "CeleryBroker", "StepSender"]
 
@@ -208,8 +208,8 @@ class CeleryBroker:
         )  # fmt: skip
         properties["priority"] = envelope.priority  # send_task copies its options into the properties
         declare: list[Any] = []  # the queue is direct: a message goes straight to its list
-        with turn_trace(envelope.turn_id):
-            if signalled:  # tracing's instrumentation writes the trace context into the headers
+        with turn_spans(envelope.turn_id):
+            if signalled:  # telemetry's instrumentation writes the trace context into the headers
                 signals.before_task_publish.send(
                     sender=name, body=body, exchange="", routing_key=queue, declare=declare, headers=headers,
                     properties=properties, retry_policy=conf.retry_policy,

@@ -1,7 +1,7 @@
 """The Celery app of the workers: shared config, one registered task per pipeline layer and the
 webhook delivery task, the worker signals that build each process's runtime, start its reconciler
 copy, open each step task's log context (``shared.logging``) and, when ``APTIX_OTEL_ENABLED``, start
-tracing (``shared.telemetry``), and the bootstep that keeps the process's heartbeat (``workers.liveness``).
+telemetry (``shared.telemetry``), and the bootstep that keeps the process's heartbeat (``workers.liveness``).
 
 ``create_celery(settings)`` is the factory. ``celery_app`` exists for ``celery -A
 workers.app:celery_app`` and is built on first access, not at import.
@@ -147,9 +147,9 @@ def _connect_signals(app: Celery, runtime: WorkerRuntime, settings: Settings) ->
         if getattr(sender, "app", None) is app:
             set_process_fields(worker=str(sender.hostname))
             if settings.otel_enabled:  # imported only when on: OpenTelemetry costs every process its import
-                from shared.telemetry import start_tracing
+                from shared.telemetry import start_telemetry
 
-                start_tracing(settings, service_name="aptix-worker")
+                start_telemetry(settings, service_name="aptix-worker")
             runtime.start(str(sender.hostname))
 
     def on_child(**_kwargs: Any) -> None:

@@ -23,7 +23,7 @@ from shared.settings import Settings
 from shared.state import InFlightMarkers
 from shared.state.admission import AdmissionQueue
 from shared.step_sender import SEND_ERRORS, StepSender
-from shared.telemetry import active_tracing, turn_accepted
+from shared.telemetry import active_telemetry, turn_accepted
 
 __all__ = ["TurnSender", "unavailable"]
 
@@ -135,14 +135,14 @@ class TurnSender:
 
 
 def _start_traces(turn_ids: list[str]) -> None:
-    """With tracing on, each new turn's root span, linked to the request that accepted it (``shared.telemetry``).
+    """With telemetry on, each new turn's root span, linked to the request that accepted it (``shared.telemetry``).
 
     Nothing for a turn whose request is its root already (``POST /v1/turns``). A batch's turns get a
     root of their own each: only the request can link to it, and their first steps are sent after
     it ends, inside each turn's trace (``shared.step_sender``), by this request or, for a held turn,
     later by the admission scheduler in another process.
     """
-    if active_tracing() is None:
+    if active_telemetry() is None:
         return
     for turn_id in turn_ids:
         with turn_accepted(turn_id):

@@ -1,6 +1,6 @@
 """The broker on a real Redis: shared.broker_transport's channel reuses one client, messages still flow,
 the backlog counts every list, and shared.step_sender's messages are byte for byte what ``send_task`` sends
-(with tracing on: tests/integration/test_tracing.py)."""
+(with telemetry on: tests/integration/test_telemetry_spans.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Step messages as they lie on a Redis broker, sent by Celery's ``send_task`` and by ``shared.step_sender``.
 
-The identity tests (``tests/integration/test_broker_transport.py``, and with tracing on
-``test_tracing.py``) send the same envelopes both ways and compare the raw bytes.
+The identity tests (``tests/integration/test_broker_transport.py``, and with telemetry on
+``test_telemetry_spans.py``) send the same envelopes both ways and compare the raw bytes.
 """
 
 from __future__ import annotations

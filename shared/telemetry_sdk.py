@@ -1,4 +1,4 @@
-"""Tracing: the OpenTelemetry side of ``shared.telemetry`` (imported only when tracing is on).
+"""Telemetry: the OpenTelemetry side of ``shared.telemetry`` (imported only when telemetry is on).
 
 A turn's trace id is its turn id and its root span id the turn id's low 64 bits (the reasons are
 in ``shared.telemetry``). :class:`_TurnIds` gives a root span those ids when one was reserved for
@@ -29,7 +29,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from shared.task_names import TASK_QUEUES
 
-__all__ = ["Tracing", "reserved_root", "root_traceparent", "turn_ids"]
+__all__ = ["Telemetry", "reserved_root", "root_traceparent", "turn_ids"]
 
 _TURN_ID = re.compile(r"^turn_([0-9a-f]{32})$")
 _LOW_64_BITS = (1 << 64) - 1
@@ -62,7 +62,7 @@ def reserved_root(turn_id: str) -> Iterator[None]:
         _RESERVED.reset(token)
 
 
-class Tracing:
+class Telemetry:
     """The process's tracer provider, its Celery instrumentation and the turn-trace helpers."""
 
     def __init__(self, provider: TracerProvider) -> None:
@@ -70,7 +70,7 @@ class Tracing:
         self.tracer = provider.get_tracer("aptix")
 
     @classmethod
-    def start(cls, *, service_name: str, exporter: SpanExporter | None = None) -> Tracing:
+    def start(cls, *, service_name: str, exporter: SpanExporter | None = None) -> Telemetry:
         """Build the provider (OTLP/HTTP exporter unless ``exporter``) and instrument Celery.
 
         Args:
@@ -89,22 +89,22 @@ class Tracing:
         provider.add_span_processor(processor)
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             trace.set_tracer_provider(provider)  # for any other instrumented library in the process
-        tracing = cls(provider)
+        telemetry = cls(provider)
         # Ours first: a message without trace headers gets the turn's root before Celery's span starts.
-        signals.task_prerun.connect(_adopt_turn_trace, weak=False, dispatch_uid="aptix-adopt-turn-trace")
+        signals.task_prerun.connect(_adopt_turn_spans, weak=False, dispatch_uid="aptix-adopt-turn-spans")
         CeleryInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]  # untyped package
         signals.task_prerun.connect(_label_task_span, weak=False, dispatch_uid="aptix-label-task-span")
-        return tracing
+        return telemetry
 
     def stop(self) -> None:
         """Remove the Celery instrumentation, export what is pending and shut the provider down."""
         CeleryInstrumentor().uninstrument()  # type: ignore[no-untyped-call]  # untyped package
-        signals.task_prerun.disconnect(dispatch_uid="aptix-adopt-turn-trace")
+        signals.task_prerun.disconnect(dispatch_uid="aptix-adopt-turn-spans")
         signals.task_prerun.disconnect(dispatch_uid="aptix-label-task-span")
         self.provider.shutdown()
 
     @contextmanager
-    def turn_trace(self, turn_id: str) -> Iterator[None]:
+    def turn_spans(self, turn_id: str) -> Iterator[None]:
         """The block runs in the turn's trace: as is if it does already, else under the turn's root."""
         trace_id, span_id = turn_ids(turn_id)
         if trace.get_current_span().get_span_context().trace_id == trace_id:
@@ -121,7 +121,7 @@ class Tracing:
     def turn_span(self, turn_id: str, name: str, attributes: Mapping[str, str | int]) -> Iterator[None]:
         """The block as a span ``name`` in the turn's trace."""
         with (
-            self.turn_trace(turn_id),
+            self.turn_spans(turn_id),
             self.tracer.start_as_current_span(name, attributes={"aptix.turn_id": turn_id, **attributes}),
         ):
             yield
@@ -176,7 +176,7 @@ class _TurnIds(RandomIdGenerator):
         return super().generate_span_id()
 
 
-def _adopt_turn_trace(task: Any = None, args: Any = None, **_kwargs: Any) -> None:
+def _adopt_turn_spans(task: Any = None, args: Any = None, **_kwargs: Any) -> None:
     """A step task whose message came without trace headers runs under its turn's root."""
     if task is None or task.name not in TASK_QUEUES or getattr(task.request, "traceparent", None):
         return

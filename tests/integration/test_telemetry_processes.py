@@ -1,4 +1,4 @@
-"""Tracing as deployed: ``aptix gateway`` and ``aptix worker`` (its threads and gevent processes) with
+"""Telemetry as deployed: ``aptix gateway`` and ``aptix worker`` (its threads and gevent processes) with
 ``APTIX_OTEL_ENABLED=1`` export over OTLP/HTTP, and a turn's spans from every process share its trace."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from aptix_cli.launcher import free_port, wait_until
 from scripted_llm import ScriptedServer
-from shared.tracing import turn_ids
+from shared.telemetry_sdk import turn_ids
 from tests.conftest import API_KEYS, redis_databases
 from tests.integration.conftest import OPEN_FILE, System
 from tests.support.databases import fresh_database

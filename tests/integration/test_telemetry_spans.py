@@ -36,8 +36,8 @@ from shared.state import RedisStateStore
 from shared.state.keys import RECONCILER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.step_sender import CeleryBroker
-from shared.telemetry import start_tracing, stop_tracing, turn_trace
-from shared.tracing import turn_ids
+from shared.telemetry import start_telemetry, stop_telemetry, turn_spans
+from shared.telemetry_sdk import turn_ids
 from shared.turn_ending import TurnEnding
 from tests.conftest import API_KEYS, KEY_A, redis_databases
 from tests.integration.conftest import OPEN_FILE
@@ -107,7 +107,7 @@ def traced(services: None, scripted_llm: ScriptedServer, modes_file: Path) -> It
             modes_file=str(modes_file),
             otel_enabled=True,
         )
-        start_tracing(settings, service_name="aptix-test", exporter=exporter)
+        start_telemetry(settings, service_name="aptix-test", exporter=exporter)
         # The worker's app before anything is published: an in-process worker's threads run tasks
         # through Celery's default app, which takes the tasks registered before it is first used
         # (and the instrumentation's first publish uses it).
@@ -116,7 +116,7 @@ def traced(services: None, scripted_llm: ScriptedServer, modes_file: Path) -> It
             with TestClient(create_app(settings)) as client:
                 yield Traced(client=client, spans=exporter, settings=settings, worker_app=worker_app)
         finally:
-            stop_tracing()
+            stop_telemetry()
 
 
 @pytest.fixture(scope="module")
@@ -216,13 +216,13 @@ def test_each_turn_of_a_batch_is_a_trace_of_its_own_linked_to_the_batch_request(
 
 
 def test_a_step_message_carries_its_turns_trace_and_is_otherwise_the_one_send_task_sends(traced: Traced) -> None:
-    # Given tracing on (this module's), no span current (a reconciler thread, say) and a broker of
+    # Given telemetry on (this module's), no span current (a reconciler thread, say) and a broker of
     # this test's own (the module's worker takes nothing from it)
     with redis_databases(1) as (broker_url,):
         app = create_producer(Settings(broker_url=broker_url, redis_url=broker_url))
         # When each envelope goes through send_task in its turn's trace, then through the step sender
         for envelope in ENVELOPES:
-            with turn_trace(envelope.turn_id):
+            with turn_spans(envelope.turn_id):
                 send_task(app, envelope)
             step_sender(app).send([envelope])
         # Then each message carries its turn's trace, and the two are the same bytes but for their own ids and span
