@@ -11,11 +11,5 @@ from shared.modes.catalog import (
 )
 
 __all__ = [
-    "BUILTIN_TOOL_NAMES",
-    "CHANGE_MODE_TOOL",
-    "Mode",
-    "ModeCatalog",
-    "ModelLimits",
-    "OperatorTool",
-    "load_catalog",
-]
+    "BUILTIN_TOOL_NAMES", "CHANGE_MODE_TOOL", "Mode", "ModeCatalog", "ModelLimits", "OperatorTool", "load_catalog",
+]  # fmt: skip
