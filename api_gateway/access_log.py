@@ -16,12 +16,12 @@ context fields the caller's org (when the key was valid), the turn (the path's, 
 from __future__ import annotations
 
 import logging
-import time
 from importlib import metadata
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
+from api_gateway.http_middleware import AnsweredRequestMiddleware
 from api_gateway.ids import is_session_id, is_turn_id
 from shared.logging import log_context
 from shared.redaction import without_password
@@ -73,29 +73,11 @@ def note_turn(request: Request, turn_id: str, session_id: str) -> None:
     request.scope[_SESSION] = session_id
 
 
-class AccessLogMiddleware:
+class AccessLogMiddleware(AnsweredRequestMiddleware):
     """Logs one line per HTTP request once it is answered (pure ASGI: it sees 413s and errors too)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def noting_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, noting_send)
-        finally:
-            _log_access(scope, status, (time.perf_counter() - started) * 1000)
+    def answered(self, scope: Scope, status: int, seconds: float) -> None:
+        _log_access(scope, status, seconds * 1000)
 
 
 def _log_access(scope: Scope, status: int, duration_ms: float) -> None:

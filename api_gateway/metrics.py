@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -27,8 +26,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
+from api_gateway.http_middleware import AnsweredRequestMiddleware
 from shared.broker import queue_depth, unacked_depth
 from shared.metrics import finished_labels, turns_finished_counter
 from shared.models.turn import TurnStatus
@@ -144,33 +144,18 @@ class MetricsListener:
             self._thread.join(timeout=5)
 
 
-class _MetricsMiddleware:
-    """Pure ASGI (BaseHTTPMiddleware would wrap errors raised while the body is read)."""
+class _MetricsMiddleware(AnsweredRequestMiddleware):
+    """Counts each HTTP request and its latency by method, route template and status."""
 
     def __init__(self, app: ASGIApp, *, metrics: GatewayMetrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        finally:
-            route = _route_template(scope)
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.latency.labels(method, route).observe(time.perf_counter() - started)
+    def answered(self, scope: Scope, status: int, seconds: float) -> None:
+        route = _route_template(scope)
+        method = scope["method"] if scope["method"] in _METHODS else "other"
+        self.metrics.requests.labels(method, route, str(status)).inc()
+        self.metrics.latency.labels(method, route).observe(seconds)
 
 
 def _route_template(scope: Scope) -> str:

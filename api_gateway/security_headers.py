@@ -7,7 +7,9 @@ interactive docs pages get the same headers minus ``no-store`` (they hold nothin
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from api_gateway.http_middleware import HttpMiddleware
 
 __all__ = ["SECURITY_HEADERS", "SecurityHeadersMiddleware"]
 
@@ -22,16 +24,10 @@ _NO_STORE = (b"cache-control", b"no-store")
 _CACHEABLE_PATHS = ("/docs", "/openapi.json")  # /docs also covers /docs-assets/
 
 
-class SecurityHeadersMiddleware:
+class SecurityHeadersMiddleware(HttpMiddleware):
     """Adds :data:`SECURITY_HEADERS` (and ``Cache-Control: no-store`` on API paths) to each response."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         extra = list(SECURITY_HEADERS)
         if not scope["path"].startswith(_CACHEABLE_PATHS):
             extra.append(_NO_STORE)

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api_gateway.http_middleware import HttpMiddleware
 from api_gateway.ids import new_turn_id
 
 __all__ = ["instrument_gateway", "reserved_turn_id"]
@@ -64,18 +65,12 @@ def reserved_turn_id(request: Request) -> str | None:
     return turn_id if isinstance(turn_id, str) else None
 
 
-class _TurnSpanMiddleware:
+class _TurnSpanMiddleware(HttpMiddleware):
     """Puts each turn's requests into the turn's trace, before the request's span starts."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         from shared.telemetry_sdk import reserved_root, root_traceparent
 
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
         if scope["method"] == "POST" and scope["path"] == "/v1/turns":
             turn_id = new_turn_id()
             scope[_RESERVED_TURN] = turn_id
