@@ -9,10 +9,11 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
 from api_gateway.openapi import error_responses
 from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
+from api_gateway.routes.turns import answer_round
 from api_gateway.services import InvalidRequest
 from shared.db.records import TurnRecord
 from shared.models.trace import TurnTrace
-from shared.models.turn import ToolResultsRequest, Turn, TurnHandle, TurnStatus
+from shared.models.turn import ToolResultsRequest, Turn, TurnHandle
 from shared.turn_view import to_turn
 
 __all__ = ["router"]
@@ -81,11 +82,7 @@ async def post_tool_results(
 
         return await streams.stream(start, org_id=caller.org_id)
     row = await run_in_threadpool(service.resume, turn_id, body, org_id=caller.org_id)
-    if wait:
-        row = await service.wait(row, org_id=caller.org_id, seconds=wait)
-        return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
-    handle = TurnHandle(turn_id=row.turn_id, session_id=row.session_id, status=TurnStatus(row.status))
-    return JSONResponse(handle.model_dump(mode="json"), status_code=202)
+    return await answer_round(service, row, org_id=caller.org_id, wait=wait)
 
 
 @router.post(

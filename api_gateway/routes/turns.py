@@ -10,13 +10,13 @@ from api_gateway.access_log import note_turn
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
 from api_gateway.openapi import error_responses
 from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
-from api_gateway.services import InvalidRequest
+from api_gateway.services import InvalidRequest, TurnService
 from api_gateway.telemetry import reserved_turn_id
 from shared.db.records import TurnRecord
 from shared.models.turn import Turn, TurnHandle, TurnRequest, TurnStatus
 from shared.turn_view import to_turn
 
-__all__ = ["router"]
+__all__ = ["answer_round", "router"]
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
@@ -91,11 +91,7 @@ async def create_turn(
         return await gateway.event_streams.stream(start, org_id=caller.org_id)
     row = await run_in_threadpool(service.record, body, org_id=caller.org_id, user_id=caller.user_id, turn_id=turn_id)
     note_turn(request, row.turn_id, row.session_id)
-    if wait:
-        row = await service.wait(row, org_id=caller.org_id, seconds=wait)
-        return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
-    handle = TurnHandle(turn_id=row.turn_id, session_id=row.session_id, status=TurnStatus(row.status))
-    return JSONResponse(handle.model_dump(mode="json"), status_code=202)
+    return await answer_round(service, row, org_id=caller.org_id, wait=wait)
 
 
 @router.get(
@@ -113,3 +109,16 @@ async def get_turn(turn_id: TurnId, caller: Caller, gateway: Gateway, wait: Wait
     if wait:
         row = await service.wait(row, org_id=caller.org_id, seconds=wait)
     return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
+
+
+async def answer_round(service: TurnService, row: TurnRecord, *, org_id: str, wait: float | None) -> JSONResponse:
+    """The answer to a request that started a round of ``row``'s turn and is not streamed.
+
+    With ``wait`` (``?wait=S``) the turn once it leaves queued/running (or as it stands after S seconds);
+    without it the turn's handle, ``202 Accepted``.
+    """
+    if wait:
+        row = await service.wait(row, org_id=org_id, seconds=wait)
+        return JSONResponse(to_turn(row).model_dump(mode="json", by_alias=True))
+    handle = TurnHandle(turn_id=row.turn_id, session_id=row.session_id, status=TurnStatus(row.status))
+    return JSONResponse(handle.model_dump(mode="json"), status_code=202)
