@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import threading
+from typing import TypeVar
 
 import httpx
 import redis
@@ -45,6 +46,9 @@ __all__ = [
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+
+
+_NOT_STARTED = "the worker runtime was not started: step tasks run inside a Celery worker"
 
 
 class WorkerRuntime:
@@ -142,20 +146,15 @@ class WorkerRuntime:
         Raises:
             RuntimeError: when the worker did not start (a task called outside a worker).
         """
-        if self._ctx is None:
-            raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
-        return self._ctx
+        return _started(self._ctx)
 
     @property
     def steps(self) -> StepSender:
         """The step sender :meth:`start` built: every step message this process sends goes through it.
 
-        Raises:
-            RuntimeError: when the worker did not start (a task called outside a worker).
+        Raises: as :attr:`context`.
         """
-        if self._steps is None:
-            raise RuntimeError("the worker runtime was not started: step tasks run inside a Celery worker")
-        return self._steps
+        return _started(self._steps)
 
     @property
     def webhooks(self) -> WebhookDeliverer:
@@ -164,9 +163,7 @@ class WorkerRuntime:
         Raises:
             RuntimeError: when the worker did not start, or was built without a way to send webhooks.
         """
-        if self._deliverer is None:
-            raise RuntimeError("the worker runtime was not started with a webhook sender")
-        return self._deliverer
+        return _started(self._deliverer, "the worker runtime was not started with a webhook sender")
 
     def start_reconciler(self) -> None:
         """Start this worker's copy of the reconciler in a daemon thread (unless turned off)."""
@@ -329,3 +326,13 @@ def webhook_sender(settings: Settings, send_webhook: SendAttempt | None) -> Webh
         send(delivery_id, 1, 0.0)
 
     return WebhookSender(first_attempt)
+
+
+_Part = TypeVar("_Part")
+
+
+def _started(part: _Part | None, not_started: str = _NOT_STARTED) -> _Part:
+    """``part`` of the runtime, built by :meth:`WorkerRuntime.start`; RuntimeError ``not_started`` when it was not."""
+    if part is None:
+        raise RuntimeError(not_started)
+    return part
