@@ -191,16 +191,12 @@ def worker_health(_args: argparse.Namespace) -> int:
 
 
 def _allow_open_files(needed: int, *, command: str) -> None:
-    """Raise the soft limit on open files towards ``needed`` (each model call in flight, each client
-    connection is a socket; processes often start with a soft limit of 1,024 under a far higher hard limit)."""
-    import resource
+    """Raise the open-files limit towards ``needed``; warn when the hard limit keeps it lower."""
+    from aptix_cli.open_files import allow_open_files
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        if target < needed:
-            logger.warning("aptix %s: at most %d open files (hard limit); %d wanted", command, target, needed)
+    allowed = allow_open_files(needed)
+    if allowed < needed:
+        logger.warning("aptix %s: at most %d open files (hard limit); %d wanted", command, allowed, needed)
 
 
 def reconciler(args: argparse.Namespace) -> int:

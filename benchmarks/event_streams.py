@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import secrets
 import statistics
 import subprocess
@@ -42,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from aptix_cli.open_files import allow_open_files  # noqa: E402  (after the path is set)
 
 _OWNER_KEY = "aptix:bench:owner"
 
@@ -71,7 +72,7 @@ class Sample:
 def main() -> int:
     """Run the measurement and print the figures."""
     args = _arguments()
-    _allow_open_files(2 * args.streams + 512)
+    allow_open_files(2 * args.streams + 512)
     import redis
 
     database = _claim_database(redis, args.redis_base)
@@ -272,12 +273,6 @@ def _claim_database(redis_module: object, base: str) -> int:
         if client.dbsize() == 0 and client.set(_OWNER_KEY, "bench", nx=True, ex=3600) and client.dbsize() == 1:
             return index
     raise SystemExit(f"no empty Redis database at {base}")
-
-
-def _allow_open_files(needed: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import secrets
 import statistics
 import subprocess
@@ -45,6 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from aptix_cli.open_files import allow_open_files  # noqa: E402  (after the path is set)
 
 KINDS = ("idle", "headers", "body")
 
@@ -83,7 +84,7 @@ class Probe:
 def main() -> int:
     """Run the measurement and print the figures."""
     args = _arguments()
-    _allow_open_files(args.connections + 256)
+    allow_open_files(args.connections + 256)
     if args.url:
         return _report(args, asyncio.run(_measure(args, args.url, args.key or "")))
     with tempfile.TemporaryDirectory(prefix="aptix-slow-clients-") as scratch:
@@ -202,12 +203,6 @@ def _report(args: argparse.Namespace, measured: tuple[list[Held], Probe, float])
     else:
         print(f"  normal client meanwhile: none served; failures: {probe.failures[:5]}")
     return 0
-
-
-def _allow_open_files(needed: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
 
 
 if __name__ == "__main__":
