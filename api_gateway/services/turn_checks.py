@@ -26,11 +26,11 @@ def check_turn_request(
     sessions: SessionRepository,
     org_id: str,
     user_id: str,
+    turn_id: str | None = None,
+    extras: TurnExtras | None = None,
     loc: tuple[str | int, ...] = ("body",),
     batch_id: str | None = None,
     batch_index: int | None = None,
-    turn_id: str | None = None,
-    extras: TurnExtras | None = None,
 ) -> NewTurn:
     """Check ``body`` and describe the turn to record.
 
@@ -40,11 +40,11 @@ def check_turn_request(
         sessions: the session repository, to find the session a follow-up turn continues.
         org_id: the caller's organisation; a session of another organisation does not exist.
         user_id: the caller.
+        turn_id: the turn's id, when one was reserved for it; else a fresh one.
+        extras: options beyond ``TurnRequest`` (the OpenAI face's), recorded with the request.
         loc: where ``body`` sits in the HTTP body, for the ``loc`` of error details.
         batch_id: the batch the turn belongs to, if any.
         batch_index: the turn's index in its batch.
-        turn_id: the turn's id, when one was reserved for it; else a fresh one.
-        extras: options beyond ``TurnRequest`` (the OpenAI face's), recorded with the request.
 
     Returns:
         The turn to record, with its turn id and, for a new session, a fresh session id.
