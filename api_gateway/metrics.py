@@ -10,10 +10,8 @@ only (:class:`MetricsListener`), so an Ingress publishing the API cannot publish
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 from fastapi import FastAPI, Response
 from prometheus_client import (
@@ -22,7 +20,6 @@ from prometheus_client import (
     Counter,
     Histogram,
     generate_latest,
-    start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -31,6 +28,7 @@ from starlette.types import ASGIApp, Scope
 from api_gateway.http_middleware import AnsweredRequestMiddleware
 from shared.broker import queue_depth, unacked_depth
 from shared.metrics import finished_labels, turns_finished_counter
+from shared.metrics_server import MetricsServer
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo
 from shared.task_names import Queue
@@ -111,19 +109,12 @@ def install_metrics(app: FastAPI, metrics: GatewayMetrics, *, on_api_port: bool 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-class MetricsListener:
+class MetricsListener(MetricsServer):
     """The gateway's metrics on a port of their own (``APTIX_METRICS_HOST``:``APTIX_METRICS_PORT``).
 
     A small HTTP server on a thread of its own, so a scrape (which reads the broker's queue depths)
     never waits on or holds the API's event loop.
     """
-
-    def __init__(self, registry: CollectorRegistry, *, host: str, port: int) -> None:
-        self._registry = registry
-        self._host = host
-        self._port = port
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Listen and serve the registry.
@@ -131,17 +122,8 @@ class MetricsListener:
         Raises:
             OSError: the address cannot be bound (the port is in use, say).
         """
-        self._server, self._thread = start_http_server(self._port, addr=self._host, registry=self._registry)
+        super().start()
         logger.info("gateway metrics on http://%s:%d/metrics", self._host, self._port)
-
-    def stop(self) -> None:
-        """Stop listening (and wait for the serving thread)."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
 
 class _MetricsMiddleware(AnsweredRequestMiddleware):

@@ -14,15 +14,15 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from aptix_cli.metrics_dir import pid_alive
+from shared.metrics_server import MetricsServer
 
 __all__ = ["MultiProcessListener", "fold_dead_processes"]
 
@@ -30,7 +30,7 @@ _ARCHIVE = "dead"
 """The pid part of the file that holds the folded counts of dead processes (``counter_dead.db``)."""
 
 
-class MultiProcessListener:
+class MultiProcessListener(MetricsServer):
     """Serves ``/metrics``: the sum of the metric files in one directory, over HTTP on a thread."""
 
     def __init__(self, directory: Path, *, host: str, port: int) -> None:
@@ -41,30 +41,14 @@ class MultiProcessListener:
             host: the address to listen on.
             port: the port to listen on.
         """
-        self.directory = directory
-        self._host = host
-        self._port = port
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Listen on the port.
-
-        Raises:
-            OSError: the address cannot be bound (the port is in use, say).
-        """
         registry = CollectorRegistry()
-        registry.register(_FoldingCollector(self.directory))
-        self._server, self._thread = start_http_server(self._port, addr=self._host, registry=registry)
+        registry.register(_FoldingCollector(directory))
+        super().__init__(registry, host=host, port=port)
+        self.directory = directory
 
     def stop(self) -> None:
         """Stop listening and remove the directory."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -13,7 +13,8 @@ import logging
 import os
 import random
 import threading
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
 import redis
@@ -170,44 +171,26 @@ class WorkerRuntime:
         if not self._with_reconciler or self._reconciler_thread is not None:
             return
         ctx = self.context
-        assert self._redis is not None  # built with the context
         reconciler = build_reconciler(
-            self._settings,
-            client=self._redis,
-            turns=ctx.turns,
-            steps=self.steps,
-            owner=f"{ctx.hostname}:{os.getpid()}",
-            metrics=ctx.metrics,
-            webhooks=self._sweeper(),
-            webhook_sender=ctx.webhook_sender,
+            self._settings, **self._leader_parts(), webhooks=self._sweeper(), webhook_sender=ctx.webhook_sender
         )
-        self._stop.clear()
-        self._reconciler_thread = threading.Thread(
-            target=reconciler.run, args=(self._stop,), name="aptix-reconciler", daemon=True
-        )
-        self._reconciler_thread.start()
+        self._reconciler_thread = _daemon(reconciler.run, self._stop, "aptix-reconciler")
         logger.info("reconciler started in worker %s", ctx.hostname)
 
     def start_scheduler(self) -> None:
         """Start this worker's copy of the admission scheduler in a daemon thread (unless turned off)."""
         if not self._with_scheduler or self._scheduler_thread is not None:
             return
+        scheduler = build_scheduler(self._settings, **self._leader_parts())
+        self._scheduler_thread = _daemon(scheduler.run, self._scheduler_stop, "aptix-scheduler")
+        logger.info("admission scheduler started in worker %s", self.context.hostname)
+
+    def _leader_parts(self) -> dict[str, Any]:
+        """What the reconciler and the scheduler are both built from: this worker's ports and its owner name."""
         ctx = self.context
         assert self._redis is not None  # built with the context
-        scheduler = build_scheduler(
-            self._settings,
-            client=self._redis,
-            turns=ctx.turns,
-            steps=self.steps,
-            owner=f"{ctx.hostname}:{os.getpid()}",
-            metrics=ctx.metrics,
-        )
-        self._scheduler_stop.clear()
-        self._scheduler_thread = threading.Thread(
-            target=scheduler.run, args=(self._scheduler_stop,), name="aptix-scheduler", daemon=True
-        )
-        self._scheduler_thread.start()
-        logger.info("admission scheduler started in worker %s", ctx.hostname)
+        return {"client": self._redis, "turns": ctx.turns, "steps": self.steps,
+                "owner": f"{ctx.hostname}:{os.getpid()}", "metrics": ctx.metrics}  # fmt: skip
 
     def stop_scheduler(self) -> None:
         """Stop this worker's admission scheduler thread."""
@@ -336,3 +319,11 @@ def _started(part: _Part | None, not_started: str = _NOT_STARTED) -> _Part:
     if part is None:
         raise RuntimeError(not_started)
     return part
+
+
+def _daemon(run: Callable[[threading.Event], None], stop: threading.Event, name: str) -> threading.Thread:
+    """Start ``run(stop)`` in a daemon thread called ``name``, with ``stop`` cleared first."""
+    stop.clear()
+    thread = threading.Thread(target=run, args=(stop,), name=name, daemon=True)
+    thread.start()
+    return thread

@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
 from api_gateway.openapi import error_responses
-from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
+from api_gateway.routes.turn_events import round_responses
 from api_gateway.routes.turns import answer_round
 from api_gateway.services import InvalidRequest
 from shared.db.records import TurnRecord
@@ -30,31 +30,18 @@ _NOT_FOUND = {404: "`not_found`: no such turn in the caller's organisation."}
     operation_id="postToolResults",
     summary="Post client tool results",
     response_description="The results were accepted; the turn is queued to resume (without `wait`).",
-    responses={
-        200: {
-            "model": Turn,
-            "description": (
-                "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true`: the "
-                "events of the round the results start, as `GET /v1/turns/{turn_id}/events` sends them."
+    responses=round_responses(
+        "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true`: the "
+        "events of the round the results start, as `GET /v1/turns/{turn_id}/events` sends them.",
+        specific={
+            **_NOT_FOUND,
+            409: (
+                "`turn_not_awaiting_tool_results`: the turn is not in `requires_client_tools` (it never was, "
+                "its results were posted already, or it timed out)."
             ),
-            "content": EVENT_STREAM_CONTENT,
+            422: "Also `stream` with `wait`.",
         },
-        **error_responses(
-            401,
-            413,
-            422,
-            503,
-            specific={
-                **_NOT_FOUND,
-                409: (
-                    "`turn_not_awaiting_tool_results`: the turn is not in `requires_client_tools` (it never was, "
-                    "its results were posted already, or it timed out)."
-                ),
-                422: "Also `stream` with `wait`.",
-                503: STREAMS_FULL,
-            },
-        ),
-    },
+    ),
 )
 async def post_tool_results(
     turn_id: TurnId,

@@ -12,8 +12,9 @@ from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, TurnId
 from api_gateway.openapi import error_responses
 from api_gateway.services.event_stream import check_event_id
 from shared.db.records import TurnRecord
+from shared.models.turn import Turn
 
-__all__ = ["EVENT_STREAM_CONTENT", "STREAMS_FULL", "router"]
+__all__ = ["EVENT_STREAM_CONTENT", "STREAMS_FULL", "round_responses", "router"]
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=AuthenticatedRoute)
 
@@ -44,6 +45,16 @@ EVENT_STREAM_CONTENT: dict[str, Any] = {
 }  # fmt: skip
 """The OpenAPI content of a ``text/event-stream`` answer."""
 STREAMS_FULL = "Also: this gateway process already serves `APTIX_EVENTS_MAX_STREAMS` event streams."
+
+
+def round_responses(description: str, *, specific: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of an operation that starts a round of a turn (a new turn, or its tool results).
+
+    It answers a ``TurnHandle`` (202), or with ``wait`` the ``Turn``, or with ``stream`` the round's
+    events (200, ``description``); and 401, 413, 422 and 503 as everywhere, plus ``specific``.
+    """
+    ok = {"model": Turn, "description": description, "content": EVENT_STREAM_CONTENT}
+    return {200: ok, **error_responses(401, 413, 422, 503, specific={**specific, 503: STREAMS_FULL})}
 """What a 503 of an operation that streams can also mean."""
 _After = Annotated[
     str | None,

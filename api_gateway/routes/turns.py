@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.access_log import note_turn
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
 from api_gateway.openapi import error_responses
-from api_gateway.routes.turn_events import EVENT_STREAM_CONTENT, STREAMS_FULL
+from api_gateway.routes.turn_events import round_responses
 from api_gateway.services import InvalidRequest, TurnService
 from api_gateway.telemetry import reserved_turn_id
 from shared.db.records import TurnRecord
@@ -28,35 +28,22 @@ router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=Authenticated
     operation_id="createTurn",
     summary="Start a turn",
     response_description="The turn was recorded and queued (without `wait`).",
-    responses={
-        200: {
-            "model": Turn,
-            "description": (
-                "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true` (or "
-                '`"stream": true`): the turn\'s events as they happen, as `GET /v1/turns/{turn_id}/events` sends them '
-                "(the turn's id in `Aptix-Turn-Id`)."
+    responses=round_responses(
+        "With `wait`: the turn once it left `queued`/`running`, or as it stands. With `stream=true` (or "
+        '`"stream": true`): the turn\'s events as they happen, as `GET /v1/turns/{turn_id}/events` sends them '
+        "(the turn's id in `Aptix-Turn-Id`).",
+        specific={
+            404: "`session_not_found`: `session_id` names no session of the caller's organisation.",
+            409: (
+                "`session_busy`: the session has a turn that is not finished. `idempotency_key_reused`: "
+                "the key was used before with another body."
             ),
-            "content": EVENT_STREAM_CONTENT,
+            422: (
+                "Also a client tool named like a server tool, an unknown `mode` for a new session, or `stream` "
+                "with `wait`."
+            ),
         },
-        **error_responses(
-            401,
-            413,
-            422,
-            503,
-            specific={
-                404: "`session_not_found`: `session_id` names no session of the caller's organisation.",
-                409: (
-                    "`session_busy`: the session has a turn that is not finished. `idempotency_key_reused`: "
-                    "the key was used before with another body."
-                ),
-                422: (
-                    "Also a client tool named like a server tool, an unknown `mode` for a new session, or `stream` "
-                    "with `wait`."
-                ),
-                503: STREAMS_FULL,
-            },
-        ),
-    },
+    ),
 )
 async def create_turn(
     body: TurnRequest,
