@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,19 @@ def start_system(
         stack.stop_all()
         raise
     return stack, System(stack=stack, gateway_url=url, llm=llm, env=env)
+
+
+@contextmanager
+def own_system(*, database_url: str, llm: ScriptedServer, modes_file: Path) -> Iterator[tuple[LocalStack, System]]:
+    """A gateway on broker and state databases of its own, with no worker yet; all it started stops at the end."""
+    with redis_databases(2) as urls:
+        stack, system = start_system(
+            database_url=database_url, redis_urls=urls, llm=llm, modes_file=modes_file, workers=[]
+        )
+        try:
+            yield stack, system
+        finally:
+            stack.stop_all()
 
 
 def system_env(

@@ -18,8 +18,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from scripted_llm import ScriptedServer
-from tests.conftest import redis_databases
-from tests.integration.conftest import System, start_system
+from tests.integration.conftest import System, own_system
 from tests.support.stack import LocalStack
 
 pytestmark = pytest.mark.integration
@@ -54,18 +53,8 @@ def gateway_only(
     database_url: str, scripted_llm: ScriptedServer, modes_file: Path
 ) -> Iterator[tuple[LocalStack, System]]:
     """A gateway on its own broker and state databases, with no worker yet."""
-    with redis_databases(2) as (state_url, broker_url):
-        stack, system = start_system(
-            database_url=database_url,
-            redis_urls=(state_url, broker_url),
-            llm=scripted_llm,
-            modes_file=modes_file,
-            workers=[],
-        )
-        try:
-            yield stack, system
-        finally:
-            stack.stop_all()
+    with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file) as (stack, system):
+        yield stack, system
 
 
 def test_a_worker_under_load_never_holds_more_than_pool_plus_overflow_connections(

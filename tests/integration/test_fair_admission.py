@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from scripted_llm import ScriptedServer
-from tests.conftest import KEY_A, KEY_B, redis_databases
-from tests.integration.conftest import System, start_system
+from tests.conftest import KEY_A, KEY_B
+from tests.integration.conftest import System, own_system
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 
@@ -37,21 +37,11 @@ def admission_system(
     database_url: str, scripted_llm: ScriptedServer, modes_file: Path
 ) -> Iterator[tuple[LocalStack, System]]:
     """A gateway and two worker processes without a scheduler, on their own broker and state store."""
-    with redis_databases(2) as (state_url, broker_url):
-        stack, system = start_system(
-            database_url=database_url,
-            redis_urls=(state_url, broker_url),
-            llm=scripted_llm,
-            modes_file=modes_file,
-            workers=[],
-        )
+    with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file) as (stack, system):
         stack.env["APTIX_ORG_MAX_IN_FLIGHT"] = str(CAP)
-        try:
-            for name in ("fa1", "fa2"):
-                stack.start_worker(name, concurrency=8, args=["--no-scheduler"])
-            yield stack, system
-        finally:
-            stack.stop_all()
+        for name in ("fa1", "fa2"):
+            stack.start_worker(name, concurrency=8, args=["--no-scheduler"])
+        yield stack, system
 
 
 def _counts(system: System, batch_id: str, key: str) -> dict[str, int]:

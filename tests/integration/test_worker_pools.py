@@ -21,22 +21,11 @@ pytestmark = pytest.mark.integration
 def bare_system(database_url: str, scripted_llm: object, modes_file: object) -> Iterator[tuple[LocalStack, System]]:
     """A gateway on its own broker and state databases, with no worker yet (each test starts its own)."""
     from scripted_llm import ScriptedServer
-    from tests.conftest import redis_databases
-    from tests.integration.conftest import start_system
+    from tests.integration.conftest import own_system
 
     assert isinstance(scripted_llm, ScriptedServer) and isinstance(modes_file, Path)
-    with redis_databases(2) as (state_url, broker_url):
-        stack, system = start_system(
-            database_url=database_url,
-            redis_urls=(state_url, broker_url),
-            llm=scripted_llm,
-            modes_file=modes_file,
-            workers=[],
-        )
-        try:
-            yield stack, system
-        finally:
-            stack.stop_all()
+    with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file) as (stack, system):
+        yield stack, system
 
 
 def test_gevent_llm_worker_runs_llm_calls_concurrently(bare_system: tuple[LocalStack, System]) -> None:
