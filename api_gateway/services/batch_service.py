@@ -118,16 +118,14 @@ class BatchService:
             webhook_url=webhook_url, idempotency_key=idempotency_key, request_hash=request_hash, reused=len(reused),
         )  # fmt: skip
         try:
-            self._batches.create(
+            with self._batches.creating(
                 row,
                 staged.turns(skip={turn.batch_index for turn in reused}),
                 reused=reused,
                 now=now,
                 deadline_at=self._turns.deadline(),
-                before_commit=lambda turn_ids: self._turns.sender.send_new(
-                    turn_ids, batch=True, refused="the batch was not accepted", org_id=org_id
-                ),
-            )
+            ) as turn_ids:
+                self._turns.sender.send_new(turn_ids, batch=True, refused="the batch was not accepted", org_id=org_id)
         except BatchKeyTaken as exc:
             winner = self._batches.by_idempotency_key(org_id, str(idempotency_key))
             if winner is None:  # the winner's transaction rolled back after all: the client may retry

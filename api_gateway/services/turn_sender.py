@@ -4,8 +4,9 @@ A batch's turns wait in their organisation's admission queue (``shared.state.adm
 admission scheduler releases them; an interactive turn and a re-entry are sent at once
 (``shared.step_sender.StepSender``, the one way a step is sent) and counted in flight. Every send
 marks the turns in flight for the reconciler first. A refusal of the broker or of Redis is
-:class:`~api_gateway.services.errors.Unavailable`, raised inside the caller's ``before_commit``:
-nothing is recorded.
+:class:`~api_gateway.services.errors.Unavailable`, raised inside the caller's block of
+``TurnRepository.creating`` (``accepting_tool_results``, ``BatchRepository.creating``), before the
+commit: nothing is recorded.
 """
 
 from __future__ import annotations

@@ -3,9 +3,12 @@
 Routes speak HTTP and call this; it speaks in repositories, the state store and the step sender, and
 refuses requests with the ``ServiceError``s of ``api_gateway.services.errors``.
 
-Every change that needs a message on the broker sends it before the database commits (the
-repositories' ``before_commit``): if the broker refuses, nothing is recorded and the client gets
-``Unavailable``; if the gateway dies after sending, the message finds no turn and is dropped.
+Every change that needs a message on the broker sends it before the database commits: the
+repository writes in a transaction it holds open for a block of this service's (``with
+turns.creating(turn) as created:``), the block sends through the ``TurnSender``, and the commit
+follows when the block ends. If the broker refuses, the block raises ``Unavailable``, nothing is
+recorded and the client gets 503; if the gateway dies after sending, the message finds no turn and
+is dropped.
 """
 
 from __future__ import annotations
@@ -112,21 +115,18 @@ class TurnService:
         """
         turn = self.check_request(body, org_id=org_id, user_id=user_id, turn_id=turn_id, extras=extras)
         try:
-            row, _created = self._turns.create(
-                turn,
-                now=self._clock(),
-                deadline_at=self.deadline(),
-                before_commit=lambda: self.sender.send_new(
-                    [turn.turn_id], batch=False, refused="the turn was not accepted", org_id=org_id
-                ),
-            )
+            with self._turns.creating(turn, now=self._clock(), deadline_at=self.deadline()) as created:
+                if created.new:  # a replayed key sends nothing
+                    self.sender.send_new(
+                        [turn.turn_id], batch=False, refused="the turn was not accepted", org_id=org_id
+                    )
         except SessionBusy as exc:
             raise Conflict("session_busy", f"session {turn.session_id!r} has a turn that is not finished") from exc
         except IdempotencyConflict as exc:
             raise Conflict(
                 "idempotency_key_reused", "this idempotency_key was used before with a different request"
             ) from exc
-        return row
+        return created.turn
 
     def check_request(
         self,
@@ -232,13 +232,12 @@ class TurnService:
         row = self.require(turn_id, org_id=org_id)
         self.expire_overdue(turn_id=turn_id)
         batch = row.batch_id is not None
-        round_ = self._turns.accept_tool_results(
-            turn_id,
-            results=[result.model_dump() for result in body.tool_results],
-            now=self._clock(),
-            deadline_at=self.deadline(),
-            before_commit=lambda round_: self.sender.send_reentry(turn_id, round_=round_, batch=batch, org_id=org_id),
-        )
+        results = [result.model_dump() for result in body.tool_results]
+        with self._turns.accepting_tool_results(
+            turn_id, results=results, now=self._clock(), deadline_at=self.deadline()
+        ) as round_:
+            if round_ is not None:
+                self.sender.send_reentry(turn_id, round_=round_, batch=batch, org_id=org_id)
         if round_ is None:
             current = self.require(turn_id, org_id=org_id)
             raise Conflict(

@@ -6,8 +6,9 @@ by idempotency key (``batch_reused_turns``); counts and results take both, in re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
 
@@ -79,18 +80,14 @@ class ReusedTurn:
     turn_id: str
 
 
-@dataclass(slots=True)
-class _Written:
-    turn_ids: list[str] = field(default_factory=list)
-
-
 class BatchRepository:
     """Reads and writes of batches."""
 
     def __init__(self, db: sessionmaker[Session]) -> None:
         self._db = db
 
-    def create(
+    @contextmanager
+    def creating(
         self,
         batch: BatchRecord,
         turns: Iterable[NewTurn],
@@ -98,21 +95,27 @@ class BatchRepository:
         now: datetime,
         deadline_at: datetime,
         reused: Sequence[ReusedTurn] = (),
-        before_commit: Callable[[list[str]], None] | None = None,
-    ) -> None:
-        """Record the batch, its reused turns and all its new queued turns, or nothing.
+    ) -> Iterator[list[str]]:
+        """Record the batch, its reused turns and all its new queued turns, or nothing, in a transaction
+        that stays open for the caller's block.
 
-        The turns are inserted :data:`INSERT_CHUNK` rows per statement, in one transaction; ``turns``
-        may be a generator (a spooled upload), read once. ``before_commit`` gets the new turns' ids
-        with every row written but not committed (see TurnRepository.create).
+        The rows are written when the block starts, :data:`INSERT_CHUNK` turns per statement; ``turns``
+        may be a generator (a spooled upload), read once. They are committed when the block ends; if
+        the block raises, nothing is recorded (the gateway sends or holds the turns in the block, as
+        ``TurnRepository.creating`` does for one turn).
+
+        Yields:
+            The new turns' ids, in request order.
 
         Raises:
             BatchKeyTaken: the batch's idempotency key was taken meanwhile (the batch row goes first, so
                 nothing else was written).
             TurnKeyTaken: a per-request idempotency key was taken meanwhile.
             SessionBusy: one of the turns' sessions has an unfinished turn.
+            All three when the rows are written or at the commit alike.
         """
-        written = _Written()
+        turn_ids: list[str] = []
+        phase = "write"
         try:
             with self._db.begin() as orm:
                 orm.add(_batch_row(batch))
@@ -125,16 +128,31 @@ class BatchRepository:
                 iterator = iter(turns)
                 while chunk := list(islice(iterator, INSERT_CHUNK)):
                     orm.execute(insert(_TURNS), [new_turn_values(t, now=now, deadline_at=deadline_at) for t in chunk])
-                    written.turn_ids.extend(turn.turn_id for turn in chunk)
-                if before_commit is not None:
-                    before_commit(written.turn_ids)
+                    turn_ids.extend(turn.turn_id for turn in chunk)
+                phase = "block"
+                yield turn_ids
+                phase = "commit"
         except IntegrityError as exc:
-            text = str(exc.orig)
-            if "uq_batches_org_idempotency_key" in text or "batches.idempotency_key" in text:
-                raise BatchKeyTaken(batch.idempotency_key) from exc
-            if "uq_turns_org_idempotency_key" in text or "turns.idempotency_key" in text:
-                raise TurnKeyTaken(batch.batch_id) from exc
-            raise SessionBusy("a session of this batch has a turn that is not finished") from exc
+            if phase == "block":
+                raise  # the block's own, not this write's
+            raise _taken(batch, exc) from exc
+
+    def create(
+        self,
+        batch: BatchRecord,
+        turns: Iterable[NewTurn],
+        *,
+        now: datetime,
+        deadline_at: datetime,
+        reused: Sequence[ReusedTurn] = (),
+    ) -> None:
+        """:meth:`creating` with nothing to do before the commit.
+
+        Raises:
+            BatchKeyTaken, TurnKeyTaken, SessionBusy: as :meth:`creating`.
+        """
+        with self.creating(batch, turns, now=now, deadline_at=deadline_at, reused=reused):
+            pass
 
     def get(self, batch_id: str, *, org_id: str) -> BatchRecord | None:
         """The batch, if it belongs to ``org_id``."""
@@ -241,6 +259,16 @@ class BatchRepository:
                 orm.scalars(query.order_by(BatchRow.created_at.desc(), BatchRow.batch_id.desc()).limit(limit + 1))
             )
         return [_record(row) for row in rows[:limit]], len(rows) > limit
+
+
+def _taken(batch: BatchRecord, exc: IntegrityError) -> Exception:
+    """What a unique index refusing the batch's rows means, by the index the database names."""
+    text = str(exc.orig)
+    if "uq_batches_org_idempotency_key" in text or "batches.idempotency_key" in text:
+        return BatchKeyTaken(batch.idempotency_key)
+    if "uq_turns_org_idempotency_key" in text or "turns.idempotency_key" in text:
+        return TurnKeyTaken(batch.batch_id)
+    return SessionBusy("a session of this batch has a turn that is not finished")
 
 
 def _positions(batch_id: str) -> Select[tuple[int, str]]:

@@ -1,14 +1,19 @@
 """TurnRepository: turns, their transcript items and provider-state snapshots.
 
 It takes and returns the records of ``shared.db.records``; its statements and row conversions are
-in ``shared.db.turn_sql``. It sends nothing: a write that ends or pauses a turn records its webhook
-event in the same transaction (``shared.db.webhook_outbox``) and returns the deliveries' ids, which
-the caller sends once committed.
+in ``shared.db.turn_sql``. It sends nothing and calls nobody back: a write that ends or pauses a turn
+records its webhook event in the same transaction (``shared.db.webhook_outbox``) and returns the
+deliveries' ids, which the caller sends once committed; a write whose broker message must go out
+before its commit (a new turn, a resume) is a context manager (``creating``,
+``accepting_tool_results``) that writes, yields what it wrote to the caller's block, which sends,
+and commits when the block ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +30,7 @@ from shared.result import ErrorInfo
 
 __all__ = [
     "Committed",
+    "Created",
     "Ended",
     "IdempotencyConflict",
     "InFlightTurn",
@@ -48,6 +54,16 @@ class IdempotencyConflict(Exception):
     """The idempotency key was used before with a different request."""
 
 
+@dataclass(slots=True)
+class Created:
+    """What :meth:`TurnRepository.creating` recorded: the turn, and whether this call writes it (False: the
+    earlier turn of its idempotency key, the same request). Read it again after the block: the commit
+    may have found the key taken meanwhile and put the earlier turn here."""
+
+    turn: TurnRecord
+    new: bool
+
+
 class TurnRepository:
     """Reads and writes of the turn aggregate."""
 
@@ -62,45 +78,58 @@ class TurnRepository:
         self._db = db
         self._webhooks = webhooks
 
-    def create(
-        self,
-        turn: NewTurn,
-        *,
-        now: datetime,
-        deadline_at: datetime,
-        before_commit: Callable[[], None] | None = None,
-    ) -> tuple[TurnRecord, bool]:
-        """Record a queued turn.
+    @contextmanager
+    def creating(self, turn: NewTurn, *, now: datetime, deadline_at: datetime) -> Iterator[Created]:
+        """Record a queued turn in a transaction that stays open for the caller's block.
 
-        ``before_commit`` runs once the row is written but not yet committed (the gateway enqueues
-        the turn there): if it raises, nothing is recorded; if the process dies after it, the
-        message finds no turn and is dropped. Either way no turn is left queued with no message.
+        The row is written when the block starts and committed when it ends; if the block raises,
+        nothing is recorded. The gateway sends the turn's first step in the block: if the process
+        dies after sending, the message finds no turn and is dropped. Either way no turn is left
+        queued with no message. A key used before gives the block its earlier turn (``new`` False)
+        with no transaction open: the block sends nothing.
 
-        Returns:
-            The turn and whether it was created (False: an earlier turn with the same idempotency key).
+        Yields:
+            The turn and whether this call writes it. The commit may still find the key taken by
+            the same request meanwhile: ``created`` then holds the earlier turn after the block.
 
         Raises:
-            SessionBusy: the session has an unfinished turn.
-            IdempotencyConflict: the key was used with a different request.
+            SessionBusy: the session has an unfinished turn (when the row is written or at the commit).
+            IdempotencyConflict: the key was used with a different request (likewise).
         """
         if turn.idempotency_key is not None:
             earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
             if earlier is not None:
-                return self._same_request(earlier, turn), False
+                yield Created(self._same_request(earlier, turn), new=False)
+                return
         row = sql.new_turn_row(turn, now=now, deadline_at=deadline_at)
+        created: Created | None = None
+        phase = "write"
         try:
             with self._db.begin() as orm:
                 orm.add(row)
                 orm.flush()
-                if before_commit is not None:
-                    before_commit()
+                created = Created(sql.to_record(row), new=True)
+                phase = "block"
+                yield created
+                phase = "commit"
         except IntegrityError as exc:
-            if turn.idempotency_key is not None:
-                earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
-                if earlier is not None:
-                    return self._same_request(earlier, turn), False
-            raise SessionBusy(turn.session_id) from exc
-        return sql.to_record(row), True
+            if phase == "block":
+                raise  # the block's own, not this write's
+            earlier = self._taken(turn, exc)
+            if created is None:
+                yield Created(earlier, new=False)
+            else:
+                created.turn, created.new = earlier, False
+
+    def create(self, turn: NewTurn, *, now: datetime, deadline_at: datetime) -> tuple[TurnRecord, bool]:
+        """:meth:`creating` with nothing to do before the commit: the turn and whether it was created.
+
+        Raises:
+            SessionBusy, IdempotencyConflict: as :meth:`creating`.
+        """
+        with self.creating(turn, now=now, deadline_at=deadline_at) as created:
+            pass
+        return created.turn, created.new
 
     def get(self, turn_id: str, *, org_id: str | None = None) -> TurnRecord | None:
         """The turn, scoped to ``org_id`` when given."""
@@ -203,27 +232,25 @@ class TurnRepository:
                     deliveries = self._webhooks.record_turn(orm, row, now=now)
         return Committed(deliveries)
 
-    def accept_tool_results(
-        self,
-        turn_id: str,
-        *,
-        results: list[dict[str, str]],
-        now: datetime,
-        deadline_at: datetime,
-        before_commit: Callable[[int], None] | None = None,
-    ) -> int | None:
-        """Move a turn waiting for client tools back to running with the posted results.
+    @contextmanager
+    def accepting_tool_results(
+        self, turn_id: str, *, results: list[dict[str, str]], now: datetime, deadline_at: datetime
+    ) -> Iterator[int | None]:
+        """Move a turn waiting for client tools back to running with the posted results, in a
+        transaction that stays open for the caller's block.
 
-        ``before_commit`` gets the new round once the change is written but not committed (the
-        gateway enqueues the re-entry there, as for new turns): if it raises, nothing changes.
+        The change is written when the block starts and committed when it ends; if the block
+        raises, nothing changes (the gateway sends the re-entry in the block, as for new turns).
 
-        Returns:
-            The new round number, or None when the turn was not waiting (a concurrent post won).
+        Yields:
+            The new round number, or None when the turn was not waiting (a concurrent post won):
+            nothing was written and the block sends nothing.
         """
         with self._db.begin() as orm:
             row = orm.get(TurnRow, turn_id, with_for_update=True)
             if row is None or row.status != TurnStatus.REQUIRES_CLIENT_TOOLS.value:
-                return None
+                yield None
+                return
             # The round that paused stays readable (a response is one round: shared.openai.ids).
             paused = {
                 "round": row.round, "at": row.updated_at.isoformat(), "pending_tool_calls": row.pending_tool_calls,
@@ -237,9 +264,15 @@ class TurnRepository:
             row.updated_at = now
             row.deadline_at = deadline_at
             orm.flush()
-            if before_commit is not None:
-                before_commit(row.round)
-            return row.round
+            yield row.round
+
+    def accept_tool_results(
+        self, turn_id: str, *, results: list[dict[str, str]], now: datetime, deadline_at: datetime
+    ) -> int | None:
+        """:meth:`accepting_tool_results` with nothing to do before the commit: the new round, or None."""
+        with self.accepting_tool_results(turn_id, results=results, now=now, deadline_at=deadline_at) as round_:
+            pass
+        return round_
 
     def finish_early(
         self,
@@ -371,6 +404,19 @@ class TurnRepository:
         with self._db() as orm:
             row = orm.scalar(select(TurnRow).where(TurnRow.org_id == org_id, TurnRow.idempotency_key == key))
         return None if row is None else sql.to_record(row)
+
+    def _taken(self, turn: NewTurn, exc: IntegrityError) -> TurnRecord:
+        """What a unique index refusing ``turn`` means: the earlier turn of its key (the same request), or a refusal.
+
+        Raises:
+            IdempotencyConflict: the key's earlier turn came with a different request.
+            SessionBusy: no turn has the key; the session has an unfinished turn.
+        """
+        if turn.idempotency_key is not None:
+            earlier = self._by_idempotency_key(turn.org_id, turn.idempotency_key)
+            if earlier is not None:
+                return self._same_request(earlier, turn)
+        raise SessionBusy(turn.session_id) from exc
 
     @staticmethod
     def _same_request(earlier: TurnRecord, turn: NewTurn) -> TurnRecord:

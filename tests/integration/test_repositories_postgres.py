@@ -1,10 +1,12 @@
 """The repositories' hot-path statements on a real PostgreSQL: session creation as one upsert, the
-turn's commit as its session's last use, and a worker's engine (no pre-ping) after its backends
-were terminated."""
+turn's commit as its session's last use, a worker's engine (no pre-ping) after its backends
+were terminated, and two requests racing to record a turn with one idempotency key or session."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
@@ -14,8 +16,9 @@ from sqlalchemy.exc import OperationalError
 
 from shared.db.engine import create_db_engine, session_factory
 from shared.db.sessions import SessionRepository
-from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
+from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnOutcome, TurnRepository
 from shared.models.turn import PendingToolCall, TurnStatus, Usage
+from tests.support.waiting import wait_for
 from tests.unit.fakes import FIXED_NOW
 
 
@@ -126,3 +129,61 @@ def test_accepting_tool_results_appends_each_paused_round(database_url: str) -> 
         (0, "text 0", 1), (1, "text 1", 2)
     ]  # fmt: skip
     assert [entry["pending_tool_calls"][0]["call_id"] for entry in record.paused_rounds] == ["call_a", "call_b"]
+
+
+@pytest.mark.parametrize(
+    ("same_key", "same_request", "same_session", "outcome"),
+    [
+        (True, True, False, "the earlier turn"),
+        (True, False, False, "IdempotencyConflict"),
+        (False, True, True, "SessionBusy"),
+    ],
+)
+def test_a_turn_recorded_while_another_holds_its_key_or_session_gets_what_the_first_committed(
+    database_url: str, same_key: bool, same_request: bool, same_session: bool, outcome: str
+) -> None:
+    # Given a turn written but not committed: the gateway is sending its first step
+    first_db = session_factory(create_db_engine(database_url))
+    racer_name = f"aptix-race {uuid.uuid4().hex[:8]}"
+    second_engine = create_db_engine(database_url, application_name=racer_name)
+    key = f"key-{uuid.uuid4().hex}"
+    first = NewTurn(
+        turn_id=f"turn_{uuid.uuid4().hex}", session_id=_session_id(), org_id="o", user_id="u", new_session=True,
+        requested_mode=None, request={"input": "q"}, request_hash="h", idempotency_key=key,
+    )  # fmt: skip
+    second = replace(
+        first, turn_id=f"turn_{uuid.uuid4().hex}", idempotency_key=key if same_key else None,
+        request_hash="h" if same_request else "other", session_id=first.session_id if same_session else _session_id(),
+    )  # fmt: skip
+    seen_by_block: list[bool] = []
+    result: list[object] = []
+
+    def record_second() -> None:
+        turns = TurnRepository(session_factory(second_engine))
+        try:
+            with turns.creating(second, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60)) as created:
+                seen_by_block.append(created.new)
+            result.append(created.turn.turn_id)
+        except (IdempotencyConflict, SessionBusy) as exc:
+            result.append(type(exc).__name__)
+
+    racer = threading.Thread(target=record_second)
+    with TurnRepository(first_db).creating(first, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60)) as mine:
+        assert mine.new
+        # When a second request finds no committed key and its INSERT waits on the first's row
+        racer.start()
+        with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+            wait_for(
+                lambda: admin.execute(waiting, (racer_name,)).fetchone() == (1,),
+                what="the second INSERT to wait on the first turn's row",
+            )
+    racer.join(timeout=30)
+    second_engine.dispose()
+
+    # Then the second gets what the first committed: its turn for the same request, with nothing to
+    # send (the block saw new=False), or the refusal the write would have met had it come later
+    expected = first.turn_id if outcome == "the earlier turn" else outcome
+    assert result == [expected]
+    assert seen_by_block == ([False] if outcome == "the earlier turn" else [])
+    assert TurnRepository(first_db).get(second.turn_id) is None

@@ -208,6 +208,8 @@ class Gateway:
             broker=self.broker,
             clock=self.clock,
         )
+        self.engine = ports.engine
+        """Its database (SQLite in memory), for counting what a service sends it."""
         self.wired = connect_gateway(self.settings, ports)
         """Everything ``connect_gateway`` built."""
         self.service = self.wired.turn_service

@@ -1,6 +1,7 @@
 """What a plain turn costs hop by hop: the state store's Redis round trips (a step's begin and its save)
-and the database's statements and transactions, with and without webhooks. The counts are the
-hot path's budget: a change that adds a round trip to a hop shows here.
+and the database's statements and transactions, with and without webhooks; and what the gateway's
+writes cost the database (recording a turn, resuming it, recording a batch). The counts are the hot
+path's budget: a change that adds a round trip to a hop shows here.
 
 The state store is the Redis one, on fakeredis (its Lua scripts run); the database is SQLite in
 memory; the model's breaker is on a Redis of its own, not counted (``docs/benchmarks.md`` counts it).
@@ -16,9 +17,12 @@ import fakeredis
 from sqlalchemy import event
 
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.models.batch import BatchRequest, BatchTurnRequest
+from shared.models.turn import ToolResult, ToolResultsRequest, TurnRequest
 from shared.state import RedisStateStore
 from shared.webhooks import WebhookConfig, WebhookSender
-from tests.unit.fakes import FakeLlm, answer, make_context, record_turn, sqlite_engine
+from tests.unit.fakes import ORG as CALLER
+from tests.unit.fakes import USER, FakeLlm, Gateway, answer, make_context, record_turn, sqlite_engine
 from workers.context import StepContext, lease_renewer
 from workers.driver import run_step
 
@@ -107,3 +111,32 @@ def test_with_webhooks_the_commit_records_its_event_in_its_transaction_and_the_d
     # the outbox row in the commit's transaction (a savepoint, the row read back, the insert), no transaction more
     assert [(hop.statements, hop.transactions) for hop in hops][-1] == (9, 1)
     assert Counter(hop.webhooks for hop in hops) == {0: 5, 1: 1} and hops[-1].webhooks == 1
+
+
+def test_the_gateway_writes_a_turn_a_resume_and_a_batch_in_one_transaction_each(gateway: Gateway) -> None:
+    statements: list[str] = []
+    ends: list[str] = []
+    event.listen(gateway.engine, "before_cursor_execute", lambda *args: statements.append(args[2].split()[0]))
+    event.listen(gateway.engine, "commit", lambda *args: ends.append("commit"))
+
+    def cost(write: Any) -> tuple[list[str], int]:
+        statements.clear()
+        ends.clear()
+        write()
+        return list(statements), len(ends)
+
+    keyed = TurnRequest(input="hi", idempotency_key="k")
+    # a new session's turn: its row; with a key, the key's read first; a replay: the read alone
+    assert cost(lambda: gateway.service.record(TurnRequest(input="hi"), org_id=CALLER, user_id=USER)) == (["INSERT"], 1)
+    assert cost(lambda: gateway.service.record(keyed, org_id=CALLER, user_id=USER)) == (["SELECT", "INSERT"], 1)
+    assert cost(lambda: gateway.service.record(keyed, org_id=CALLER, user_id=USER)) == (["SELECT"], 0)
+    # a resume: the turn read and its overdue check, the row locked and updated, the turn read back
+    turn_id = gateway.paused_turn(gateway.session())
+    results = ToolResultsRequest(tool_results=[ToolResult(call_id="call_1", output="x")])
+    assert cost(lambda: gateway.service.resume(turn_id, results, org_id=CALLER)) == (
+        ["SELECT", "SELECT", "SELECT", "UPDATE", "SELECT"], 1
+    )  # fmt: skip
+    # a batch: its row and its turns' (one statement per 500), then its counts
+    batch = BatchRequest(requests=[BatchTurnRequest(input=text) for text in "abc"])
+    recorded = cost(lambda: gateway.batches.record(batch, org_id=CALLER, user_id=USER))
+    assert recorded == (["INSERT", "INSERT", "SELECT"], 1)

@@ -1,19 +1,25 @@
-"""TurnRepository on SQLite: conversation context order and limit, the commit point's idempotence, and
-the turn records it takes and returns (one set of fields from a new turn to its snapshot)."""
+"""TurnRepository on SQLite: conversation context order and limit, the commit point's idempotence, the
+turn records it takes and returns (one set of fields from a new turn to its snapshot), and the writes
+that stay open for the caller's block (a refusal at the write or at the commit reads the same)."""
 
 from __future__ import annotations
 
-from dataclasses import FrozenInstanceError, asdict, fields
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import FrozenInstanceError, asdict, fields, replace
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db.batches import BatchRecord, BatchRepository
+from shared.db.batches import BatchKeyTaken, BatchRecord, BatchRepository, TurnKeyTaken
 from shared.db.records import IDENTITY_FIELDS, TurnRecord
 from shared.db.sessions import ModeHistoryRecord, SessionRecord
-from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, TurnRow
-from shared.db.turns import NewTurn, TurnOutcome
+from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, BatchRow, TurnRow
+from shared.db.turn_sql import new_turn_row
+from shared.db.turns import NewTurn, SessionBusy, TurnOutcome, TurnRepository
 from shared.models.turn import ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.state import TurnState
 from shared.turn_view import to_turn
@@ -240,3 +246,105 @@ def test_accepting_tool_results_keeps_the_paused_round_as_it_stood() -> None:
     # And results posted again while it runs change nothing
     assert ctx.turns.accept_tool_results(turn_id, results=[], now=later, deadline_at=later) is None
     assert (again := ctx.turns.get(turn_id)) is not None and again.paused_rounds == record.paused_rounds
+
+
+LATER = FIXED_NOW + timedelta(seconds=60)
+
+
+def _new_turn(index: int, **changes: object) -> NewTurn:
+    turn = NewTurn(
+        turn_id=f"turn_{index:032d}", session_id=f"sess_{index}", org_id="o", user_id="u", new_session=True,
+        requested_mode=None, request={"input": "q"}, request_hash="h",
+    )  # fmt: skip
+    return replace(turn, **changes)  # type: ignore[arg-type]  # the fields' own types
+
+
+@contextmanager
+def _at_commit(db: sessionmaker[Session], row: object) -> Iterator[None]:
+    """``row`` joins the next transaction of ``db`` as it commits: a constraint that refuses it refuses
+    the commit (SQLite checks each statement as it runs; this stands for a check at commit)."""
+
+    def add(session: Session) -> None:
+        session.add(row)
+
+    event.listen(db, "before_commit", add, once=True)
+    try:
+        yield
+    finally:
+        if event.contains(db, "before_commit", add):
+            event.remove(db, "before_commit", add)
+
+
+def test_a_turn_whose_block_raises_is_not_recorded_and_a_replay_gives_the_block_the_earlier_turn() -> None:
+    turns = TurnRepository(sqlite_db())
+    first = _new_turn(1, idempotency_key="k")
+    with pytest.raises(RuntimeError), turns.creating(first, now=FIXED_NOW, deadline_at=LATER) as created:
+        assert created.new and created.turn.turn_id == first.turn_id
+        raise RuntimeError("the broker refused")
+    assert turns.get(first.turn_id) is None
+
+    recorded, new = turns.create(first, now=FIXED_NOW, deadline_at=LATER)
+    with turns.creating(replace(first, turn_id="turn_" + "2" * 32), now=FIXED_NOW, deadline_at=LATER) as again:
+        assert (again.turn, again.new) == (recorded, False)
+    assert new
+
+
+@pytest.mark.parametrize("when", ["write", "commit"])
+def test_a_session_busy_at_the_commit_reads_as_one_at_the_write(when: str) -> None:
+    # Given a session with an unfinished turn, recorded before or joining the transaction as it commits
+    db = sqlite_db()
+    turns = TurnRepository(db)
+    rival = new_turn_row(_new_turn(1), now=FIXED_NOW, deadline_at=LATER)
+    if when == "write":
+        turns.create(_new_turn(1), now=FIXED_NOW, deadline_at=LATER)
+    blocks: list[bool] = []
+    # When another turn of the session is recorded
+    with (
+        pytest.raises(SessionBusy),
+        _at_commit(db, rival) if when == "commit" else nullcontext(),
+        turns.creating(_new_turn(2, session_id="sess_1"), now=FIXED_NOW, deadline_at=LATER) as created,
+    ):
+        blocks.append(created.new)
+    # Then it is refused either way, and not recorded (at the commit, after its block ran)
+    assert blocks == ([True] if when == "commit" else [])
+    assert turns.get(_new_turn(2).turn_id) is None
+
+
+@pytest.mark.parametrize("when", ["write", "commit"])
+@pytest.mark.parametrize(
+    ("rival", "refusal"),
+    [
+        pytest.param(lambda: BatchRow(batch_id="batch_0", org_id="o", user_id="u", total=0, created_at=FIXED_NOW,
+                                      idempotency_key="bk", request_hash="x", reused=0), BatchKeyTaken, id="batch-key"),
+        pytest.param(lambda: new_turn_row(_new_turn(9, idempotency_key="tk"), now=FIXED_NOW, deadline_at=LATER),
+                     TurnKeyTaken, id="request-key"),
+        pytest.param(lambda: new_turn_row(_new_turn(9, session_id="sess_1"), now=FIXED_NOW, deadline_at=LATER),
+                     SessionBusy, id="session"),
+    ],
+)  # fmt: skip
+def test_a_batch_refused_at_the_commit_reads_as_one_refused_at_the_write(
+    when: str, rival: Callable[[], object], refusal: type[Exception]
+) -> None:
+    # Given a row that takes the batch's key, a request's key or a session, committed before or joining
+    # the batch's transaction as it commits
+    db = sqlite_db()
+    batches = BatchRepository(db)
+    if when == "write":
+        with db.begin() as orm:
+            orm.add(rival())
+    batch = BatchRecord(batch_id="batch_1", org_id="o", user_id="u", total=2, created_at=FIXED_NOW,
+                        idempotency_key="bk")  # fmt: skip
+    new = [_new_turn(1, batch_id="batch_1", batch_index=0, idempotency_key="tk"),
+           _new_turn(2, batch_id="batch_1", batch_index=1)]  # fmt: skip
+    blocks: list[list[str]] = []
+    # When the batch is recorded
+    with (
+        pytest.raises(refusal),
+        _at_commit(db, rival()) if when == "commit" else nullcontext(),
+        batches.creating(batch, new, now=FIXED_NOW, deadline_at=LATER) as turn_ids,
+    ):
+        blocks.append(list(turn_ids))
+    # Then the same refusal either way, and nothing of the batch recorded
+    assert blocks == ([[turn.turn_id for turn in new]] if when == "commit" else [])
+    assert batches.get("batch_1", org_id="o") is None
+    assert TurnRepository(db).get(new[1].turn_id) is None
