@@ -108,10 +108,6 @@ class MemoryStateStore:
         if held is not None and held[0] == lease.owner:
             del self._claims[(lease.turn_id, lease.step_key)]
 
-    def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
-        with self._lock:
-            self._cancelled.add(turn_id)
-
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
         with self._lock:
             for turn_id in turn_ids:

@@ -183,9 +183,6 @@ class RedisStateStore:
     def release(self, lease: Lease) -> None:
         self._release(keys=[claim_key(lease.turn_id, lease.step_key)], args=[lease.owner])
 
-    def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
-        self.client.set(cancel_key(turn_id), b"1", ex=ttl_seconds)
-
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
         for start in range(0, len(turn_ids), _PIPELINE_CHUNK):
             chunk = turn_ids[start : start + _PIPELINE_CHUNK]

@@ -114,9 +114,6 @@ class StepLeases(Protocol):
 class CancelFlags(Protocol):
     """The turns' cancel flags: a cancelled turn's next step stops at its begin."""
 
-    def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
-        """Record that the turn was cancelled."""
-
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
         """Record that each of ``turn_ids`` was cancelled and remove their in-flight markers (a cancelled
         turn is out of flight; a batch's cancel: few round trips however many turns)."""

@@ -107,7 +107,7 @@ def test_begin_sets_the_marker_only_of_a_turn_it_has_no_state_for(store: RedisSt
 
 def test_begin_refuses_a_cancelled_turn_unless_told_not_to_check(store: RedisStateStore) -> None:
     turn_id = f"turn_{uuid.uuid4().hex}"
-    store.mark_cancelled(turn_id, ttl_seconds=60)
+    store.cancel_many([turn_id], ttl_seconds=60)
     assert store.begin(Lease(turn_id, "0:2:llm_call:1", "a"), ttl_seconds=30) == StepStart(
         cancelled=True, claimed=False
     )
@@ -120,13 +120,6 @@ def test_a_save_does_not_release_a_lease_someone_else_holds(store: RedisStateSto
     assert store.claim(Lease(state.turn_id, "0:1:compose:1", "other"), ttl_seconds=30)
     store.save(state, ttl_seconds=60, release=Lease(state.turn_id, "0:1:compose:1", "me"))
     assert store.client.get(claim_key(state.turn_id, "0:1:compose:1")) == b"other"
-
-
-def test_cancel_flag_is_seen(store: RedisStateStore) -> None:
-    turn_id = f"turn_{uuid.uuid4().hex}"
-    assert not store.is_cancelled(turn_id)
-    store.mark_cancelled(turn_id, ttl_seconds=60)
-    assert store.is_cancelled(turn_id)
 
 
 def test_cancel_many_flags_every_turn_with_a_ttl_and_drops_their_markers(store: RedisStateStore) -> None:

@@ -128,7 +128,7 @@ def test_cancelled_turn_runs_no_further_step() -> None:
     llm = FakeLlm(answer("x"))
     ctx = make_context(llm)
     reasoner_step = drive(ctx, record_turn(ctx), until=StepName.REASONER)[-1].envelope
-    ctx.cancel_flags.mark_cancelled(TURN_ID, ttl_seconds=60)
+    ctx.cancel_flags.cancel_many([TURN_ID], ttl_seconds=60)
     assert run_step(ctx, reasoner_step) is None
     state = ctx.states.load(TURN_ID)
     assert state is not None and reasoner_step.step_key not in state.steps_done
@@ -138,7 +138,7 @@ def test_cancelled_turn_runs_no_further_step() -> None:
 def test_commit_step_runs_even_when_the_turn_was_cancelled() -> None:
     ctx = make_context(FakeLlm(answer("done")))
     persist_step = drive(ctx, record_turn(ctx), until=StepName.PERSIST)[-1].envelope
-    ctx.cancel_flags.mark_cancelled(TURN_ID, ttl_seconds=60)
+    ctx.cancel_flags.cancel_many([TURN_ID], ttl_seconds=60)
     assert run_step(ctx, persist_step) is None
     row = ctx.turns.get(TURN_ID)
     assert row is not None and row.status == TurnStatus.COMPLETED.value
