@@ -164,7 +164,7 @@ def _conversation(value: object) -> str | None:
     if isinstance(value, dict):
         value = value.get("id")
     if not isinstance(value, str) or not value:
-        raise invalid("conversation must be a conversation id or {\"id\": ...}", ("conversation",))
+        raise invalid('conversation must be a conversation id or {"id": ...}', ("conversation",))
     return value
 
 

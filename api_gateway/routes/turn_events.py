@@ -45,6 +45,7 @@ EVENT_STREAM_CONTENT: dict[str, Any] = {
 }  # fmt: skip
 """The OpenAPI content of a ``text/event-stream`` answer."""
 STREAMS_FULL = "Also: this gateway process already serves `APTIX_EVENTS_MAX_STREAMS` event streams."
+"""What a 503 of an operation that streams can also mean."""
 
 
 def round_responses(description: str, *, specific: dict[int, str]) -> dict[int | str, dict[str, Any]]:
@@ -55,7 +56,8 @@ def round_responses(description: str, *, specific: dict[int, str]) -> dict[int |
     """
     ok = {"model": Turn, "description": description, "content": EVENT_STREAM_CONTENT}
     return {200: ok, **error_responses(401, 413, 422, 503, specific={**specific, 503: STREAMS_FULL})}
-"""What a 503 of an operation that streams can also mean."""
+
+
 _After = Annotated[
     str | None,
     Query(description="Start after this event id, as `Last-Event-ID` does (for clients that cannot set headers)."),

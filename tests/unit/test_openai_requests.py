@@ -61,9 +61,10 @@ def test_model_options_are_kept_and_ignored_fields_dropped() -> None:
 
 
 def test_the_same_body_hashes_the_same_and_another_differently() -> None:
-    assert parse_create({"input": "x", "metadata": {"a": "1"}}).request_hash == parse_create(
-        {"metadata": {"a": "1"}, "input": "x"}
-    ).request_hash
+    assert (
+        parse_create({"input": "x", "metadata": {"a": "1"}}).request_hash
+        == parse_create({"metadata": {"a": "1"}, "input": "x"}).request_hash
+    )
     assert parse_create({"input": "x"}).request_hash != parse_create({"input": "y"}).request_hash
 
 

@@ -188,8 +188,17 @@ def test_opening_response_keeps_the_request_echo_and_drops_what_moves() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    [TEXT, "one", "   ", "\n", "trailing space ", " leading", "日本語のテキストは空白がない", "a\u0301 e\u0301",
-     "🥔 " * 500],
+    [
+        TEXT,
+        "one",
+        "   ",
+        "\n",
+        "trailing space ",
+        " leading",
+        "日本語のテキストは空白がない",
+        "a\u0301 e\u0301",
+        "🥔 " * 500,
+    ],
 )
 def test_pieces_join_to_the_text_in_at_most_max_pieces(text: str) -> None:
     cut = pieces(text)
