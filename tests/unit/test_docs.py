@@ -125,6 +125,21 @@ def test_only_the_configuration_guide_has_a_settings_table() -> None:
     assert not found, f"settings belong in docs/configuration.md: {found}"
 
 
+_SETTING_WITH_VALUE = re.compile(r"`(APTIX_[A-Z0-9_]+)`\s*\((?:default\s+)?[0-9]")
+
+
+def test_only_the_configuration_guide_gives_a_settings_default() -> None:
+    # "`APTIX_X` (30)" or "(default 30)" outside docs/configuration.md states its default a second time:
+    # name the setting, and link to the guide when the value matters there.
+    found = [
+        f"{path.relative_to(DOCS.parent)}: {name}"
+        for path in [README, DOCS.parent / "deploy" / "README.md", *_guides()]
+        if path.name != "configuration.md"
+        for name in _SETTING_WITH_VALUE.findall(path.read_text())
+    ]
+    assert not found, f"a setting's default belongs in docs/configuration.md only: {found}"
+
+
 def test_only_the_api_guides_have_an_endpoint_table() -> None:
     found = [
         f"{path.name}: {header}"
