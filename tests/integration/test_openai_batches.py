@@ -249,9 +249,7 @@ def test_another_organisations_file_and_batch_are_404s(client: openai.OpenAI, ot
         lambda: other_client.files.delete(source.id),
         lambda: other_client.batches.retrieve(batch.id),
         lambda: other_client.batches.cancel(batch.id),
-        lambda: other_client.batches.create(
-            input_file_id=source.id, endpoint="/v1/responses", completion_window="24h"
-        ),
+        lambda: other_client.batches.create(input_file_id=source.id, endpoint="/v1/responses", completion_window="24h"),
     ):
         with pytest.raises(openai.NotFoundError):
             attempt()
