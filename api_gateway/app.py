@@ -17,8 +17,11 @@ from api_gateway.body_limit import BodyLimitMiddleware
 from api_gateway.docs import install_docs
 from api_gateway.errors import install_error_handlers
 from api_gateway.metrics import MetricsListener, QueueDepthCollector, install_metrics
+from api_gateway.openai import batches as openai_batches
 from api_gateway.openai import conversations
+from api_gateway.openai import files as openai_files
 from api_gateway.openai import routes as openai_routes
+from api_gateway.openai.batch_sweep import sweep_batches_forever
 from api_gateway.openapi import install_openapi
 from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
@@ -41,15 +44,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if listener is not None:
             listener.start()
-        sweeper = asyncio.create_task(
-            sweep_forever(gateway.turn_service, timeout_seconds=settings.client_tool_timeout_seconds)
-        )
+        sweepers = [
+            asyncio.create_task(
+                sweep_forever(gateway.turn_service, timeout_seconds=settings.client_tool_timeout_seconds)
+            ),
+            asyncio.create_task(
+                sweep_batches_forever(
+                    gateway.openai_batch_service,
+                    gateway.file_service,
+                    window_seconds=settings.openai_batch_window_seconds,
+                )
+            ),
+        ]
         try:
             yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for sweeper in sweepers:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             if listener is not None:
                 listener.stop()
             await gateway.event_streams.close()
@@ -77,6 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(webhooks.router)
     app.include_router(openai_routes.router)
     app.include_router(conversations.router)
+    app.include_router(openai_files.router)
+    app.include_router(openai_batches.router)
     install_docs(app)
     install_openapi(app, settings)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)

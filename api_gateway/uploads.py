@@ -1,4 +1,5 @@
-"""Which requests are uploads: a JSON Lines body to ``POST /v1/batches``, with limits of their own.
+"""Which requests are uploads: a JSON Lines body to ``POST /v1/batches`` or a file to ``POST /openai/v1/files``,
+with limits of their own.
 
 An upload may be far larger than any other request body (``APTIX_MAX_UPLOAD_BYTES`` instead of
 ``APTIX_MAX_BODY_BYTES``) and take longer to arrive (``APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS`` instead of
@@ -11,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["JSON_LINES_TYPES", "UPLOAD_PATH", "is_json_lines", "is_upload"]
+__all__ = ["FILES_PATH", "JSON_LINES_TYPES", "UPLOAD_PATH", "is_json_lines", "is_upload"]
 
 UPLOAD_PATH = "/v1/batches"
-"""The one route that takes uploads."""
+"""The route that takes JSON Lines uploads."""
+FILES_PATH = "/openai/v1/files"
+"""The route that takes file uploads (multipart); every ``POST`` to it is one."""
 JSON_LINES_TYPES = frozenset({"application/jsonl", "application/x-ndjson"})
 """The media types of a JSON Lines upload."""
 
@@ -27,8 +30,13 @@ def is_json_lines(content_type: str | None) -> bool:
 
 
 def is_upload(scope: Mapping[str, Any]) -> bool:
-    """Whether the request of this ASGI scope is a JSON Lines upload to ``POST /v1/batches``."""
-    if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != UPLOAD_PATH:
+    """Whether the request of this ASGI scope is a JSON Lines upload to ``POST /v1/batches`` or a file upload
+    to ``POST /openai/v1/files``."""
+    if scope.get("type") != "http" or scope.get("method") != "POST":
+        return False
+    if scope.get("path") == FILES_PATH:
+        return True
+    if scope.get("path") != UPLOAD_PATH:
         return False
     for name, value in scope.get("headers", ()):
         if name == b"content-type":

@@ -20,7 +20,9 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
+from api_gateway.openai.batch_service import OpenAIBatchService
 from api_gateway.openai.conversation_service import ConversationService
+from api_gateway.openai.file_service import FileService
 from api_gateway.openai.response_service import ResponseService
 from api_gateway.openai.streams import ResponseStreams
 from api_gateway.services import (
@@ -35,6 +37,8 @@ from shared.db import session_factory
 from shared.db.batches import BatchRepository
 from shared.db.conversations import ConversationRepository
 from shared.db.engine import ProcessKind, engine_for
+from shared.db.openai_batches import OpenAIBatchRepository
+from shared.db.openai_files import OpenAIFileRepository
 from shared.db.responses import ResponseRepository
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
@@ -82,6 +86,10 @@ class GatewayWiring:
     """The OpenAI face's Responses over turns (``/openai/v1/responses``)."""
     response_streams: ResponseStreams
     """Serves responses' events in OpenAI's types (``stream: true``), on the event streams' Redis client."""
+    file_service: FileService
+    """The OpenAI face's files (``/openai/v1/files``)."""
+    openai_batch_service: OpenAIBatchService
+    """The OpenAI face's batches over Aptix batches (``/openai/v1/batches``)."""
 
 
 def utc_now() -> datetime:
@@ -140,7 +148,8 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
     db = session_factory(engine)
     webhooks = WebhookConfig.from_settings(settings)
     sessions = SessionRepository(db)
-    turns = TurnRepository(db, webhooks=WebhookOutbox(webhooks) if webhooks.enabled else None)
+    outbox = WebhookOutbox(webhooks) if webhooks.enabled else None
+    turns = TurnRepository(db, webhooks=outbox)
     batches = BatchRepository(db)
     catalog = load_catalog(settings.modes_file)
     webhook_service = WebhookService(
@@ -177,6 +186,24 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         max_events=settings.events_max_per_turn,
         clock=clock,
     )
+    batch_service = BatchService(
+        turns=turn_service, batches=batches, max_requests=settings.max_batch_requests, clock=clock,
+        webhooks=webhook_service,
+    )  # fmt: skip
+    response_service = ResponseService(
+        settings=settings, turns=turn_service, responses=ResponseRepository(db), sessions=sessions, catalog=catalog,
+        clock=clock,
+    )  # fmt: skip
+    file_service = FileService(
+        files=OpenAIFileRepository(db), max_bytes=settings.openai_max_file_bytes,
+        max_lines=settings.openai_max_file_lines, clock=clock,
+    )  # fmt: skip
+    openai_batch_service = OpenAIBatchService(
+        batches=OpenAIBatchRepository(db, outbox=outbox), aptix=batch_service, aptix_batches=batches,
+        turns=turn_service, files=file_service, responses=response_service,
+        window_seconds=settings.openai_batch_window_seconds, clock=clock,
+        webhook_sender=_webhook_sender(webhooks, producer),
+    )  # fmt: skip
     return GatewayWiring(
         settings=settings,
         api_keys=settings.accepted_api_keys,
@@ -186,32 +213,21 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         redis=client,
         metrics=metrics,
         turn_service=turn_service,
-        batch_service=BatchService(
-            turns=turn_service,
-            batches=batches,
-            max_requests=settings.max_batch_requests,
-            clock=clock,
-            webhooks=webhook_service,
-        ),
+        batch_service=batch_service,
         session_service=SessionService(sessions=sessions, turns=turns, catalog=catalog),
         webhook_service=webhook_service,
         conversation_service=ConversationService(
             conversations=ConversationRepository(db), sessions=sessions, catalog=catalog, clock=clock
         ),
         event_streams=event_streams,
-        response_service=ResponseService(
-            settings=settings,
-            turns=turn_service,
-            responses=ResponseRepository(db),
-            sessions=sessions,
-            catalog=catalog,
-            clock=clock,
-        ),
+        response_service=response_service,
         response_streams=ResponseStreams(
             client=ports.follower,
             max_streams=settings.events_max_streams,
             keepalive_seconds=settings.events_keepalive_seconds,
         ),
+        file_service=file_service,
+        openai_batch_service=openai_batch_service,
     )
 
 

@@ -196,6 +196,16 @@ class Settings(BaseSettings):
     openai_wait_seconds: Annotated[float, Field(gt=0, le=3600)] = 300.0
     """How long ``POST /openai/v1/responses`` without ``background`` or ``stream`` waits for its response to
     finish; past it the answer is the response as it stands (``in_progress``), to poll with ``GET``."""
+    openai_max_file_bytes: PositiveInt = 200 * 1024 * 1024
+    """Largest file ``POST /openai/v1/files`` stores (the file part, not the whole multipart body); larger: 400
+    ``file_too_large``. The request body as a whole is bounded by ``max_upload_bytes``."""
+    openai_max_file_lines: PositiveInt = 50_000
+    """Most non-blank lines a ``batch`` file uploaded to ``POST /openai/v1/files`` may hold; more: 400
+    ``too_many_lines``."""
+    openai_batch_window_seconds: Annotated[float, Field(gt=0)] = 86_400.0
+    """How long the completion window ``24h`` of ``POST /openai/v1/batches`` lasts: a batch's ``expires_at`` is
+    its ``created_at`` plus this; requests not finished by then are cancelled (``batch_expired``). Shorten it
+    only to test expiry."""
     llm_stream_flush_ms: Annotated[float, Field(ge=0)] = 20.0
     """A turn that streams appends the model's text to its event log as it arrives, at most one
     ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together

@@ -17,7 +17,7 @@ from api_gateway.openai.errors import invalid
 from api_gateway.openai.items import model_items
 from shared.models.turn import check_json_strings
 
-__all__ = ["IGNORED", "MODEL_OPTIONS", "ResponseCreate", "parse_create"]
+__all__ = ["IGNORED", "MODEL_OPTIONS", "ResponseCreate", "check_metadata", "parse_create"]
 
 MODEL_OPTIONS = (
     "temperature", "top_p", "max_output_tokens", "tool_choice", "parallel_tool_calls", "text", "reasoning",
@@ -127,7 +127,7 @@ def parse_create(body: object) -> ResponseCreate:
         model=_string(body, "model"),
         instructions=_string(body, "instructions", empty_ok=True),
         tools=_tools(body.get("tools")),
-        metadata=_metadata(body.get("metadata")),
+        metadata=check_metadata(body.get("metadata")),
         previous_response_id=previous,
         conversation=conversation,
         store=store,
@@ -202,7 +202,7 @@ def _tools(value: object) -> list[dict[str, Any]]:
     return tools
 
 
-def _metadata(value: object) -> dict[str, str]:
+def check_metadata(value: object) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or len(value) > 16:

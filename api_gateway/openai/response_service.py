@@ -21,17 +21,18 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api_gateway.openai.errors import invalid
-from api_gateway.openai.items import listed_items, user_text
+from api_gateway.openai.items import listed_items
 from api_gateway.openai.requests import ResponseCreate, parse_create
+from api_gateway.openai.turn_requests import turn_parts
 from api_gateway.openai.view import TERMINAL_STATUSES, render_response, response_status
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound
 from api_gateway.services.turn_service import TurnService
 from shared.db.records import TurnRecord
 from shared.db.responses import ResponseRecord, ResponseRepository
 from shared.db.sessions import SessionRepository
-from shared.models.turn import ToolResult, ToolResultsRequest, TurnRequest, TurnStatus
+from shared.models.turn import ToolResult, ToolResultsRequest, TurnStatus
 from shared.modes import ModeCatalog
-from shared.openai import FACE_OPENAI, TurnExtras, parse_response_id, response_id, session_of_conversation
+from shared.openai import parse_response_id, response_id, session_of_conversation
 from shared.settings import Settings
 
 __all__ = ["ResponseService"]
@@ -41,8 +42,6 @@ logger = logging.getLogger(__name__)
 _KEY_PREFIX = "openai:"
 """A response's ``Idempotency-Key`` is its turn's ``idempotency_key`` with this prefix."""
 _MAX_KEY = 200
-_NO_USER_TEXT = "(input items)"
-"""What a turn records as its input when the items hold no user message (outputs of earlier calls only)."""
 
 
 class ResponseService:
@@ -103,13 +102,7 @@ class ResponseService:
                         "idempotency_key_reused", "this Idempotency-Key was used before with a different request"
                     )
                 return earlier, request
-        if request.model is not None and request.model not in self.served_models:
-            raise NotFound(
-                "model_not_found",
-                f"The model {request.model!r} does not exist here; this deployment serves: "
-                + ", ".join(sorted(self.served_models)),
-                [{"loc": ["body", "model"], "msg": "unknown model", "type": "value_error"}],
-            )
+        self.check_model(request)
         if request.previous_response_id is not None:
             return self._continue(request, org_id=org_id, user_id=user_id, key=idempotency_key), request
         session_id = None
@@ -123,6 +116,24 @@ class ResponseService:
                 )
         record = self._start(request, session_id=session_id, org_id=org_id, user_id=user_id, key=idempotency_key)
         return record, request
+
+    def check_model(self, request: ResponseCreate) -> None:
+        """Refuse a ``model`` the deployment does not serve.
+
+        Raises:
+            NotFound: ``model_not_found``.
+        """
+        if request.model is not None and request.model not in self.served_models:
+            raise NotFound(
+                "model_not_found",
+                f"The model {request.model!r} does not exist here; this deployment serves: "
+                + ", ".join(sorted(self.served_models)),
+                [{"loc": ["body", "model"], "msg": "unknown model", "type": "value_error"}],
+            )
+
+    def model_for(self, request: ResponseCreate, *, mode: str | None) -> str:
+        """The model a response of ``request`` runs with in ``mode``: the request's, the mode's, or the default."""
+        return request.model or self._catalog.get_or_default(mode).model or self._settings.llm_model
 
     def get(self, response_id_: str, *, org_id: str) -> ResponseRecord:
         """The caller's response.
@@ -285,27 +296,8 @@ class ResponseService:
         previous: str | None = None,
     ) -> ResponseRecord:
         """Record a new turn (a new conversation when ``session_id`` is None) and its first response."""
-        items = request.input_items
-        text = user_text(items) if not request.input_is_text else items[0]["content"][0]["text"]
-        try:
-            turn_request = TurnRequest(
-                session_id=session_id,
-                mode=request.mode if session_id is None else None,
-                input=text if text.strip() else _NO_USER_TEXT,
-                tools=request.tools,
-                metadata=request.metadata,
-                idempotency_key=None if key is None else _KEY_PREFIX + key,
-                webhook_url=request.webhook_url,
-            )
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise invalid(f"{first['msg']}", tuple(first["loc"])) from exc
-        extras = TurnExtras(
-            input_items=None if request.input_is_text else items,
-            instructions=request.instructions,
-            model=request.model,
-            model_options=request.model_options,
-            face=FACE_OPENAI,
+        turn_request, extras = turn_parts(
+            request, session_id=session_id, idempotency_key=None if key is None else _KEY_PREFIX + key
         )
         row = self._turns.record(turn_request, org_id=org_id, user_id=user_id, extras=extras)
         return self._record(request, row, round_=0, org_id=org_id, key=key, previous=previous)
@@ -320,8 +312,7 @@ class ResponseService:
         key: str | None,
         previous: str | None,
     ) -> ResponseRecord:
-        mode = self._catalog.get_or_default(turn.mode or turn.requested_mode)
-        model = request.model or mode.model or self._settings.llm_model
+        model = self.model_for(request, mode=turn.mode or turn.requested_mode)
         record = ResponseRecord(
             response_id=response_id(turn.turn_id, round_),
             turn_id=turn.turn_id,

@@ -21,6 +21,7 @@ from shared.db.records import NewTurn, TurnRecord
 from shared.db.turns import SessionBusy
 from shared.models.batch import Batch, BatchList, BatchRequest, BatchStatus, RunningPolicy
 from shared.models.turn import TurnRequest, TurnStatus
+from shared.openai.extras import TurnExtras
 
 __all__ = ["BatchService", "batch_status"]
 
@@ -77,10 +78,10 @@ class BatchService:
             InvalidRequest: the batch's ``webhook_url`` is refused.
         """
 
-        def check_request(request: TurnRequest, loc: Loc, index: int) -> NewTurn:
+        def check_request(request: TurnRequest, loc: Loc, index: int, extras: TurnExtras | None) -> NewTurn:
             return self._turns.check_request(
                 request, org_id=org_id, user_id=user_id, loc=loc, batch_id=batch_id, batch_index=index,
-                check_webhook=False,
+                check_webhook=False, extras=extras,
             )  # fmt: skip
 
         def check_url(url: str | None, loc: Loc) -> None:

@@ -20,6 +20,7 @@ from typing import IO
 from api_gateway.services.errors import InvalidRequest
 from shared.db.records import NewTurn
 from shared.models.turn import TurnRequest
+from shared.openai.extras import TurnExtras
 
 __all__ = ["SPOOL_MEMORY_BYTES", "Loc", "StagedBatch", "describe_loc"]
 
@@ -31,8 +32,9 @@ _NEW_TURN_FIELDS = tuple(field.name for field in dataclasses.fields(NewTurn))
 Loc = tuple[str | int, ...]
 """Where a request sits in the HTTP body, for the ``loc`` of error details (``("body", "requests", 3)``)."""
 
-CheckRequest = Callable[[TurnRequest, Loc, int], NewTurn]
-"""Checks one request at ``loc`` as the batch's ``index``-th turn (``TurnService.check_request`` bound to the batch)."""
+CheckRequest = Callable[[TurnRequest, Loc, int, TurnExtras | None], NewTurn]
+"""Checks one request at ``loc`` as the batch's ``index``-th turn, with its extras (``TurnService.check_request``
+bound to the batch)."""
 CheckUrl = Callable[[str | None, Loc], None]
 """Refuses a webhook URL the organisation may not use (``WebhookService.check_url``)."""
 
@@ -77,8 +79,8 @@ class StagedBatch:
     def __exit__(self, *_exc: object) -> None:
         self._spool.close()
 
-    def add(self, request: TurnRequest, *, loc: Loc) -> None:
-        """Check the next request and stage its turn.
+    def add(self, request: TurnRequest, *, loc: Loc, extras: TurnExtras | None = None) -> None:
+        """Check the next request and stage its turn (with ``extras``: a line of an OpenAI face's batch).
 
         Raises:
             InvalidRequest: a repeated session or idempotency key, a webhook URL refused, or what
@@ -103,7 +105,7 @@ class StagedBatch:
         if request.webhook_url not in self._urls:
             self._check_url(request.webhook_url, loc)
             self._urls.add(request.webhook_url)
-        turn = self._check_request(request, loc, index)
+        turn = self._check_request(request, loc, index, extras)
         if request.session_id is not None:
             self._sessions[request.session_id] = loc
         if turn.idempotency_key is not None:

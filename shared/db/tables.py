@@ -11,7 +11,21 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, Dialect, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -22,6 +36,9 @@ __all__ = [
     "BatchReusedTurnRow",
     "BatchRow",
     "ModeHistoryRow",
+    "OpenAIBatchRow",
+    "OpenAIFileChunkRow",
+    "OpenAIFileRow",
     "ProviderSnapshotRow",
     "ResponseRow",
     "SessionRow",
@@ -272,6 +289,88 @@ class BatchReusedTurnRow(Base):
     batch_index: Mapped[int] = mapped_column(Integer, primary_key=True)
     """The request's position in the batch."""
     turn_id: Mapped[str] = mapped_column(String(64))
+
+
+class OpenAIFileRow(Base):
+    """A file of the OpenAI face (``/openai/v1/files``): an upload, its bytes in ``openai_file_chunks``; or the
+    output or error file of a batch of that face, rendered from its turns when read (no chunks)."""
+
+    __tablename__ = "openai_files"
+    __table_args__ = (
+        # GET /openai/v1/files: an organisation's files in creation order.
+        Index("ix_openai_files_org_created", "org_id", "created_at", "file_id"),
+        Index(
+            "ix_openai_files_expires",
+            "expires_at",
+            postgresql_where=text("expires_at IS NOT NULL"),
+            sqlite_where=text("expires_at IS NOT NULL"),
+        ),
+    )
+
+    file_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(128))
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(512))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    lines: Mapped[int] = mapped_column(Integer)
+    """Its non-blank lines (an output or error file: its requests)."""
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    """When it is deleted (None: never)."""
+    batch_id: Mapped[str | None] = mapped_column(String(64))
+    """The batch whose output (``batch_part`` ``output``) or error file (``error``) this is; None for an upload."""
+    batch_part: Mapped[str | None] = mapped_column(String(8))
+
+
+class OpenAIFileChunkRow(Base):
+    """One piece of an uploaded file's bytes, in order (``seq`` from 0)."""
+
+    __tablename__ = "openai_file_chunks"
+
+    file_id: Mapped[str] = mapped_column(ForeignKey("openai_files.file_id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class OpenAIBatchRow(Base):
+    """A batch of the OpenAI face: what its create request said and how its validation went.
+
+    A valid input file became the Aptix batch of the same id (``batches``, its turns): its progress is
+    theirs. An invalid one has no Aptix batch: ``failed_at`` and ``errors`` say why.
+    """
+
+    __tablename__ = "openai_batches"
+    __table_args__ = (
+        UniqueConstraint("org_id", "idempotency_key", name="uq_openai_batches_org_idempotency_key"),
+        Index("ix_openai_batches_org_created", "org_id", "created_at", "batch_id"),
+    )
+
+    batch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    input_file_id: Mapped[str] = mapped_column(String(64))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    client_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    output_expires_seconds: Mapped[int | None] = mapped_column(Integer)
+    """``output_expires_after.seconds``: its output and error files expire this long after they are made."""
+    webhook_url: Mapped[str | None] = mapped_column(String(2048))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    total: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Its requests (known once validated)."""
+    errors: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    """Validation: ``[{line, code, message, param}]`` of the bad lines (the batch failed)."""
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    in_progress_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    expired_at: Mapped[datetime | None]
+    """When its window ran out with requests unfinished (they were cancelled then)."""
+    finished_at: Mapped[datetime | None]
+    """When its last request ended: written, with its output and error files, the first time it is read ended."""
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
 
 
 class ToolRunRow(Base):

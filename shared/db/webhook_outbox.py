@@ -16,7 +16,10 @@ commit that runs twice (a redelivered ``persist``) raises its event once.
 
 A turn created through the OpenAI face (``TurnExtras.face``) raises OpenAI's event for its round
 (``response.completed`` / ``failed`` / ``cancelled``: ``shared.webhooks.events``), in the same rows,
-under the same keys, signed the same way; every other turn raises ours.
+under the same keys, signed the same way; every other turn raises ours. A batch of the OpenAI face
+(an ``openai_batches`` row) raises OpenAI's ``batch.completed`` / ``cancelled`` / ``expired`` instead of
+ours (and ``batch.failed`` when its file fails validation: :meth:`WebhookOutbox.record_openai_batch`);
+its requests raise no event of their own, as OpenAI's do not.
 """
 
 from __future__ import annotations
@@ -32,14 +35,21 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
 from shared.db.records import TurnRecord
-from shared.db.tables import BatchRow, TurnRow, WebhookDeliveryRow
+from shared.db.tables import BatchRow, OpenAIBatchRow, TurnRow, WebhookDeliveryRow
 from shared.db.turn_sql import IN_FLIGHT, to_record
 from shared.models.batch import Batch, BatchStatus
 from shared.models.turn import TurnStatus
 from shared.openai import FACE_OPENAI, TurnExtras, response_id
 from shared.turn_view import to_turn
 from shared.webhooks.config import WebhookConfig
-from shared.webhooks.events import EventType, event_body, new_delivery_id, response_event_body, turn_event_type
+from shared.webhooks.events import (
+    EventType,
+    event_body,
+    new_delivery_id,
+    object_event_body,
+    response_event_body,
+    turn_event_type,
+)
 
 __all__ = ["PENDING", "WebhookOutbox"]
 
@@ -127,8 +137,10 @@ class WebhookOutbox:
     def _record_turn(self, orm: Session, row: TurnRow, *, now: datetime, with_batch: bool = True) -> list[str]:
         record = to_record(row)
         recorded = []
-        face = TurnExtras.of(record.request).face
-        event = turn_event_type(record.status, face=face)
+        extras = TurnExtras.of(record.request)
+        face = extras.face
+        # A request of an OpenAI batch raises no event of its own (its batch does): OpenAI's raise none.
+        event = None if extras.custom_id is not None else turn_event_type(record.status, face=face)
         requested = record.request.get("webhook_url")
         url = self._config.url_for(record.org_id, requested if isinstance(requested, str) else None)
         if event is not None and url is not None:
@@ -156,6 +168,15 @@ class WebhookOutbox:
         )
         if moving is not None:
             return []
+        openai = orm.get(OpenAIBatchRow, batch_id)
+        if openai is not None:
+            event = EventType.BATCH_COMPLETED
+            if openai.expired_at is not None:
+                event = EventType.BATCH_EXPIRED
+            elif batch.cancel_requested_at is not None:
+                event = EventType.BATCH_CANCELLED
+            return self.record_openai_batch(orm, batch_id, event=event, org_id=org_id, webhook_url=batch.webhook_url,
+                                            now=now)  # fmt: skip
         counts = dict.fromkeys(TurnStatus, 0)
         for status, count in orm.execute(
             select(TurnRow.status, func.count()).where(TurnRow.batch_id == batch_id).group_by(TurnRow.status)
@@ -174,6 +195,24 @@ class WebhookOutbox:
         body = event_body(delivery_id, EventType.BATCH_COMPLETED, data.model_dump(mode="json"), at=now)
         return _insert(orm, f"batch:{batch_id}", delivery_id, EventType.BATCH_COMPLETED, body,
                        org_id=org_id, url=url, now=now, turn_id=None, batch_id=batch_id)  # fmt: skip
+
+    def record_openai_batch(
+        self, orm: Session, batch_id: str, *, event: str, org_id: str, webhook_url: str | None, now: datetime
+    ) -> list[str]:
+        """Record a batch event of the OpenAI face (``batch.completed``, ``failed``, ``cancelled``, ``expired``),
+        once per batch, in the caller's transaction.
+
+        Returns:
+            The id of the delivery recorded now, if any.
+        """
+        url = self._config.url_for(org_id, webhook_url) if self.applies_to(org_id) else None
+        if url is None:
+            return []
+        delivery_id = new_delivery_id(face=FACE_OPENAI)
+        kind = EventType(event)
+        body = object_event_body(delivery_id, kind, object_id=batch_id, at=now)
+        return _insert(orm, f"batch:{batch_id}", delivery_id, kind, body, org_id=org_id, url=url, now=now,
+                       turn_id=None, batch_id=batch_id)  # fmt: skip
 
 
 def _turn_event_body(record: TurnRecord, delivery_id: str, event: EventType, *, face: str | None, now: datetime) -> str:

@@ -10,7 +10,9 @@ whatever face recorded it:
 - ``model``: the model the turn's calls use (instead of the mode's or ``APTIX_LLM_MODEL``);
 - ``model_options``: fields copied into each model request as given (``temperature``, ``top_p``,
   ``max_output_tokens``, ``tool_choice``, ``parallel_tool_calls``, ``text``, ``reasoning``, ...);
-- ``face``: which face recorded the turn (``openai``), for the views (the webhook event's shape) only.
+- ``face``: which face recorded the turn (``openai``), for the views (the webhook event's shape) only;
+- ``custom_id`` and ``echo``: for a request of a batch of that face (``/openai/v1/batches``), the line's
+  ``custom_id`` and the fields its ``Response`` echoes, for the views (the output file) only.
 
 A turn recorded through ``/v1/turns`` has none of them, and its model requests are what they were.
 """
@@ -44,6 +46,11 @@ class TurnExtras(BaseModel):
     """Copied into every model request of the turn as given."""
     face: str | None = None
     """The face that recorded the turn (``openai``), else None (``/v1/turns``)."""
+    custom_id: str | None = None
+    """The ``custom_id`` of the batch line the turn answers (``/openai/v1/batches``), else None."""
+    echo: dict[str, Any] | None = None
+    """For a batch line: the request's fields its ``Response`` echoes (a response created alone keeps them in
+    its ``responses`` row instead)."""
 
     @classmethod
     def of(cls, request: dict[str, Any]) -> TurnExtras:

@@ -24,7 +24,7 @@ from typing import Any
 from shared.models.turn import TurnStatus
 from shared.openai import FACE_OPENAI
 
-__all__ = ["EventType", "event_body", "new_delivery_id", "response_event_body", "turn_event_type"]
+__all__ = ["EventType", "event_body", "new_delivery_id", "object_event_body", "response_event_body", "turn_event_type"]
 
 
 class EventType(StrEnum):
@@ -45,6 +45,12 @@ class EventType(StrEnum):
     """A response of the OpenAI face was cancelled."""
     RESPONSE_INCOMPLETE = "response.incomplete"
     """OpenAI's event of a response cut short; no turn status raises it today (a type for completeness)."""
+    BATCH_FAILED = "batch.failed"
+    """A batch of the OpenAI face failed validation (nothing of it ran)."""
+    BATCH_CANCELLED = "batch.cancelled"
+    """A batch of the OpenAI face was cancelled and none of its requests is queued or running any more."""
+    BATCH_EXPIRED = "batch.expired"
+    """A batch of the OpenAI face ran out of its completion window; its unfinished requests were cancelled."""
 
 
 _OF_STATUS = {
@@ -97,6 +103,25 @@ def event_body(delivery_id: str, event: EventType, data: dict[str, Any], *, at: 
         Compact JSON.
     """
     body = {"id": delivery_id, "type": event.value, "timestamp": at.isoformat(), "data": data}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def object_event_body(delivery_id: str, event: EventType, *, object_id: str, at: datetime) -> str:
+    """The JSON text of an event of the OpenAI face (``response.*`` or ``batch.*``), as every attempt sends it.
+
+    Args:
+        delivery_id: the event's id (``evt_…``).
+        event: its type.
+        object_id: the response (``resp_…``) or batch (``batch_…``) it is about.
+        at: when it happened (sent as whole Unix seconds).
+
+    Returns:
+        Compact JSON: ``{"id", "type", "created_at", "data": {"id"}, "object": "event"}``.
+    """
+    body = {
+        "id": delivery_id, "type": event.value, "created_at": int(at.timestamp()), "data": {"id": object_id},
+        "object": "event",
+    }  # fmt: skip
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 

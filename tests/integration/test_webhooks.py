@@ -341,3 +341,35 @@ def test_a_response_of_the_openai_face_sends_openai_events_that_unwrap_verifies(
     assert found == sorted([
         ("response.completed", paused.id), ("response.completed", done.id), ("response.cancelled", slow.id),
     ])  # fmt: skip
+
+
+def test_a_batch_of_the_openai_face_sends_openai_batch_events_that_unwrap_verifies(webhooks: WebhookSystem) -> None:
+    # Given an OpenAI-face batch that runs to its end, one that is cancelled and one whose file is invalid
+    import io
+
+    import openai
+
+    path = _path()
+    url = webhooks.receiver.url(path)
+
+    def upload(client: openai.OpenAI, lines: list[str]) -> str:
+        rows = [{"custom_id": f"r{index}", "method": "POST", "url": "/v1/responses",
+                 "body": {"model": "scripted-model", "input": text}} for index, text in enumerate(lines)]  # fmt: skip
+        data = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+        return client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch").id
+
+    with openai.OpenAI(base_url=webhooks.system.gateway_url + "/openai/v1", api_key=KEY_A, max_retries=0) as client:
+        options: dict[str, Any] = {"endpoint": "/v1/responses", "completion_window": "24h",
+                                   "extra_body": {"webhook_url": url}}  # fmt: skip
+        done = client.batches.create(input_file_id=upload(client, ["one", "two"]), **options)
+        slow = client.batches.create(input_file_id=upload(client, ["[[sleep:3000]] slow"] * 4), **options)
+        client.batches.cancel(slow.id)
+        bad = client.files.create(file=("bad.jsonl", io.BytesIO(b"not json\n")), purpose="batch")
+        failed = client.batches.create(input_file_id=bad.id, **options)
+        assert failed.status == "failed"
+        # When the events arrive, Then the SDK verifies and parses each as OpenAI's batch event, once per batch
+        arrived = _arrived(webhooks.receiver, path, 3)
+        events = [client.webhooks.unwrap(request.body, request.headers, secret=SECRET_A) for request in arrived]
+    found = sorted((event.type, event.model_dump()["data"]["id"]) for event in events)
+    assert found == sorted([("batch.completed", done.id), ("batch.cancelled", slow.id), ("batch.failed", failed.id)])
+    assert len(webhooks.receiver.received(path)) == 3  # and none for the batches' requests

@@ -1,0 +1,42 @@
+"""The OpenAI face's sweep: batches past their window expire, and files past their ``expires_at`` go,
+even when nobody reads them (a read of a batch settles it too: ``OpenAIBatchService``).
+
+Every gateway runs it; each step is safe to run twice at once (the writes are conditional).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.concurrency import run_in_threadpool
+
+from api_gateway.openai.batch_service import OpenAIBatchService
+from api_gateway.openai.file_service import FileService
+
+__all__ = ["sweep_batches_forever", "sweep_interval"]
+
+logger = logging.getLogger(__name__)
+
+
+def sweep_interval(window_seconds: float) -> float:
+    """How often to sweep: a quarter of the completion window, from 1 s to a minute."""
+    return min(60.0, max(1.0, window_seconds / 4))
+
+
+async def sweep_batches_forever(batches: OpenAIBatchService, files: FileService, *, window_seconds: float) -> None:
+    """Expire overdue batches and delete expired files, every :func:`sweep_interval` seconds.
+
+    Args:
+        batches: the service that expires batches.
+        files: the service that deletes files.
+        window_seconds: ``APTIX_OPENAI_BATCH_WINDOW_SECONDS``.
+    """
+    interval = sweep_interval(window_seconds)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await run_in_threadpool(batches.sweep)
+            await run_in_threadpool(files.delete_expired)
+        except Exception:  # a database blip must not end the sweep
+            logger.warning("openai batch sweep failed", exc_info=True)
