@@ -223,7 +223,7 @@ class GuardedH11Protocol(H11Protocol):
             return
         self._lingering = True
         self.transport.write_eof()
-        self.transport.resume_reading()
+        self.flow.resume_reading()
 
     def _follow(self) -> None:
         # What the client owes now: a request's head (a new connection, or the first bytes of the
@@ -270,7 +270,8 @@ class GuardedH11Protocol(H11Protocol):
     def _on_deadline(self) -> None:
         self._deadline = None
         awaiting = self._awaiting
-        if awaiting == "body" and self._upload():
+        upload = awaiting == "body" and self._upload()
+        if upload:
             rest = self._since + self.guard.limits.upload_timeout - self.loop.time()
             if rest > 0:
                 self._deadline = self.loop.call_later(rest, self._on_deadline)
@@ -288,8 +289,10 @@ class GuardedH11Protocol(H11Protocol):
                 # The app may still wait on the body: it now reads a disconnect and its answer is dropped.
                 cycle.disconnected = True
                 cycle.message_event.set()
-            late: Literal["headers", "body", "upload"] = "headers" if awaiting == "headers" else "body"
-            self.transport.write(self.guard.timeout_response("upload" if self._upload() else late))
+            late: Literal["headers", "body", "upload"] = (
+                "upload" if upload else "headers" if awaiting == "headers" else "body"
+            )
+            self.transport.write(self.guard.timeout_response(late))
         logger.debug("closed a connection from %s: its request %s did not arrive in time", self._peer, awaiting)
         self.transport.close()
 
