@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from api_gateway.access_log import note_caller
 from api_gateway.errors import ApiError
+from api_gateway.uploads import grant_upload_time, is_upload
 from api_gateway.wiring import GatewayWiring
 from shared import strict_json
 from shared.settings import ApiKey
@@ -72,6 +73,8 @@ class _StrictJsonRequest(Request):
 class AuthenticatedRoute(APIRoute):
     """An APIRoute that answers 401 before the body is read, and 422 for a body that is not JSON.
 
+    Once the key is good, a JSON Lines upload is granted its longer body deadline (``api_gateway.uploads``).
+
     FastAPI parses a JSON body before it solves dependencies, so without this a request with no key and
     a malformed body would get 422, and a body it cannot decode (invalid UTF-8, nesting too deep,
     numbers too long) a bare 400 instead of the contract's 422 ``invalid_request``.
@@ -82,6 +85,8 @@ class AuthenticatedRoute(APIRoute):
 
         async def authenticated_handler(request: Request) -> Response:
             _authenticate(_gateway(request), request)
+            if is_upload(request.scope):
+                grant_upload_time(request.scope)  # the server's long upload deadline, now that the key is good
             try:
                 return await handler(_StrictJsonRequest(request.scope, request.receive))
             except HTTPException as exc:

@@ -12,8 +12,21 @@ runs out of file descriptors, and then serves nobody.
   ``APTIX_HTTP_HEADER_TIMEOUT_SECONDS``; on a kept-alive connection the clock starts at the next
   request's first byte (until then uvicorn's keep-alive timeout applies);
 - a body deadline: a request's body must have arrived in full ``APTIX_HTTP_BODY_TIMEOUT_SECONDS``
-  after its headers, however it trickles in (a JSON Lines upload to ``POST /v1/batches``, see
-  ``api_gateway.uploads``: ``APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS``);
+  after its headers, however it trickles in. A JSON Lines upload to ``POST /v1/batches`` whose key
+  the app has checked gets ``APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS`` instead (when longer): the app
+  marks the request (``api_gateway.uploads.grant_upload_time``, from ``api_gateway.deps``) and the
+  server, when the body deadline passes, reads the mark and extends the deadline to the upload's.
+  Reading the mark only then costs nothing per request, and an upload never gets the long deadline
+  before its key is known (issue 29: an unauthenticated upload held its connection for 600 s);
+- a request answered before its body arrived in full (a 401 before the body is read, a 413 on the
+  declared length) keeps no connection: once the answer is sent the server half-closes the
+  connection, discards what the client still sends for at most :data:`LINGER_SECONDS` (so that the
+  client can read the answer before the connection is reset), and closes it;
+- request heads as RFC 9112 has them (``api_gateway.strict_h11``): at most :data:`MAX_HEAD_BYTES` of
+  request line and headers however they arrive (more: ``431 request_header_fields_too_large``),
+  lines ending in CRLF, never both ``Transfer-Encoding`` and ``Content-Length``; a head that breaks
+  these, or that h11 cannot parse, is answered ``400 bad_request`` with the error envelope (uvicorn's
+  own answer is plain text) and the connection is closed;
 - caps on the connections held at once, per client address (``APTIX_HTTP_MAX_CONNECTIONS_PER_CLIENT``)
   and in all (``APTIX_HTTP_MAX_CONNECTIONS``): a connection beyond either is answered
   ``503 unavailable`` (with ``Retry-After``) and closed as soon as it is accepted, before it costs
@@ -41,11 +54,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from api_gateway.errors import error_response
 from api_gateway.security_headers import SECURITY_HEADERS
-from api_gateway.uploads import is_upload
+from api_gateway.strict_h11 import HeadTooLarge, StrictConnection
+from api_gateway.uploads import upload_time_granted
 from shared.settings import Settings
 
 __all__ = [
-    "BACKLOG", "DRAIN_SECONDS", "MAX_HEAD_BYTES", "ConnectionLimits", "GuardedH11Protocol", "serve", "server_config",
+    "BACKLOG", "DRAIN_SECONDS", "LINGER_SECONDS", "MAX_HEAD_BYTES", "ConnectionLimits", "GuardedH11Protocol", "serve",
+    "server_config",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -53,7 +68,9 @@ logger = logging.getLogger(__name__)
 BACKLOG = 2048
 """Connections the kernel queues before the gateway accepts them (capped by ``net.core.somaxconn``)."""
 MAX_HEAD_BYTES = 16 * 1024
-"""Largest request line plus headers; a longer one is answered 400 (h11's incomplete-event limit)."""
+"""Largest request line plus headers (with the empty line that ends them); a longer one is answered 431."""
+LINGER_SECONDS = 2.0
+"""How long a connection answered before its request's body arrived is drained, half-closed, before it is closed."""
 DRAIN_SECONDS = 65
 """How long a stopping gateway lets requests in progress finish before it cuts them."""
 
@@ -67,7 +84,7 @@ class ConnectionLimits:
     body_timeout: float
     """Seconds a request's body has to arrive in full after its headers."""
     upload_timeout: float
-    """The same for a JSON Lines upload (``api_gateway.uploads``)."""
+    """The same for a JSON Lines upload whose key the app checked, when longer (``api_gateway.uploads``)."""
     max_connections: int
     """Connections held at once in all."""
     max_per_client: int
@@ -105,6 +122,9 @@ def server_config(app: ASGIApp, settings: Settings, *, host: str, port: int) -> 
         timeout_keep_alive=settings.http_keepalive_seconds,
         backlog=BACKLOG,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        # The gateway has no WebSocket route, and a connection handed to a WebSocket protocol would
+        # leave these guards (and the runtime image installs no WebSocket library anyway).
+        ws="none",
         # On SIGTERM, requests in progress may finish for this long (a long-poll takes at most 60 s);
         # then what still runs (event streams, which last as long as their turns) is cut, and their
         # clients resume on another replica with Last-Event-ID. Inside the Deployment's 75 s grace.
@@ -130,7 +150,7 @@ def serve(app: ASGIApp, settings: Settings, *, host: str, port: int) -> None:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on whatever the client owes, and connection caps.
+    """uvicorn's h11 protocol with a deadline on whatever the client owes, connection caps, strict heads.
 
     A subclass bound to one server's :class:`_Guard` comes from :func:`_guarded_protocol`.
     """
@@ -139,10 +159,13 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn: StrictConnection = StrictConnection(self.config.h11_max_incomplete_event_size or MAX_HEAD_BYTES)
         self._peer: str | None = None
         self._awaiting: _Awaiting = "nothing"
         self._deadline: asyncio.TimerHandle | None = None
+        self._since = 0.0
         self._served = False
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
@@ -163,21 +186,55 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the rest of a body whose request was answered: dropped unparsed
         super().data_received(data)
         self._follow()
 
     def on_response_complete(self) -> None:
         self._served = True
         super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self._linger()
         self._follow()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this when h11 (or StrictConnection) refuses what the client sent, and answers in
+        # plain text; the error envelope instead, with h11's status hint (431 for a head too large).
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # The body of a request in progress broke off: the app reads a disconnect, its answer is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.transport.close()
+                return
+        self.transport.write(self.guard.refusal_response(self.conn.refusal))
+        self.transport.close()
+
+    def _linger(self) -> None:
+        # The answer is out and the client still owes body: nothing more of it is read into h11, the
+        # connection is half-closed (the client reads the answer, then the end), and what arrives is
+        # dropped until the client closes its side or LINGER_SECONDS pass. Closing at once would make
+        # the kernel reset the connection over the unread bytes, and the reset can destroy the answer.
+        self._unset_keepalive_if_required()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self._lingering = True
+        self.transport.write_eof()
+        self.flow.resume_reading()
 
     def _follow(self) -> None:
         # What the client owes now: a request's head (a new connection, or the first bytes of the
         # next request on a kept-alive one), the rest of a body, or nothing (the app is answering,
-        # or the connection idles under uvicorn's keep-alive timeout).
+        # or the connection idles under uvicorn's keep-alive timeout). A lingering connection owes
+        # nothing more but has LINGER_SECONDS to go.
         owes = self.conn.their_state
         if self.transport.is_closing():
             self._expect("nothing")
+        elif self._lingering:
+            self._expect("linger")
         elif owes is h11.SEND_BODY:
             self._expect("body")
         elif owes is h11.IDLE and (not self._served or self.conn.trailing_data[0]):
@@ -194,19 +251,36 @@ class GuardedH11Protocol(H11Protocol):
             self._deadline = None
         self._awaiting = awaiting
         if awaiting != "nothing":
+            self._since = self.loop.time()
             self._deadline = self.loop.call_later(self._seconds(awaiting), self._on_deadline)
 
     def _seconds(self, awaiting: _Awaiting) -> float:
         limits = self.guard.limits
         if awaiting == "headers":
             return limits.header_timeout
+        if awaiting == "linger":
+            return LINGER_SECONDS
+        return limits.body_timeout
+
+    def _upload(self) -> bool:
+        # Whether the body owed is an upload whose key the app checked (api_gateway.uploads).
         cycle = self.cycle
-        return limits.upload_timeout if cycle is not None and is_upload(cycle.scope) else limits.body_timeout
+        return cycle is not None and upload_time_granted(cycle.scope)
 
     def _on_deadline(self) -> None:
         self._deadline = None
-        awaiting, self._awaiting = self._awaiting, "nothing"
+        awaiting = self._awaiting
+        upload = awaiting == "body" and self._upload()
+        if upload:
+            rest = self._since + self.guard.limits.upload_timeout - self.loop.time()
+            if rest > 0:
+                self._deadline = self.loop.call_later(rest, self._on_deadline)
+                return
+        self._awaiting = "nothing"
         if self.transport.is_closing():
+            return
+        if awaiting == "linger":
+            self.transport.close()
             return
         cycle = self.cycle if awaiting == "body" else None
         begun = cycle is not None or bool(self.conn.trailing_data[0])
@@ -215,14 +289,16 @@ class GuardedH11Protocol(H11Protocol):
                 # The app may still wait on the body: it now reads a disconnect and its answer is dropped.
                 cycle.disconnected = True
                 cycle.message_event.set()
-            upload = cycle is not None and is_upload(cycle.scope)
-            self.transport.write(self.guard.timeout_response("upload" if upload else awaiting))
+            late: Literal["headers", "body", "upload"] = (
+                "upload" if upload else "headers" if awaiting == "headers" else "body"
+            )
+            self.transport.write(self.guard.timeout_response(late))
         logger.debug("closed a connection from %s: its request %s did not arrive in time", self._peer, awaiting)
         self.transport.close()
 
 
-_Awaiting = Literal["nothing", "headers", "body"]
-"""What a connection's client owes the server next."""
+_Awaiting = Literal["nothing", "headers", "body", "linger"]
+"""What a connection's client owes the server next (``linger``: nothing, but its connection is drained)."""
 
 
 class _Guard:
@@ -261,8 +337,13 @@ class _Guard:
             "upload": _raw_response(
                 408,
                 "request_timeout",
-                f"the upload did not arrive within {limits.upload_timeout:g}s of its headers "
-                "(APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS)",
+                f"the upload did not arrive within {max(limits.upload_timeout, limits.body_timeout):g}s of its "
+                "headers (APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS)",
+            ),
+            "head_too_large": _raw_response(
+                431,
+                "request_header_fields_too_large",
+                f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
             ),
         }
 
@@ -299,9 +380,20 @@ class _Guard:
             self._per_peer[peer] = held
         self._capped.discard(peer)
 
-    def timeout_response(self, awaiting: _Awaiting | Literal["upload"]) -> bytes:
+    def timeout_response(self, awaiting: Literal["headers", "body", "upload"]) -> bytes:
         """The 408 for a request whose ``awaiting`` part (or upload body) did not arrive in time."""
-        return self._answers["body" if awaiting == "nothing" else awaiting]
+        return self._answers[awaiting]
+
+    def refusal_response(self, refusal: h11.RemoteProtocolError | None) -> bytes:
+        """The answer to a request h11 or ``StrictConnection`` refused (``refusal``, None if unknown).
+
+        A head too large (:class:`HeadTooLarge`) is ``431 request_header_fields_too_large``; anything
+        else ``400 bad_request``, its message saying what was wrong (h11's words, cut to 200 characters).
+        """
+        if isinstance(refusal, HeadTooLarge):
+            return self._answers["head_too_large"]
+        reason = str(refusal)[:200] if refusal is not None else "unreadable"
+        return _raw_response(400, "bad_request", f"the request is not valid HTTP/1.1: {reason}")
 
 
 def _guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:

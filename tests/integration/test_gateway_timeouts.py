@@ -1,7 +1,7 @@
 """The gateway's read deadlines and connection caps, on a real ``aptix gateway`` process over raw sockets.
 
-A gateway of its own runs with short deadlines (1 s for the headers, 1 s for the body), a long
-keep-alive and a cap of four connections per client address. Each test talks from a loopback
+A gateway of its own runs with short deadlines (1 s for the headers, 1 s for the body, 3 s for an
+upload), a long keep-alive and a cap of four connections per client address. Each test talks from a loopback
 address of its own (127.0.0.x), so the per-address counts of different tests never mix. No test
 measures a duration: each waits, with a generous limit, for the server to close the connection,
 and checks what it answered.
@@ -9,9 +9,7 @@ and checks what it answered.
 
 from __future__ import annotations
 
-import json
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +20,7 @@ import pytest
 from aptix_cli.launcher import ManagedProcess
 from tests.conftest import KEY_A
 from tests.integration.conftest import System
+from tests.support.raw_http import GENEROUS, connect, get, parse, read_response, read_until_closed
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -30,11 +29,10 @@ PER_CLIENT = 4
 GUARDS = {
     "APTIX_HTTP_HEADER_TIMEOUT_SECONDS": "1",
     "APTIX_HTTP_BODY_TIMEOUT_SECONDS": "1",
+    "APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS": "3",
     "APTIX_HTTP_KEEPALIVE_SECONDS": "60",
     "APTIX_HTTP_MAX_CONNECTIONS_PER_CLIENT": str(PER_CLIENT),
 }
-GENEROUS = 30.0
-"""Seconds to wait for the server to act before the test fails (its deadlines are 1 s)."""
 
 
 @dataclass
@@ -49,7 +47,7 @@ class Gateway:
 
 @pytest.fixture(scope="module")
 def gateway(system: System) -> Iterator[Gateway]:
-    """A gateway process with 1 s read deadlines, 60 s keep-alive and four connections per address."""
+    """A gateway process with 1 s read deadlines (3 s for uploads), 60 s keep-alive and four connections per address."""
     process, url = system.stack.start_gateway(env=GUARDS)
     host, port = url.removeprefix("http://").split(":")
     yield Gateway(process, url, host, int(port))
@@ -61,14 +59,14 @@ def test_gateway_answers_408_and_closes_when_a_request_line_stops_half_way(gatew
     with _connect(gateway, "127.0.0.11") as sock:
         sock.sendall(b"GET /healthz HT")
         # Then the server answers 408 request_timeout and closes it
-        status, body = _parse(_read_until_closed(sock))
+        status, body = parse(read_until_closed(sock))
     assert status == 408
     assert body["error"]["code"] == "request_timeout"
 
 
 def test_gateway_closes_a_new_connection_that_sends_nothing(gateway: Gateway) -> None:
     with _connect(gateway, "127.0.0.12") as sock:
-        assert _read_until_closed(sock) == b""
+        assert read_until_closed(sock) == b""
 
 
 def test_gateway_answers_408_when_a_declared_body_stops_arriving(gateway: Gateway) -> None:
@@ -80,11 +78,44 @@ def test_gateway_answers_408_when_a_declared_body_stops_arriving(gateway: Gatewa
     with _connect(gateway, "127.0.0.13") as sock:
         sock.sendall(head.encode() + b'{"input": ')
         # Then the server answers 408 request_timeout and closes it
-        status, body = _parse(_read_until_closed(sock))
+        status, body = parse(read_until_closed(sock))
     assert status == 408
     assert body["error"]["code"] == "request_timeout"
     # And the app, which was waiting on that body, let go of it without an error
     assert "Traceback" not in gateway.process.log()
+
+
+def test_an_upload_without_a_key_is_answered_401_and_keeps_no_connection(gateway: Gateway) -> None:
+    # Given a JSON Lines upload without a key, declaring 1,000 bytes of body and sending 8
+    head = "POST /v1/batches HTTP/1.1\r\nHost: aptix\r\nContent-Type: application/jsonl\r\nContent-Length: 1000\r\n\r\n"
+    with _connect(gateway, "127.0.0.17") as sock:
+        sock.sendall(head.encode() + b'{"input"')
+        # Then it is answered 401 at once
+        status, body = parse(read_response(sock), closing=False)
+        assert status == 401
+        assert body["error"]["code"] == "unauthorized"
+        # And when the client sends the rest of the body and another request on the connection, the
+        # connection ends without another answer (before: the upload's 600 s deadline held it open,
+        # and once the body was in, the next request was served)
+        sock.sendall(b" " * 992 + get("/healthz"))
+        assert read_until_closed(sock) == b""
+        # And the gateway lets go of the connection: what the client sends after that is refused
+        wait_for(lambda: _refuses(sock), what="the gateway to close the refused upload's connection", seconds=GENEROUS)
+
+
+def test_an_authenticated_upload_has_the_upload_deadline_not_the_body_deadline(gateway: Gateway) -> None:
+    # Given an authenticated JSON Lines upload declaring 1,000 bytes of body and sending 1
+    head = (
+        "POST /v1/batches HTTP/1.1\r\nHost: aptix\r\nContent-Type: application/jsonl\r\n"
+        f"Authorization: Bearer {KEY_A}\r\nContent-Length: 1000\r\n\r\n"
+    )
+    with _connect(gateway, "127.0.0.18") as sock:
+        sock.sendall(head.encode() + b"{")
+        # Then it outlives the 1 s body deadline: the 408 that ends it is the upload's (3 s)
+        status, body = parse(read_until_closed(sock))
+    assert status == 408
+    assert body["error"]["code"] == "request_timeout"
+    assert "APTIX_HTTP_UPLOAD_TIMEOUT_SECONDS" in body["error"]["message"], body
 
 
 def test_a_kept_alive_connection_idles_past_the_header_deadline_but_a_half_sent_request_on_it_does_not(
@@ -92,17 +123,17 @@ def test_a_kept_alive_connection_idles_past_the_header_deadline_but_a_half_sent_
 ) -> None:
     # Given a connection that completed a request and now idles under the 60 s keep-alive
     with _connect(gateway, "127.0.0.14") as kept:
-        kept.sendall(_get("/healthz"))
-        assert _read_response(kept).startswith(b"HTTP/1.1 200")
+        kept.sendall(get("/healthz"))
+        assert read_response(kept).startswith(b"HTTP/1.1 200")
         # When a connection opened after that has been closed by the header deadline
         with _connect(gateway, "127.0.0.14") as fresh:
-            assert _read_until_closed(fresh) == b""
+            assert read_until_closed(fresh) == b""
         # Then the kept-alive one, idle longer than that deadline, still serves a request
-        kept.sendall(_get("/healthz"))
-        assert _read_response(kept).startswith(b"HTTP/1.1 200")
+        kept.sendall(get("/healthz"))
+        assert read_response(kept).startswith(b"HTTP/1.1 200")
         # But a request it begins and does not finish is answered 408
         kept.sendall(b"GET /heal")
-        status, body = _parse(_read_until_closed(kept))
+        status, body = parse(read_until_closed(kept))
     assert status == 408
     assert body["error"]["code"] == "request_timeout"
 
@@ -114,13 +145,13 @@ def test_connections_over_the_per_client_cap_are_refused_until_one_closes(gatewa
         # Given as many kept-alive connections from one address as the cap allows, each having
         # served a request (an idle new connection would soon be closed by the header deadline)
         for sock in held:
-            sock.sendall(_get("/healthz"))
-            assert _read_response(sock).startswith(b"HTTP/1.1 200")
+            sock.sendall(get("/healthz"))
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
         # When that address opens one more
         with _connect(gateway, source) as extra:
-            answer = _read_until_closed(extra)
+            answer = read_until_closed(extra)
         # Then it is answered 503 unavailable, with Retry-After, and closed
-        status, body = _parse(answer)
+        status, body = parse(answer)
         assert status == 503
         assert body["error"]["code"] == "unavailable"
         assert b"\r\nretry-after: " in answer.lower()
@@ -159,50 +190,16 @@ def test_a_turn_runs_through_the_guarded_gateway(gateway: Gateway) -> None:
 
 
 def _connect(gateway: Gateway, source: str) -> socket.socket:
-    return socket.create_connection((gateway.host, gateway.port), timeout=GENEROUS, source_address=(source, 0))
+    return connect(gateway.host, gateway.port, source)
 
 
-def _get(path: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: aptix\r\n\r\n".encode()
-
-
-def _read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection; fails if it keeps it open."""
-    received = b""
-    deadline = time.monotonic() + GENEROUS
-    while time.monotonic() < deadline:
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            break
-        except ConnectionResetError:
-            return received
-        if not chunk:
-            return received
-        received += chunk
-    raise AssertionError(f"the gateway kept the connection open for {GENEROUS:g}s; it sent {received!r}")
-
-
-def _read_response(sock: socket.socket) -> bytes:
-    """One response on a kept-alive connection (its head and its Content-Length of body)."""
-    received = b""
-    while b"\r\n\r\n" not in received:
-        chunk = sock.recv(65536)
-        assert chunk, f"the gateway closed the connection mid-response: {received!r}"
-        received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
-    lengths = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
-    length = int(lengths[0])
-    while len(body) < length:
-        body += sock.recv(65536)
-    return received
-
-
-def _parse(answer: bytes) -> tuple[int, dict[str, Any]]:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 "), f"not an HTTP response: {answer!r}"
-    assert b"\r\nconnection: close" in head.lower(), f"no Connection: close in {head!r}"
-    return int(head.split(b" ")[1]), json.loads(body)
+def _refuses(sock: socket.socket) -> bool:
+    """Whether the server no longer takes bytes on ``sock`` (it closed the connection: a send is reset)."""
+    try:
+        sock.sendall(b" ")
+    except (BrokenPipeError, ConnectionResetError):
+        return True
+    return False
 
 
 def _answers_ok(client: httpx.Client, url: str) -> bool:
