@@ -16,7 +16,8 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 __all__ = [
-    "FILES_PATH", "JSON_LINES_TYPES", "UPLOAD_PATH", "grant_upload_time", "is_json_lines", "is_upload", "upload_time_granted",
+    "FILES_PATH", "JSON_LINES_TYPES", "UPLOAD_PATH",
+    "grant_upload_time", "is_json_lines", "is_upload", "upload_time_granted",
 ]  # fmt: skip
 
 UPLOAD_PATH = "/v1/batches"
