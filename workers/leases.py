@@ -61,9 +61,10 @@ class LeaseRenewer:
             with self._lock:
                 self._held.pop(lease, None)
 
-    def release(self, lease: Lease) -> None:
-        """Give ``lease`` back now (its step ends without a save, which would have given it back)."""
-        self._leases.release(lease)
+    def release(self, lease: Lease, *, given_up: bool = False) -> None:
+        """Give ``lease`` back now (its step ends without a save, which would have given it back), and with
+        it its step's delivery count, unless the step was ``given_up`` on (``StepLeases.release``)."""
+        self._leases.release(lease, given_up=given_up)
 
     def held(self) -> list[Lease]:
         """The leases held now."""

@@ -22,6 +22,8 @@ class MemoryStateStore:
         self._lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
+        self.deliveries: dict[tuple[str, str], int] = {}
+        """Each step's delivery count, by (turn id, step key) (kept until deleted: no expiry here)."""
         self._cancelled: set[str] = set()
         self.markers: dict[str, float] = {}
         self.timers: dict[str, float] = {}
@@ -39,12 +41,13 @@ class MemoryStateStore:
                 return StepStart(cancelled=True, claimed=False)
             if not self._claim(lease, ttl_seconds):
                 return StepStart(cancelled=False, claimed=False)
+            step = (lease.turn_id, lease.step_key)
+            deliveries = self.deliveries[step] = self.deliveries.get(step, 0) + 1
             raw = self._states.get(lease.turn_id)
             if raw is None and alive_until is not None:
                 self.markers[lease.turn_id] = alive_until
-        return StepStart(
-            cancelled=False, claimed=True, state=None if raw is None else TurnState.model_validate_json(raw)
-        )
+        state = None if raw is None else TurnState.model_validate_json(raw)
+        return StepStart(cancelled=False, claimed=True, state=state, deliveries=deliveries)
 
     def save(
         self,
@@ -71,6 +74,7 @@ class MemoryStateStore:
                 self.markers[state.turn_id] = alive_until
             if release is not None:
                 self._release(release)
+                self.deliveries.pop((release.turn_id, release.step_key), None)
 
     def drop(self, turn_id: str) -> None:
         with self._lock:
@@ -92,9 +96,10 @@ class MemoryStateStore:
                 self.markers[lease.turn_id] = max(alive_until, self.markers.get(lease.turn_id, alive_until))
         return lost
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease, *, given_up: bool = False) -> None:
         with self._lock:
-            self._release(lease)
+            if self._release(lease) and not given_up:
+                self.deliveries.pop((lease.turn_id, lease.step_key), None)
 
     def _claim(self, lease: Lease, ttl_seconds: int) -> bool:
         held = self._claims.get((lease.turn_id, lease.step_key))
@@ -103,10 +108,12 @@ class MemoryStateStore:
         self._claims[(lease.turn_id, lease.step_key)] = (lease.owner, time.monotonic() + ttl_seconds)
         return True
 
-    def _release(self, lease: Lease) -> None:
+    def _release(self, lease: Lease) -> bool:
         held = self._claims.get((lease.turn_id, lease.step_key))
-        if held is not None and held[0] == lease.owner:
-            del self._claims[(lease.turn_id, lease.step_key)]
+        if held is None or held[0] != lease.owner:
+            return False
+        del self._claims[(lease.turn_id, lease.step_key)]
+        return True
 
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         with self._lock:
@@ -162,6 +169,7 @@ class MemoryStateStore:
         with self._lock:
             self._states.clear()
             self._claims.clear()
+            self.deliveries.clear()
             self._cancelled.clear()
             self.markers.clear()
             self.timers.clear()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from shared.state.turn_state import TurnState
 
 __all__ = [
+    "DELIVERIES_SECONDS",
     "CancelFlags",
     "EventSink",
     "InFlightMarkers",
@@ -27,6 +28,11 @@ __all__ = [
     "event_json",
     "take_unsent_events",
 ]
+
+
+DELIVERIES_SECONDS = 86400
+"""How long a step's delivery count is kept after its last delivery (longer than any step waits for
+its next delivery: the broker's visibility timeout, the reconciler's deadline times its re-drives)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,9 @@ class StepStart:
     cancelled: bool
     claimed: bool
     state: TurnState | None = None
+    deliveries: int = 0
+    """With the lease taken: this delivery's number among the deliveries of the step since it last ended
+    in a worker that lived (1 for the first; more when a worker died running it: ``APTIX_STEP_MAX_DELIVERIES``)."""
 
 
 class TurnStates(Protocol):
@@ -64,6 +73,13 @@ class TurnStates(Protocol):
         database) and ``alive_until`` is given, the turn's in-flight marker is set to it, replacing
         whatever it was: the long marker the gateway gives a queued turn covers its wait in the
         broker, not its run, and must not vouch for a turn whose worker died mid-step.
+
+        A taken lease also counts the delivery (:attr:`StepStart.deliveries`), in the same round trip:
+        the step's counter (``deliveries_key``, kept :data:`DELIVERIES_SECONDS`) goes up by one, and
+        only the step's save or the release of its lease deletes it. So it counts the deliveries
+        whose worker died before the step ended, whoever sent them (the broker after its visibility
+        timeout, a prefork pool's requeue, the reconciler), plus this one; a retry (a RetryAfter,
+        an outage) ends with a save or a release first, and starts again at 1.
         """
 
     def save(
@@ -83,7 +99,7 @@ class TurnStates(Protocol):
           the state records them as sent: a step that runs again because its save failed makes its
           trace records again, and they are sent once, with the save that keeps them;
         - the turn's in-flight marker moves to ``alive_until``, or goes (None: the turn's chain ended);
-        - ``release`` is given back;
+        - ``release`` is given back, and its step's delivery count deleted (the step ended in a live worker);
         - with ``leave_admission``, the turn leaves its organisation's turns in flight and the
           admission scheduler is woken (the books are ``shared.state.admission``'s: the save does
           for a turn whose chain ended what ``AdmissionQueue.finished`` does, without its round trip;
@@ -107,8 +123,10 @@ class StepLeases(Protocol):
         """Renew the leases we hold (one write for all) and push their turns' in-flight markers to
         ``alive_until`` (never back); returns the leases that were no longer ours."""
 
-    def release(self, lease: Lease) -> None:
-        """Give a lease back (only its holder can)."""
+    def release(self, lease: Lease, *, given_up: bool = False) -> None:
+        """Give a lease back (only its holder can); with it goes the step's delivery count, unless
+        the step was ``given_up`` on (its count stays past the limit: every other copy of its message
+        is given up too, and dropped)."""
 
 
 class CancelFlags(Protocol):
