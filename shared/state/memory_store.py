@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shared.errors import StateConflict
-from shared.state.store import EventSink, Lease, StepStart, take_unsent_events
+from shared.state.store import EventSink, Lease, Release, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["MemoryStateStore"]
@@ -22,8 +22,9 @@ class MemoryStateStore:
         self._lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
-        self.deliveries: dict[tuple[str, str], int] = {}
-        """Each step's delivery count, by (turn id, step key) (kept until deleted: no expiry here)."""
+        self.deliveries: dict[tuple[str, str], tuple[int, int]] = {}
+        """Each step's delivery count and the number of the delivery last held back, by (turn id, step key)
+        (kept until deleted: no expiry here)."""
         self._cancelled: set[str] = set()
         self.markers: dict[str, float] = {}
         self.timers: dict[str, float] = {}
@@ -42,12 +43,13 @@ class MemoryStateStore:
             if not self._claim(lease, ttl_seconds):
                 return StepStart(cancelled=False, claimed=False)
             step = (lease.turn_id, lease.step_key)
-            deliveries = self.deliveries[step] = self.deliveries.get(step, 0) + 1
+            before, held = self.deliveries.get(step, (0, 0))
+            self.deliveries[step] = (before + 1, held)
             raw = self._states.get(lease.turn_id)
             if raw is None and alive_until is not None:
                 self.markers[lease.turn_id] = alive_until
         state = None if raw is None else TurnState.model_validate_json(raw)
-        return StepStart(cancelled=False, claimed=True, state=state, deliveries=deliveries)
+        return StepStart(cancelled=False, claimed=True, state=state, deliveries=before + 1, held_back_at=held)
 
     def save(
         self,
@@ -96,10 +98,16 @@ class MemoryStateStore:
                 self.markers[lease.turn_id] = max(alive_until, self.markers.get(lease.turn_id, alive_until))
         return lost
 
-    def release(self, lease: Lease, *, given_up: bool = False) -> None:
+    def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
+        step = (lease.turn_id, lease.step_key)
         with self._lock:
-            if self._release(lease) and not given_up:
-                self.deliveries.pop((lease.turn_id, lease.step_key), None)
+            if not self._release(lease):
+                return
+            if why is Release.ENDED:
+                self.deliveries.pop(step, None)
+            elif why is Release.HELD_BACK and step in self.deliveries:
+                count, _held = self.deliveries[step]
+                self.deliveries[step] = (count - 1, count)
 
     def _claim(self, lease: Lease, ttl_seconds: int) -> bool:
         held = self._claims.get((lease.turn_id, lease.step_key))

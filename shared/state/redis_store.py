@@ -28,7 +28,7 @@ from shared.state.keys import (
     state_key,
     version_key,
 )
-from shared.state.store import DELIVERIES_SECONDS, Lease, StepStart, take_unsent_events
+from shared.state.store import DELIVERIES_SECONDS, Lease, Release, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore", "connect"]
@@ -37,9 +37,10 @@ _PIPELINE_CHUNK = 1000
 """Commands per pipeline of a bulk write (``cancel_many``)."""
 
 # One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled,
-# counts the delivery (KEYS[5], kept ARGV[6] seconds) and returns the count and the state with it (with
-# no state yet, it sets the turn's in-flight marker); a save (and a release, unless ARGV[2] == '1':
-# the step was given up on) deletes the delivery count of the step whose lease it gives back; a save is
+# counts the delivery (the hash KEYS[5]: ``n`` deliveries, ``held`` the last held back, kept ARGV[6]
+# seconds) and returns the count and the state with it (with no state yet, it sets the turn's in-flight
+# marker); a save deletes the delivery count of the step whose lease it gives back, and a release does
+# what its ``Release`` (ARGV[2]) says; a save is
 # refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
 # in-flight marker, gives the step's lease back and, when told to (ARGV[10] == '1'), takes the turn
 # out of its organisation's admission in-flight set and wakes the admission scheduler when it was
@@ -50,12 +51,13 @@ _PIPELINE_CHUNK = 1000
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
-local deliveries = redis.call('incr', KEYS[5])
+local deliveries = redis.call('hincrby', KEYS[5], 'n', 1)
+local held = redis.call('hget', KEYS[5], 'held') or '0'
 redis.call('expire', KEYS[5], ARGV[6])
 local state = redis.call('get', KEYS[1])
-if state then return {1, deliveries, state} end
+if state then return {1, deliveries, held, state} end
 if ARGV[4] ~= '' then redis.call('zadd', KEYS[4], ARGV[4], ARGV[5]) end
-return {1, deliveries}
+return {1, deliveries, held}
 """
 _SAVE = """
 if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
@@ -94,7 +96,15 @@ return lost
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] ~= '1' then redis.call('del', KEYS[2]) end
+if ARGV[2] == 'ended' then
+  redis.call('del', KEYS[2])
+elseif ARGV[2] == 'held_back' then
+  local n = redis.call('hget', KEYS[2], 'n')
+  if n then
+    redis.call('hset', KEYS[2], 'held', n)
+    redis.call('hincrby', KEYS[2], 'n', -1)
+  end
+end
 return redis.call('del', KEYS[1])
 """
 _POP_DUE = """
@@ -142,8 +152,10 @@ class RedisStateStore:
         found = self._begin(keys=keys, args=args)
         if found[0] != 1:
             return StepStart(cancelled=found[0] == 0, claimed=False)
-        state = TurnState.model_validate_json(found[2]) if len(found) > 2 else None
-        return StepStart(cancelled=False, claimed=True, state=state, deliveries=int(found[1]))
+        state = TurnState.model_validate_json(found[3]) if len(found) > 3 else None
+        return StepStart(
+            cancelled=False, claimed=True, state=state, deliveries=int(found[1]), held_back_at=int(found[2])
+        )
 
     def save(
         self,
@@ -190,9 +202,9 @@ class RedisStateStore:
             args += [lease.owner, lease.turn_id]
         return [leases[index - 1] for index in self._renew(keys=keys, args=args)]
 
-    def release(self, lease: Lease, *, given_up: bool = False) -> None:
+    def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
         keys = [claim_key(lease.turn_id, lease.step_key), deliveries_key(lease.turn_id, lease.step_key)]
-        self._release(keys=keys, args=[lease.owner, "1" if given_up else "0"])
+        self._release(keys=keys, args=[lease.owner, why.value])
 
     def mark_cancelled(self, turn_id: str, *, ttl_seconds: int) -> None:
         self.client.set(cancel_key(turn_id), b"1", ex=ttl_seconds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from shared.state.turn_state import TurnState
@@ -21,6 +22,7 @@ __all__ = [
     "EventSink",
     "InFlightMarkers",
     "Lease",
+    "Release",
     "StepLeases",
     "StepStart",
     "Timers",
@@ -54,6 +56,21 @@ class StepStart:
     deliveries: int = 0
     """With the lease taken: this delivery's number among the deliveries of the step since it last ended
     in a worker that lived (1 for the first; more when a worker died running it: ``APTIX_STEP_MAX_DELIVERIES``)."""
+    held_back_at: int = 0
+    """The delivery number at which a delivery of the step was last held back (:attr:`Release.HELD_BACK`); 0: never."""
+
+
+class Release(StrEnum):
+    """How a step's delivery ended without a save, which decides what becomes of its delivery count."""
+
+    ENDED = "ended"
+    """The step ended in a worker that lived (an outage, a step that already ran): its count goes."""
+    GIVEN_UP = "given_up"
+    """The step was given up on: its count stays past the limit, so every other copy is given up too."""
+    HELD_BACK = "held_back"
+    """The step, whose earlier delivery was lost, was sent again a little later instead of running now
+    (apart from the steps that died with it): this delivery is not counted, and the store remembers
+    its number (:attr:`StepStart.held_back_at`), so the next one runs."""
 
 
 class TurnStates(Protocol):
@@ -123,10 +140,8 @@ class StepLeases(Protocol):
         """Renew the leases we hold (one write for all) and push their turns' in-flight markers to
         ``alive_until`` (never back); returns the leases that were no longer ours."""
 
-    def release(self, lease: Lease, *, given_up: bool = False) -> None:
-        """Give a lease back (only its holder can); with it goes the step's delivery count, unless
-        the step was ``given_up`` on (its count stays past the limit: every other copy of its message
-        is given up too, and dropped)."""
+    def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
+        """Give a lease back (only its holder can), and end or keep the step's delivery count as ``why`` says."""
 
 
 class CancelFlags(Protocol):

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from shared.errors import StateConflict
-from shared.state import Lease, RedisStateStore, StepStart, TurnState
+from shared.state import Lease, RedisStateStore, Release, StepStart, TurnState
 from shared.state.keys import cancel_key, claim_key, deliveries_key
 from shared.state.store import DELIVERIES_SECONDS
 
@@ -187,7 +187,10 @@ def test_begin_counts_the_deliveries_a_save_or_a_release_ends(store: RedisStateS
     assert store.begin(live, ttl_seconds=30).deliveries == 1
     store.release(live)
     assert store.begin(live, ttl_seconds=30).deliveries == 1
-    store.release(live, given_up=True)
+    store.release(live, why=Release.GIVEN_UP)
     assert store.begin(live, ttl_seconds=30).deliveries == 2
     store.release(Lease(state.turn_id, step, "not-the-holder"))  # only the holder's release ends it
-    assert store.client.get(deliveries_key(state.turn_id, step)) == b"2"
+    assert store.client.hget(deliveries_key(state.turn_id, step), "n") == b"2"
+    store.release(live, why=Release.HELD_BACK)  # this delivery did not run: uncounted, and its number kept
+    held = store.begin(live, ttl_seconds=30)
+    assert (held.deliveries, held.held_back_at) == (2, 2)

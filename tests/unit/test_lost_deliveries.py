@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import pytest
 
+from shared.db.records import InFlightTurn
 from shared.errors import LlmError, TurnFailed
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode
-from shared.state import Lease, MemoryStateStore
+from shared.state import Lease, MemoryStateStore, Release
 from shared.task_names import StepName
 from shared.turn_events import MemoryTurnEventLog, TurnEvent
 from tests.unit.fakes import TURN_ID, FakeLlm, answer, drive, make_context, record_turn
 from workers.context import StepContext
 from workers.driver import run_step
+from workers.reconciler import frontier
 from workers.text_relay import withdraw_lost_text
 
 OTHER_TURN = "turn_" + "7" * 32
@@ -96,6 +98,23 @@ def test_the_session_of_a_turn_given_up_takes_its_next_turn() -> None:
     assert record.output_text == "the next turn's answer"
 
 
+def test_a_re_drive_by_the_reconciler_counts_as_a_redelivery_does() -> None:
+    # Given a step whose worker died twice, once after the broker's redelivery
+    ctx = make_context(FakeLlm(answer("never asked")), step_max_deliveries=2)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
+    _lose(ctx, llm_step)
+
+    # When the reconciler finds the turn stalled and re-drives it from the frontier Redis recorded
+    stalled = InFlightTurn(TURN_ID, TurnStatus.RUNNING, round=0, batch_id=None, redrives=0, org_id="o")
+    redriven, source = frontier(stalled, ctx.states.load(TURN_ID), None)
+
+    # Then its message is the same step, counted with the others: given up
+    assert source == "redis" and redriven.step_key == llm_step.step_key
+    with pytest.raises(TurnFailed):
+        run_step(ctx, redriven)
+
+
 def test_a_step_delivered_up_to_the_limit_runs() -> None:
     llm = FakeLlm(answer("made it"))
     ctx = make_context(llm, step_max_deliveries=3)
@@ -142,10 +161,32 @@ def test_a_step_ended_in_a_live_worker_starts_its_count_again() -> None:
     assert store.begin(lease, ttl_seconds=30).deliveries == 2  # the first worker died
     store.release(lease)  # this one lived (an outage, say): the count goes with the lease
     assert store.begin(lease, ttl_seconds=30).deliveries == 1
-    store.release(lease, given_up=True)  # a step given up keeps its count past the limit
+    store.release(lease, why=Release.GIVEN_UP)  # a step given up keeps its count past the limit
     assert store.begin(lease, ttl_seconds=30).deliveries == 2
     busy = store.begin(Lease(TURN_ID, lease.step_key, "other"), ttl_seconds=30)
     assert not busy.claimed and busy.deliveries == 0  # a copy that finds the step running does not count
+    store.release(lease, why=Release.HELD_BACK)  # held back: not counted, and remembered
+    again = store.begin(lease, ttl_seconds=30)
+    assert (again.deliveries, again.held_back_at) == (2, 2)
+
+
+def test_a_step_whose_last_delivery_was_lost_is_sent_again_a_while_later_and_then_runs() -> None:
+    # Given a step whose worker died running it (beside others, maybe)
+    llm = FakeLlm(answer("made it"))
+    ctx = make_context(llm, step_max_deliveries=3)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
+
+    # When it is delivered again
+    later = run_step(ctx, llm_step)
+
+    # Then it does not run now: it is sent again, within a lease, uncounted; and that delivery runs
+    assert later is not None and later.envelope == llm_step
+    assert 0 < later.countdown <= ctx.settings.step_lease_seconds
+    assert llm.requests == []
+    following = run_step(ctx, llm_step)
+    assert following is not None and following.envelope.step is StepName.REASONER
+    assert len(llm.requests) == 1
 
 
 # Streamed text after a lost delivery
