@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     CLIENT_TOOL_TIMEOUT = "client_tool_timeout"
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
+    WORKER_LOST = "worker_lost"
 
 
 class ErrorInfo(BaseModel):

@@ -99,6 +99,18 @@ class TurnEventLog(Protocol):
             The events, possibly none.
         """
 
+    def latest(self, turn_id: str, *, before: str | None, count: int) -> list[TurnEvent]:
+        """The turn's newest events before ``before`` (from the newest when None), newest first.
+
+        Args:
+            turn_id: the turn.
+            before: the id of the oldest event the reader has read this way; None for the newest.
+            count: at most this many.
+
+        Returns:
+            The events, possibly none.
+        """
+
 
 class RedisTurnEventLog:
     """The log as one Redis Stream per turn, trimmed to about ``max_events`` and kept ``ttl_seconds``."""
@@ -128,6 +140,11 @@ class RedisTurnEventLog:
         # RESP2 replies [[key, entries]]; the typing also allows RESP3's {key: [entries]}, which we do not ask for.
         found: Any = self.client.xread({key: after or "0-0"}, count=count, block=block_ms if block_ms > 0 else None)
         return parse_entries(found[0][1]) if found else []
+
+    def latest(self, turn_id: str, *, before: str | None, count: int) -> list[TurnEvent]:
+        newest = "+" if before is None else f"({before}"
+        found: Any = self.client.xrevrange(events_key(turn_id), max=newest, min="-", count=count)
+        return parse_entries(found)
 
 
 class MemoryTurnEventLog:
@@ -162,6 +179,13 @@ class MemoryTurnEventLog:
                 self._changed.wait_for(lambda: bool(self._after(turn_id, after)), timeout=block_ms / 1000)
                 found = self._after(turn_id, after)
         return found[:count]
+
+    def latest(self, turn_id: str, *, before: str | None, count: int) -> list[TurnEvent]:
+        with self._changed:
+            events = self._events.get(turn_id, [])
+            if before is not None:
+                events = [item for item in events if _order(item.event_id) < _order(before)]
+            return list(reversed(events))[:count]
 
     def events(self, turn_id: str) -> list[TurnEvent]:
         """Every event of the turn (for assertions)."""

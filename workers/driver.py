@@ -1,11 +1,15 @@
 """run_step: the one driver every step task goes through, and where the retry policy's decisions are applied.
 
-It takes the step's lease and loads the turn state in one Redis round trip (the state from Redis;
-else from the turn's durable checkpoint when the message is the step that checkpoint carries on
-with; else, for the turn's first message, from the recorded request), skips a step that already ran
-(redelivery), keeps the lease renewed (by the process's one :class:`~workers.leases.LeaseRenewer`),
-runs the step and, in the same task, the steps after it that belong to the same layer (the AGN-032 entry steps are one
-layer: ``shared.task_names.LAYER_OF``), writes a durable checkpoint after the steps the step map
+It takes the step's lease, counts the delivery and loads the turn state in one Redis round trip (the
+state from Redis; else from the turn's durable checkpoint when the message is the step that checkpoint
+carries on with; else, for the turn's first message, from the recorded request), skips a step that
+already ran (redelivery), gives up a step whose worker died on each of its last
+``APTIX_STEP_MAX_DELIVERIES`` deliveries (a poison step: its turn fails ``worker_lost``), sends a step
+whose last delivery was lost again a random while later (apart from the steps that died with it),
+withdraws the text a lost run of a streaming turn's step relayed before the step runs again, keeps the lease
+renewed (by the process's one :class:`~workers.leases.LeaseRenewer`), runs the step and, in the same
+task, the steps after it that belong to the same layer (the AGN-032 entry steps are one layer:
+``shared.task_names.LAYER_OF``), writes a durable checkpoint after the steps the step map
 marks, hands the webhook deliveries a ``persist`` step's commit recorded to the webhooks queue,
 records each outcome and the turn's frontier (the next message), saves the state once (moving the
 turn's in-flight marker and giving the lease back, in one more round trip; when the chain ends there,
@@ -39,7 +43,7 @@ from shared.logging import bind, log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
-from shared.state import Lease, TurnState
+from shared.state import Lease, Release, TurnState
 from shared.task_names import LAYER_OF, Layer, StepName, task_name
 from workers import retry
 from workers.context import StepContext
@@ -47,6 +51,7 @@ from workers.metrics import MessageTally
 from workers.next_step import Continue, Next, RetryAfter, Stop
 from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
 from workers.steps import request_handler, session_context_resolver
+from workers.text_relay import withdraw_lost_text
 from workers.trace import trace
 
 __all__ = ["Dispatch", "fail_turn", "run_step"]
@@ -78,6 +83,8 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
         try:
             return _run(ctx, env)
+        except TurnFailed:
+            raise  # the step was given up on (``worker_lost``): its turn is recorded as failed
         except Exception as exc:
             trouble = retry.trouble_of(exc)
             if trouble is retry.Trouble.INFRASTRUCTURE:
@@ -107,9 +114,16 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
         return None
     if not start.claimed:
         raise StepBusy(env.step_key)
-    saved = False
+    saved, release = False, Release.ENDED
     try:
         with ctx.leases.holding(lease):
+            if start.deliveries > ctx.settings.step_max_deliveries:
+                release = Release.GIVEN_UP
+                _give_up(ctx, env, lost=start.deliveries - 1)
+                return None
+            if start.deliveries > 1 and start.held_back_at != start.deliveries:
+                release = Release.HELD_BACK
+                return _hold_back(ctx, env)
             state = start.state or _load_durable(ctx, env)
             if state is None:
                 return None
@@ -118,6 +132,8 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
                 logger.info("step %s already ran; passing the turn on", env.step_key)
                 ctx.metrics.count_redelivered(env.step)
                 return _recorded(state, env)
+            if start.deliveries > 1 and state.stream:  # a worker died running it: maybe while relaying text
+                withdraw_lost_text(ctx.events, env.turn_id)
             tally = MessageTally()
             dispatch = _run_layer(ctx, env, state, tally)
             _save(ctx, state, lease, dispatch)
@@ -127,9 +143,48 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     finally:
         if not saved:
             try:
-                ctx.leases.release(lease)
+                ctx.leases.release(lease, why=release)
             except redis.RedisError:
                 logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
+
+
+def _give_up(ctx: StepContext, env: TurnEnvelope, *, lost: int) -> None:
+    """End the turn ``worker_lost``: the worker running its step died on each of the step's last ``lost`` deliveries.
+
+    The step does not run (it would kill this worker too). The turn ends as every early end does
+    (:class:`~shared.turn_ending.TurnEnding`: database, webhook, event, in-flight marker, admission
+    slot); its session lives on. The step's delivery count stays past the limit (the caller releases
+    the lease ``Release.GIVEN_UP``), so every other copy of its message comes here too and is dropped.
+
+    Raises:
+        TurnFailed: this delivery ended the turn (the task reports the failure to Celery).
+    """
+    message = (
+        f"step {env.step.value!r} was given up: the worker running it died (killed, crashed or out of memory) "
+        f"on each of its {lost} deliveries"
+    )
+    error = ErrorInfo(code=ErrorCode.WORKER_LOST, message=message)
+    ended = ctx.ending.end(env.turn_id, error, only_if=TurnStatus.in_flight())
+    if ended is None:
+        logger.info("step %s of turn %s was given up and its turn has ended: dropping it", env.step_key, env.turn_id)
+        return
+    logger.error("turn %s failed worker_lost: %s", env.turn_id, message)
+    raise TurnFailed(ErrorCode.WORKER_LOST.value, message) from None
+
+
+def _hold_back(ctx: StepContext, env: TurnEnvelope) -> Dispatch:
+    """Send a step whose last delivery was lost again a random while later, instead of running it now.
+
+    A worker that dies takes every step it was running with it, and the broker gives them back together:
+    without this, the steps that died beside a poison step would be taken together again, by one worker,
+    which the poison step kills again, until they too were given up. Sent again at a random time within
+    a lease (``APTIX_STEP_LEASE_SECONDS``), each runs apart from the others, so only the step that kills
+    its worker keeps losing deliveries. The caller releases the lease ``Release.HELD_BACK``: this delivery
+    is not counted, and the next one runs.
+    """
+    countdown = ctx.random() * ctx.settings.step_lease_seconds
+    logger.info("step %s of turn %s lost its last delivery; running it in %.1fs", env.step_key, env.turn_id, countdown)
+    return Dispatch(env, countdown=countdown)
 
 
 def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally) -> Dispatch | None:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import redis
 
-from shared.state import Lease, StepLeases
+from shared.state import Lease, Release, StepLeases
 
 __all__ = ["LeaseRenewer"]
 
@@ -61,9 +61,10 @@ class LeaseRenewer:
             with self._lock:
                 self._held.pop(lease, None)
 
-    def release(self, lease: Lease) -> None:
-        """Give ``lease`` back now (its step ends without a save, which would have given it back)."""
-        self._leases.release(lease)
+    def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
+        """Give ``lease`` back now (its step ends without a save, which would have given it back); ``why``
+        decides what becomes of the step's delivery count (``shared.state.store.Release``)."""
+        self._leases.release(lease, why=why)
 
     def held(self) -> list[Lease]:
         """The leases held now."""

@@ -18,6 +18,12 @@ for an answer such as 429 or 500, which comes before any event. A client that
 joins the deltas drops the last N it joined on a reset; then the deltas it keeps join to the text of
 the calls that succeeded.
 
+A worker that dies while it relays (SIGKILL, out of memory) withdraws nothing, and its step runs
+again elsewhere, making the call again: so before a streaming turn's step runs again after such a lost
+delivery, the driver calls :func:`withdraw_lost_text`, which appends one ``output_text.reset`` for the
+deltas the lost runs left visible. The re-run's text then follows the reset, and the deltas still join
+to the text of the calls that succeeded.
+
 The log is not the record: when appending fails (Redis unreachable), the call goes on without
 relaying, and once it has succeeded the relay withdraws what it appended and appends the call's
 whole text again as one delta, if the log takes writes again by then.
@@ -31,9 +37,9 @@ from collections.abc import Callable
 
 import redis
 
-from shared.turn_events import TurnEventLog
+from shared.turn_events import TurnEvent, TurnEventLog
 
-__all__ = ["DELTA_EVENT", "RESET_EVENT", "TextRelay"]
+__all__ = ["DELTA_EVENT", "RESET_EVENT", "TextRelay", "withdraw_lost_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,8 @@ DELTA_EVENT = "output_text.delta"
 """A piece of the model's text; data ``{"delta": "..."}``."""
 RESET_EVENT = "output_text.reset"
 """The last ``data.deltas`` text deltas were a failed model call's: drop them."""
+_PAGE = 200
+"""Events read per round trip when looking for a lost run's text."""
 
 
 class TextRelay:
@@ -127,3 +135,61 @@ class TextRelay:
         if self.appended:
             self._events.append(self._turn_id, RESET_EVENT, {"deltas": self.appended})
             self.appended = 0
+
+
+def withdraw_lost_text(events: TurnEventLog, turn_id: str) -> int:
+    """Withdraw the text deltas lost runs of the turn's current step left visible in its event log.
+
+    Every text delta follows the turn's last saved event: a step's save appends its trace records
+    after the text its model call relayed, so the text deltas (and resets) after the newest other
+    event are those of the current step's runs that did not save, that is runs whose worker died.
+    Those still visible (their resets applied) are withdrawn with one ``output_text.reset``.
+
+    Reads the newest events of the log, a page of 200 per round trip, until one that is not text;
+    appends at most one event.
+
+    Args:
+        events: the turns' event logs.
+        turn_id: the turn whose step runs again after a lost delivery.
+
+    Returns:
+        How many deltas were withdrawn (0: nothing was appended, also when Redis did not answer: the
+        log is not the record, and the step runs all the same).
+    """
+    try:
+        return _withdraw_lost(events, turn_id)
+    except redis.RedisError as exc:
+        logger.warning("turn %s: could not withdraw the text of a lost run (%s)", turn_id, exc)
+        return 0
+
+
+def _withdraw_lost(events: TurnEventLog, turn_id: str) -> int:
+    trailing: list[TurnEvent] = []
+    before: str | None = None
+    while True:
+        page = events.latest(turn_id, before=before, count=_PAGE)
+        text = _until_saved(page)
+        trailing += text
+        if len(text) < len(page) or len(page) < _PAGE:
+            break
+        before = page[-1].event_id
+    visible = 0
+    for event in reversed(trailing):  # oldest first
+        if event.event == DELTA_EVENT:
+            visible += 1
+        else:
+            visible = max(0, visible - int(event.data.get("deltas", 0)))
+    if visible:
+        events.append(turn_id, RESET_EVENT, {"deltas": visible})
+        logger.info("turn %s: withdrew %d text delta(s) a lost run of its step relayed", turn_id, visible)
+    return visible
+
+
+def _until_saved(newest_first: list[TurnEvent]) -> list[TurnEvent]:
+    """The text events (deltas, resets) at the head of ``newest_first``, up to the first other one."""
+    found = []
+    for event in newest_first:
+        if event.event not in (DELTA_EVENT, RESET_EVENT):
+            break
+        found.append(event)
+    return found

@@ -17,6 +17,7 @@ __all__ = [
     "TIMERS_KEY",
     "cancel_key",
     "claim_key",
+    "deliveries_key",
     "events_key",
     "held_key",
     "in_flight_key",
@@ -79,6 +80,12 @@ def version_key(turn_id: str) -> str:
 def claim_key(turn_id: str, step_key: str) -> str:
     """The lease a worker holds while it runs one step of a turn."""
     return f"{PREFIX}:turn:{turn_id}:claim:{step_key}"
+
+
+def deliveries_key(turn_id: str, step_key: str) -> str:
+    """Counter: the deliveries of one step of a turn since the step last ended in a worker that lived
+    (its begin counts one; its save, or the release of its lease, deletes the counter)."""
+    return f"{PREFIX}:turn:{turn_id}:deliveries:{step_key}"
 
 
 def cancel_key(turn_id: str) -> str:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shared.errors import StateConflict
-from shared.state.store import EventSink, Lease, StepStart, take_unsent_events
+from shared.state.store import EventSink, Lease, Release, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["MemoryStateStore"]
@@ -22,6 +22,9 @@ class MemoryStateStore:
         self._lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
+        self.deliveries: dict[tuple[str, str], tuple[int, int]] = {}
+        """Each step's delivery count and the number of the delivery last held back, by (turn id, step key)
+        (kept until deleted: no expiry here)."""
         self._cancelled: set[str] = set()
         self.markers: dict[str, float] = {}
         self.timers: dict[str, float] = {}
@@ -39,12 +42,14 @@ class MemoryStateStore:
                 return StepStart(cancelled=True, claimed=False)
             if not self._claim(lease, ttl_seconds):
                 return StepStart(cancelled=False, claimed=False)
+            step = (lease.turn_id, lease.step_key)
+            before, held = self.deliveries.get(step, (0, 0))
+            self.deliveries[step] = (before + 1, held)
             raw = self._states.get(lease.turn_id)
             if raw is None and alive_until is not None:
                 self.markers[lease.turn_id] = alive_until
-        return StepStart(
-            cancelled=False, claimed=True, state=None if raw is None else TurnState.model_validate_json(raw)
-        )
+        state = None if raw is None else TurnState.model_validate_json(raw)
+        return StepStart(cancelled=False, claimed=True, state=state, deliveries=before + 1, held_back_at=held)
 
     def save(
         self,
@@ -71,6 +76,7 @@ class MemoryStateStore:
                 self.markers[state.turn_id] = alive_until
             if release is not None:
                 self._release(release)
+                self.deliveries.pop((release.turn_id, release.step_key), None)
 
     def drop(self, turn_id: str) -> None:
         with self._lock:
@@ -92,9 +98,16 @@ class MemoryStateStore:
                 self.markers[lease.turn_id] = max(alive_until, self.markers.get(lease.turn_id, alive_until))
         return lost
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
+        step = (lease.turn_id, lease.step_key)
         with self._lock:
-            self._release(lease)
+            if not self._release(lease):
+                return
+            if why is Release.ENDED:
+                self.deliveries.pop(step, None)
+            elif why is Release.HELD_BACK and step in self.deliveries:
+                count, _held = self.deliveries[step]
+                self.deliveries[step] = (count - 1, count)
 
     def _claim(self, lease: Lease, ttl_seconds: int) -> bool:
         held = self._claims.get((lease.turn_id, lease.step_key))
@@ -103,10 +116,12 @@ class MemoryStateStore:
         self._claims[(lease.turn_id, lease.step_key)] = (lease.owner, time.monotonic() + ttl_seconds)
         return True
 
-    def _release(self, lease: Lease) -> None:
+    def _release(self, lease: Lease) -> bool:
         held = self._claims.get((lease.turn_id, lease.step_key))
-        if held is not None and held[0] == lease.owner:
-            del self._claims[(lease.turn_id, lease.step_key)]
+        if held is None or held[0] != lease.owner:
+            return False
+        del self._claims[(lease.turn_id, lease.step_key)]
+        return True
 
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
         with self._lock:
@@ -158,6 +173,7 @@ class MemoryStateStore:
         with self._lock:
             self._states.clear()
             self._claims.clear()
+            self.deliveries.clear()
             self._cancelled.clear()
             self.markers.clear()
             self.timers.clear()

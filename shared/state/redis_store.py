@@ -1,11 +1,12 @@
 """RedisStateStore: every port of ``shared.state.store`` on one Redis, TurnState as one JSON value per
 turn, saved with optimistic concurrency (Lua CAS).
 
-Besides the documents it keeps the step leases, the cancel flags, the in-flight markers the
-reconciler reads (``INFLIGHT_KEY``) and the parked timers of long waits (``TIMERS_KEY``). A step
-costs two round trips of state work: ``begin`` (cancel check, lease, load) and ``save`` (write,
-events, marker, lease back and, when the turn's chain ended and the caller says so, its admission
-slot); one more per renewal period renews every lease a worker process holds.
+Besides the documents it keeps the step leases and delivery counts, the cancel flags, the in-flight
+markers the reconciler reads (``INFLIGHT_KEY``) and the parked timers of long waits (``TIMERS_KEY``).
+A step costs two round trips of state work: ``begin`` (cancel check, lease, delivery count, load) and
+``save`` (write, events, marker, lease and delivery count back and, when the turn's chain ended and
+the caller says so, its admission slot); one more per renewal period renews every lease a worker
+process holds.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from shared.state.keys import (
     TIMERS_KEY,
     cancel_key,
     claim_key,
+    deliveries_key,
     events_key,
     in_flight_key,
     state_key,
     version_key,
 )
-from shared.state.store import Lease, StepStart, take_unsent_events
+from shared.state.store import DELIVERIES_SECONDS, Lease, Release, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore", "connect"]
@@ -34,8 +36,11 @@ __all__ = ["RedisStateStore", "connect"]
 _PIPELINE_CHUNK = 1000
 """Commands per pipeline of a bulk write (``cancel_many``)."""
 
-# One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled and
-# returns the state with it (with no state yet, it sets the turn's in-flight marker); a save is
+# One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled,
+# counts the delivery (the hash KEYS[5]: ``n`` deliveries, ``held`` the last held back, kept ARGV[6]
+# seconds) and returns the count and the state with it (with no state yet, it sets the turn's in-flight
+# marker); a save deletes the delivery count of the step whose lease it gives back, and a release does
+# what its ``Release`` (ARGV[2]) says; a save is
 # refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
 # in-flight marker, gives the step's lease back and, when told to (ARGV[10] == '1'), takes the turn
 # out of its organisation's admission in-flight set and wakes the admission scheduler when it was
@@ -46,10 +51,13 @@ _PIPELINE_CHUNK = 1000
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
+local deliveries = redis.call('hincrby', KEYS[5], 'n', 1)
+local held = redis.call('hget', KEYS[5], 'held') or '0'
+redis.call('expire', KEYS[5], ARGV[6])
 local state = redis.call('get', KEYS[1])
-if state then return {1, state} end
+if state then return {1, deliveries, held, state} end
 if ARGV[4] ~= '' then redis.call('zadd', KEYS[4], ARGV[4], ARGV[5]) end
-return {1}
+return {1, deliveries, held}
 """
 _SAVE = """
 if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
@@ -65,6 +73,7 @@ if ARGV[10] == '1' and redis.call('zrem', KEYS[5], ARGV[6]) == 1 then
   redis.call('ltrim', KEYS[6], 0, 0)
 end
 if KEYS[7] and redis.call('get', KEYS[7]) == ARGV[7] then redis.call('del', KEYS[7]) end
+if KEYS[8] then redis.call('del', KEYS[8]) end
 if #ARGV > 10 then
   for i = 11, #ARGV, 2 do
     redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[9])
@@ -87,6 +96,15 @@ return lost
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == 'ended' then
+  redis.call('del', KEYS[2])
+elseif ARGV[2] == 'held_back' then
+  local n = redis.call('hget', KEYS[2], 'n')
+  if n then
+    redis.call('hset', KEYS[2], 'held', n)
+    redis.call('hincrby', KEYS[2], 'n', -1)
+  end
+end
 return redis.call('del', KEYS[1])
 """
 _POP_DUE = """
@@ -124,16 +142,20 @@ class RedisStateStore:
         self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None
     ) -> StepStart:
         keys = [
-            state_key(lease.turn_id), cancel_key(lease.turn_id), claim_key(lease.turn_id, lease.step_key), INFLIGHT_KEY
+            state_key(lease.turn_id), cancel_key(lease.turn_id), claim_key(lease.turn_id, lease.step_key), INFLIGHT_KEY,
+            deliveries_key(lease.turn_id, lease.step_key),
         ]  # fmt: skip
         marker = "" if alive_until is None else repr(alive_until)
-        found = self._begin(
-            keys=keys, args=[lease.owner, ttl_seconds, "1" if check_cancel else "0", marker, lease.turn_id]
-        )
+        args: list[str | int] = [
+            lease.owner, ttl_seconds, "1" if check_cancel else "0", marker, lease.turn_id, DELIVERIES_SECONDS
+        ]  # fmt: skip
+        found = self._begin(keys=keys, args=args)
         if found[0] != 1:
             return StepStart(cancelled=found[0] == 0, claimed=False)
-        state = TurnState.model_validate_json(found[1]) if len(found) > 1 else None
-        return StepStart(cancelled=False, claimed=True, state=state)
+        state = TurnState.model_validate_json(found[3]) if len(found) > 3 else None
+        return StepStart(
+            cancelled=False, claimed=True, state=state, deliveries=int(found[1]), held_back_at=int(found[2])
+        )
 
     def save(
         self,
@@ -157,7 +179,7 @@ class RedisStateStore:
             "" if release is None else release.owner, self.max_events, state.round, "1" if leave_admission else "0",
         ]  # fmt: skip
         if release is not None:
-            keys.append(claim_key(release.turn_id, release.step_key))
+            keys += [claim_key(release.turn_id, release.step_key), deliveries_key(release.turn_id, release.step_key)]
         for name, data in events:
             args += [name, data]
         if not self._save(keys=keys, args=args):
@@ -180,8 +202,9 @@ class RedisStateStore:
             args += [lease.owner, lease.turn_id]
         return [leases[index - 1] for index in self._renew(keys=keys, args=args)]
 
-    def release(self, lease: Lease) -> None:
-        self._release(keys=[claim_key(lease.turn_id, lease.step_key)], args=[lease.owner])
+    def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
+        keys = [claim_key(lease.turn_id, lease.step_key), deliveries_key(lease.turn_id, lease.step_key)]
+        self._release(keys=keys, args=[lease.owner, why.value])
 
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
         for start in range(0, len(turn_ids), _PIPELINE_CHUNK):

@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 from shared.state.turn_state import TurnState
 
 __all__ = [
+    "DELIVERIES_SECONDS",
     "CancelFlags",
     "EventSink",
     "InFlightMarkers",
     "Lease",
+    "Release",
     "StepLeases",
     "StepStart",
     "Timers",
@@ -27,6 +30,11 @@ __all__ = [
     "event_json",
     "take_unsent_events",
 ]
+
+
+DELIVERIES_SECONDS = 86400
+"""How long a step's delivery count is kept after its last delivery (longer than any step waits for
+its next delivery: the broker's visibility timeout, the reconciler's deadline times its re-drives)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,24 @@ class StepStart:
     cancelled: bool
     claimed: bool
     state: TurnState | None = None
+    deliveries: int = 0
+    """With the lease taken: this delivery's number among the deliveries of the step since it last ended
+    in a worker that lived (1 for the first; more when a worker died running it: ``APTIX_STEP_MAX_DELIVERIES``)."""
+    held_back_at: int = 0
+    """The delivery number at which a delivery of the step was last held back (:attr:`Release.HELD_BACK`); 0: never."""
+
+
+class Release(StrEnum):
+    """How a step's delivery ended without a save, which decides what becomes of its delivery count."""
+
+    ENDED = "ended"
+    """The step ended in a worker that lived (an outage, a step that already ran): its count goes."""
+    GIVEN_UP = "given_up"
+    """The step was given up on: its count stays past the limit, so every other copy is given up too."""
+    HELD_BACK = "held_back"
+    """The step, whose earlier delivery was lost, was sent again a little later instead of running now
+    (apart from the steps that died with it): this delivery is not counted, and the store remembers
+    its number (:attr:`StepStart.held_back_at`), so the next one runs."""
 
 
 class TurnStates(Protocol):
@@ -64,6 +90,13 @@ class TurnStates(Protocol):
         database) and ``alive_until`` is given, the turn's in-flight marker is set to it, replacing
         whatever it was: the long marker the gateway gives a queued turn covers its wait in the
         broker, not its run, and must not vouch for a turn whose worker died mid-step.
+
+        A taken lease also counts the delivery (:attr:`StepStart.deliveries`), in the same round trip:
+        the step's counter (``deliveries_key``, kept :data:`DELIVERIES_SECONDS`) goes up by one, and
+        only the step's save or the release of its lease deletes it. So it counts the deliveries
+        whose worker died before the step ended, whoever sent them (the broker after its visibility
+        timeout, a prefork pool's requeue, the reconciler), plus this one; a retry (a RetryAfter,
+        an outage) ends with a save or a release first, and starts again at 1.
         """
 
     def save(
@@ -83,7 +116,7 @@ class TurnStates(Protocol):
           the state records them as sent: a step that runs again because its save failed makes its
           trace records again, and they are sent once, with the save that keeps them;
         - the turn's in-flight marker moves to ``alive_until``, or goes (None: the turn's chain ended);
-        - ``release`` is given back;
+        - ``release`` is given back, and its step's delivery count deleted (the step ended in a live worker);
         - with ``leave_admission``, the turn leaves its organisation's turns in flight and the
           admission scheduler is woken (the books are ``shared.state.admission``'s: the save does
           for a turn whose chain ended what ``AdmissionQueue.finished`` does, without its round trip;
@@ -107,8 +140,8 @@ class StepLeases(Protocol):
         """Renew the leases we hold (one write for all) and push their turns' in-flight markers to
         ``alive_until`` (never back); returns the leases that were no longer ours."""
 
-    def release(self, lease: Lease) -> None:
-        """Give a lease back (only its holder can)."""
+    def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
+        """Give a lease back (only its holder can), and end or keep the step's delivery count as ``why`` says."""
 
 
 class CancelFlags(Protocol):

@@ -1,7 +1,8 @@
 """The chaos suite: a fault matrix run against the real processes of Aptix (``python -m tests.chaos``).
 
 Each fault (worker kill, worker kill under OpenAI-face responses with resumed streams, Redis restart,
-model outage, PostgreSQL backend termination, gateway kill, reconciler kill) runs on a fresh system of
+model outage, PostgreSQL backend termination, gateway kill, reconciler kill, a poison step that kills
+every worker running it) runs on a fresh system of
 child processes while turns run, and the report counts from the ground truth (turn rows, the tool log,
 the model journal) how the turns ended.
 """

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
+from tests.chaos.poison import poison_step
 from tests.chaos.report import FaultRun
 from tests.chaos.responses_load import ResponseLoad
 from tests.chaos.system import ChaosSystem, SystemOptions
@@ -210,6 +211,7 @@ FAULTS: dict[str, Fault] = {
     "pg_terminate": Fault(pg_terminate, SystemOptions(), turns=500, small_turns=80),
     "gateway_kill": Fault(gateway_kill, SystemOptions(), turns=200, small_turns=100),
     "reconciler_kill": Fault(reconciler_kill, SystemOptions(reconcilers=2), turns=300, small_turns=80),
+    "poison_step": Fault(poison_step, SystemOptions(), turns=300, small_turns=60),
 }
 """Every fault, in the order the matrix runs them."""
 

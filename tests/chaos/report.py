@@ -17,6 +17,9 @@ from tests.chaos.load import SETTLED_STATUSES, Ledger
 
 __all__ = ["FaultReport", "FaultRun", "build_report", "render_fault", "render_summary"]
 
+MAX_DELIVERIES = 3
+"""``APTIX_STEP_MAX_DELIVERIES`` of the chaos system (the default): the most runs of a poison turn's tool."""
+_POISON_END = "failed worker_lost"
 EXPECTED_MODEL_CALLS = 2
 """Model calls of one turn: the call that asks for ``count_run``, then the answer."""
 _EXAMPLES = 5
@@ -34,6 +37,13 @@ class FaultRun:
     """The keys whose response streams were read in pieces (dropped and resumed with ``starting_after``) and checked."""
     broken_streams: list[str] = field(default_factory=list)
     """Each checked stream that broke a promise, with what broke."""
+    poison_keys: list[str] = field(default_factory=list)
+    """The keys of turns whose server tool kills its worker (``tests.chaos.poison``): each must fail
+    ``worker_lost`` with its tool run at most ``MAX_DELIVERIES`` times; they are counted apart."""
+    worker_deaths: int = 0
+    """Worker processes that died by themselves (a poison step killed them) and were replaced."""
+    deaths_after_given_up: int = 0
+    """Of those, the ones that died once every poison turn had ended (the workers must stop dying)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -67,6 +77,10 @@ class FaultReport:
     outcome_unknown: int = 0
     """Completed turns whose model was told the tool's outcome is unknown (its worker died while it ran):
     the designed answer when a tool that is not idempotent may or may not have taken effect."""
+    poisoned: Counter[str] = field(default_factory=Counter)
+    """The poison turns by how they ended (``failed worker_lost``, ``completed``, ``running``, ...)."""
+    poison_runs: int = 0
+    """The most runs of one poison turn's tool."""
     http_errors: Counter[str] = field(default_factory=Counter)
     error: str | None = None
     """Why the fault did not run to its end (start-up or harness trouble)."""
@@ -92,14 +106,29 @@ class FaultReport:
         ]
         if self.run.fault_seconds < retry_budget_seconds:
             checks.append((sum(self.failed.values()), "failed turns (fault shorter than the retry budget)"))
-        return found + [f"{count} {what}" for count, what in checks if count]
+        return found + [f"{count} {what}" for count, what in checks if count] + self.poison_problems()
+
+    def poison_problems(self) -> list[str]:
+        """Why the poison turns broke a promise ([] when they kept them, or when there were none)."""
+        if not self.run.poison_keys:
+            return []
+        found = []
+        wrong = len(self.run.poison_keys) - self.poisoned[_POISON_END]
+        if wrong:
+            found.append(f"{wrong} poison turns did not fail worker_lost {dict(self.poisoned)}")
+        if self.poison_runs > MAX_DELIVERIES:
+            found.append(f"a poison turn's tool ran {self.poison_runs} times (more than {MAX_DELIVERIES})")
+        if self.run.deaths_after_given_up:
+            found.append(f"{self.run.deaths_after_given_up} workers died after every poison turn had ended")
+        return found
 
 
 def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -> FaultReport:
     """Count the outcome of one fault from the ground truth and the gateway's answers."""
     report = FaultReport(name=name, run=run, http_errors=Counter(ledger.errors))
     rows_per_key = Counter(turn.key for turn in evidence.turns if turn.key is not None)
-    keys = set(rows_per_key) | ledger.accepted
+    poison = set(run.poison_keys)
+    keys = (set(rows_per_key) | ledger.accepted) - poison
     report.accepted = len(ledger.accepted)
     report.not_accepted = len(ledger.rejected - ledger.accepted)
     report.rows = len(evidence.turns)
@@ -108,6 +137,9 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
     report.keys_with_extra_rows = sum(1 for count in rows_per_key.values() if count > 1)
     # Unfinished turns first, so the examples show them before failed ones.
     for turn in sorted(evidence.turns, key=lambda turn: (turn.status in SETTLED_STATUSES, turn.key or "")):
+        if turn.key in poison:
+            report.poisoned[f"{turn.status} {turn.error_code}" if turn.error_code else turn.status] += 1
+            continue
         if turn.status == "completed":
             report.completed += 1
             if turn.output_text is not None and "outcome of this count_run call is unknown" in turn.output_text:
@@ -133,7 +165,8 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
     report.streams_interrupted = sum(
         1 for key in run.stream_keys if key in redriven or evidence.model_calls[key] > EXPECTED_MODEL_CALLS
     )
-    report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in keys)
+    report.poison_runs = max((evidence.tool_runs[key] for key in poison), default=0)
+    report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in keys | poison)
     repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
     report.repeated_model_calls = sum(repeats)
     report.max_repeated_model_calls = max(repeats, default=0)
@@ -167,6 +200,10 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
         ("gateway 5xx other than 503", str(report.gateway_5xx_not_503())),
         ("gateway non-2xx answers", _with_breakdown(report.http_errors)),
     ]  # fmt: skip
+    if report.run.poison_keys:
+        deaths = f"worker deaths: {report.run.worker_deaths}, after they ended: {report.run.deaths_after_given_up}"
+        runs = f"tool runs, at most: {report.poison_runs}"
+        rows.append(("poison turns", f"{_with_breakdown(report.poisoned)}  ({runs}; {deaths})"))
     if report.run.stream_keys:
         rows.append(("streams checked / broken", f"{len(report.run.stream_keys)} / {len(report.run.broken_streams)}"
                      f"  (on a turn a kill interrupted: {report.streams_interrupted})"))  # fmt: skip

@@ -20,6 +20,7 @@ import yaml
 from tests.chaos.evidence import collect
 from tests.chaos.faults import FAULTS, FaultPlan
 from tests.chaos.load import Ledger, wait_settled
+from tests.chaos.poison import POISON_TOOL
 from tests.chaos.report import FaultReport, FaultRun, build_report, render_fault
 from tests.chaos.system import ChaosSystem
 
@@ -113,11 +114,11 @@ def run_fault(plan: FaultPlan, *, log_dir: Path, catalog: Path, settle_seconds: 
 
 
 def write_catalog(path: Path) -> Path:
-    """The packaged mode catalog plus the ``count_run`` operator tool, offered in mode general."""
+    """The packaged mode catalog plus the ``count_run`` and ``poison`` operator tools, offered in mode general."""
     catalog = yaml.safe_load(resources.files("shared.modes").joinpath("default_catalog.yaml").read_text())
-    catalog["tools"] = [*catalog.get("tools", []), COUNT_RUN_TOOL]
+    catalog["tools"] = [*catalog.get("tools", []), COUNT_RUN_TOOL, POISON_TOOL]
     for mode in catalog["modes"]:
         if mode["name"] == "general":
-            mode["tools"] = [*mode["tools"], COUNT_RUN_TOOL["name"]]
+            mode["tools"] = [*mode["tools"], COUNT_RUN_TOOL["name"], POISON_TOOL["name"]]
     path.write_text(yaml.safe_dump(catalog))
     return path

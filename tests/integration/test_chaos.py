@@ -46,7 +46,7 @@ def _failures(report: FaultReport) -> list[str]:
         (report.wrong_output, "completed turns with a wrong answer"),
         (len(report.run.broken_streams), f"resumed response streams broken {report.run.broken_streams}"),
     ]
-    found = [f"{count} {what}" for count, what in checks if count]
+    found = [f"{count} {what}" for count, what in checks if count] + report.poison_problems()
     if report.error:
         found.insert(0, "did not run to its end: " + report.error.strip().splitlines()[-1])
     # At most one repeated call per model call a kill interrupted: each killed worker runs

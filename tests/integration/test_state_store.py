@@ -8,8 +8,9 @@ import pytest
 import redis
 
 from shared.errors import StateConflict
-from shared.state import Lease, RedisStateStore, StepStart, TurnState
-from shared.state.keys import cancel_key, claim_key
+from shared.state import Lease, RedisStateStore, Release, StepStart, TurnState
+from shared.state.keys import cancel_key, claim_key, deliveries_key
+from shared.state.store import DELIVERIES_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -156,3 +157,33 @@ def test_parked_envelopes_are_handed_out_once_when_due(store: RedisStateStore) -
     assert store.pop_due(now=150.0) == ['{"a": 1}']
     assert store.pop_due(now=150.0) == []
     assert store.pop_due(now=250.0) == ['{"b": 2}']
+
+
+def test_begin_counts_the_deliveries_a_save_or_a_release_ends(store: RedisStateStore) -> None:
+    # Given a step begun by a worker that then died (its lease lapses: ttl 1 s)
+    state = _state()
+    store.save(state, ttl_seconds=60)
+    step = "0:4:llm_call:1"
+    assert store.begin(Lease(state.turn_id, step, "dead"), ttl_seconds=1).deliveries == 1
+    # When another copy finds the lease held, it does not count; once it lapsed, the next one counts 2
+    busy = store.begin(Lease(state.turn_id, step, "early"), ttl_seconds=30)
+    assert not busy.claimed and busy.deliveries == 0
+    store.client.delete(claim_key(state.turn_id, step))  # the lease lapsed
+    live = Lease(state.turn_id, step, "live")
+    second = store.begin(live, ttl_seconds=30)
+    assert second.claimed and second.deliveries == 2 and second.state is not None
+    assert 0 < store.client.ttl(deliveries_key(state.turn_id, step)) <= DELIVERIES_SECONDS
+    # Then the save of a worker that lived ends the count; so does a release, unless the step was given up
+    loaded = second.state
+    store.save(loaded, ttl_seconds=60, release=live)
+    assert store.client.exists(deliveries_key(state.turn_id, step)) == 0
+    assert store.begin(live, ttl_seconds=30).deliveries == 1
+    store.release(live)
+    assert store.begin(live, ttl_seconds=30).deliveries == 1
+    store.release(live, why=Release.GIVEN_UP)
+    assert store.begin(live, ttl_seconds=30).deliveries == 2
+    store.release(Lease(state.turn_id, step, "not-the-holder"))  # only the holder's release ends it
+    assert store.client.hget(deliveries_key(state.turn_id, step), "n") == b"2"
+    store.release(live, why=Release.HELD_BACK)  # this delivery did not run: uncounted, and its number kept
+    held = store.begin(live, ttl_seconds=30)
+    assert (held.deliveries, held.held_back_at) == (2, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import redis
@@ -48,3 +49,20 @@ def hold(key: str) -> str:
     client = redis.Redis.from_url(os.environ["APTIX_REDIS_URL"])
     client.blpop([f"aptix:test:release:{key}"], timeout=120)
     return f"released {key}"
+
+
+def die(key: str) -> str:
+    """Count this run under ``key`` in Redis (as :func:`record_call` does), then SIGKILL the process running
+    the handler: a poison step, which kills whichever worker runs it. Catalog it ``idempotent: true``, so
+    that every delivery runs it (a call that is not idempotent is never run twice)."""
+    record_call(key)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+def poison(key: str) -> str:
+    """:func:`count_run`, then SIGKILL the process running the handler: the chaos suite's poison step
+    (catalogued ``idempotent: true``, so every delivery runs it)."""
+    count_run(key)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED_ERROR_CODES = {
     "invalid_request", "session_not_found", "session_busy", "unknown_tool", "tool_failed", "llm_error",
     "llm_rate_limited", "iteration_limit", "continuation_mismatch", "client_tool_timeout", "cancelled",
-    "internal_error",
-}  # fmt: skip  # ARCHITECTURE.md, "Errors"
+    "internal_error", "worker_lost",
+}  # fmt: skip  # ARCHITECTURE.md, "Errors"; worker_lost: docs/api.md (issue 25, poison steps)
 
 
 def _imports(path: Path) -> set[str]:
