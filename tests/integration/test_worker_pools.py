@@ -75,4 +75,3 @@ def test_aptix_worker_with_no_flags_runs_each_queue_group_on_its_own_pool(
         seconds=30,
         interval=0.2,
     )
-
