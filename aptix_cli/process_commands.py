@@ -85,6 +85,8 @@ def worker(args: argparse.Namespace) -> int:
         if not prepare_heartbeats([spec.group for spec in specs]):
             return 2
         listener = _worker_metrics_listener("worker")
+        from shared.settings import get_settings
+
         try:
             return run_group(
                 specs,
@@ -93,6 +95,7 @@ def worker(args: argparse.Namespace) -> int:
                 reconciler=not args.no_reconciler,
                 scheduler=not args.no_scheduler,
                 metrics_dir=None if listener is None else listener.directory,
+                stop_seconds=get_settings().worker_stop_seconds,
             )
         finally:
             if listener is not None:
@@ -131,6 +134,11 @@ def worker(args: argparse.Namespace) -> int:
         scheduler=not args.no_scheduler,
         heartbeat=args.heartbeat_name or spec.group,
     )
+    # Celery's shutdown has no bound of its own (with the broker gone it never ends): this one's is
+    # APTIX_WORKER_STOP_SECONDS.
+    from aptix_cli.worker_stop import arm_on_shutdown
+
+    arm_on_shutdown(settings.worker_stop_seconds)
     # --quiet (before the sub-command): in JSON, no start-up banner, which is many lines of text, not a record.
     argv = ["--quiet"] if settings.log_format == "json" else []
     argv += ["worker", "-Q", spec.queues, "-P", spec.pool, "-c", str(spec.concurrency)]

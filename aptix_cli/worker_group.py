@@ -15,11 +15,13 @@ on a busy host, every extra Celery process costs each task more than a process p
 Scale across cores with more ``aptix worker`` processes (or ``--processes``). With ``--pool``, it
 runs one worker for all the queues, as ``celery worker`` would.
 
-:func:`plan` is pure; :func:`run_group` starts and watches the processes.
+:func:`plan` is pure; :func:`run_group` starts and watches the processes, and :func:`end_children`
+ends them within a bound when they are told to stop (``aptix_cli.worker_stop``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -31,7 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GROUPS", "Group", "WorkerSpec", "node_name", "plan", "run_group"]
+from aptix_cli.worker_stop import KILL_MARGIN_SECONDS
+
+__all__ = ["GROUPS", "Group", "WorkerSpec", "end_children", "node_name", "plan", "run_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +132,7 @@ def run_group(
     reconciler: bool,
     scheduler: bool = True,
     metrics_dir: Path | None = None,
+    stop_seconds: float,
 ) -> int:
     """Run one ``aptix worker`` process per spec until one of them ends or this process is told to stop.
 
@@ -135,9 +140,14 @@ def run_group(
     writes its heartbeat as ``<group>`` (``aptix worker-health`` checks every child), and only the
     first runs a copy of the reconciler and of the admission scheduler. With ``metrics_dir``, each
     counts its metrics in that directory and serves none: this process serves their sum (``aptix_cli.metrics_export``).
-    SIGTERM and SIGINT are passed on (Celery's warm shutdown); a child that exits stops the others,
-    so the orchestrator restarts the whole worker; and the children are sent SIGTERM if this process
-    dies (Linux).
+    SIGTERM and SIGINT are passed on (Celery's warm shutdown; each child ends itself within
+    ``stop_seconds``: ``aptix_cli.worker_stop``); a child that exits stops the others, so the
+    orchestrator restarts the whole worker; a child still running ``stop_seconds`` plus
+    ``KILL_MARGIN_SECONDS`` after the stop began is killed (SIGKILL, with its process group); and the
+    children are sent SIGTERM if this process dies (Linux).
+
+    Args:
+        stop_seconds: ``APTIX_WORKER_STOP_SECONDS``.
 
     Returns:
         The exit code of the child that ended first (0 when stopped by a signal).
@@ -180,9 +190,22 @@ def run_group(
             stop(signal.SIGTERM, None)
             break
         time.sleep(0.5)
-    for child in children:
-        child.wait()
+    end_children(children, within=stop_seconds + KILL_MARGIN_SECONDS)
     return code if code and code > 0 else 0
+
+
+def end_children(children: Sequence[subprocess.Popen[bytes]], *, within: float) -> None:
+    """Wait up to ``within`` seconds for ``children``, told to stop, to exit; then kill each that remains
+    with its process group (SIGKILL; each leads a session of its own), and reap them all."""
+    deadline = time.monotonic() + within
+    while any(child.poll() is None for child in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for child in children:
+        if child.poll() is None:  # still unreaped: its pid, and so its group id, cannot have been reused
+            logger.warning("aptix worker: process %d still running %gs after the stop; killing it", child.pid, within)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
 
 
 def _cores() -> int:

@@ -171,6 +171,9 @@ class Settings(BaseSettings):
     """A worker process whose heartbeat (or, while it is connected to the broker, event loop) is this old is hung."""
     worker_task_stuck_seconds: Annotated[float, Field(gt=0)] = 600.0
     """A worker process running one task this long is hung: longer than any step may take (model call, tools)."""
+    worker_stop_seconds: Annotated[float, Field(gt=0)] = 50.0
+    """How long ``aptix worker``, told to stop (SIGTERM, SIGINT), lets the tasks in hand finish before it ends
+    every process it runs (their unacknowledged messages are redelivered); keep it below the orchestrator's grace."""
     log_format: Literal["text", "json"] = "text"
     """How every process writes its log: ``text`` (one readable line per record) or ``json`` (one object per line)."""
     otel_enabled: bool = False

@@ -4,7 +4,8 @@ submitted, and the deliveries of a turn or a batch listed with their attempts.
 A ``webhook_url`` is refused (422) when the caller's organisation has no webhook secret
 (``webhook_not_configured``: it would never be sent) or when the URL is not one Aptix will call
 (``webhook_url_not_allowed``: not http(s), credentials in it, a host that does not resolve or
-resolves to a private, loopback or link-local address; ``shared.webhooks.addresses``).
+resolves to a private, loopback or link-local address, or an IPv6 address carrying one;
+``shared.webhooks.addresses``).
 """
 
 from __future__ import annotations

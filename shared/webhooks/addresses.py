@@ -5,8 +5,12 @@ A URL must be ``http`` or ``https``, name a host and carry no credentials (a web
 by its signature). Unless ``APTIX_WEBHOOK_ALLOW_PRIVATE=1`` (tests, development), every address its
 host resolves to must be public: a private, loopback, link-local, shared (100.64.0.0/10), multicast,
 reserved or unspecified address is refused, so a client cannot make Aptix call services inside its
-network. A delivery connects to the very address it checked (:class:`Target`): a DNS answer that
-changes between the check and the connection (DNS rebinding) cannot point it elsewhere.
+network. An IPv6 address that carries an IPv4 address (IPv4-mapped ``::ffff:0:0/96``, 6to4
+``2002::/16``, NAT64 ``64:ff9b::/96``) is judged by the IPv4 address it carries; Teredo
+(``2001::/32``), IPv4-compatible (``::/96``) and local-use NAT64 (``64:ff9b:1::/48``) addresses are
+never public (RFC 6890, RFC 8215) and are refused naming what they carry. A delivery connects to
+the very address it checked (:class:`Target`): a DNS answer that changes between the check and the
+connection (DNS rebinding) cannot point it elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-__all__ = ["MAX_URL_LENGTH", "Resolver", "Target", "WebhookUrlError", "check_endpoint", "check_syntax"]
+__all__ = [
+    "MAX_URL_LENGTH",
+    "Resolver",
+    "Target",
+    "WebhookUrlError",
+    "check_endpoint",
+    "check_syntax",
+    "why_not_public",
+]
 
 MAX_URL_LENGTH = 2048
 """Longest webhook URL accepted."""
@@ -26,6 +38,10 @@ Resolver = Callable[[str, int], list[str]]
 """Host name and port -> the addresses it resolves to (tests pass a fake)."""
 
 _IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
 class WebhookUrlError(ValueError):
@@ -114,14 +130,62 @@ def check_endpoint(url: str, *, allow_private: bool, resolve: Resolver | None = 
     )
 
 
+def why_not_public(address: _IpAddress) -> str | None:
+    """Why a webhook may not be sent to ``address``, or None when it is public.
+
+    An IPv6 address that carries an IPv4 address is judged by that address: IPv4-mapped, 6to4 and
+    NAT64 (``64:ff9b::/96``) addresses are public when the IPv4 address they carry is; Teredo,
+    IPv4-compatible and local-use NAT64 addresses never are (whatever they carry). Reads nothing else.
+
+    Args:
+        address: the address a host names or resolves to.
+
+    Returns:
+        What the address is, phrased to follow the address ("is a loopback address", "is a 6to4
+        address carrying 127.0.0.1, a loopback address"), or None.
+    """
+    if isinstance(address, ipaddress.IPv6Address) and not (address.is_loopback or address.is_unspecified):
+        carried = _carried_ipv4(address)
+        if carried is not None:
+            family, inner, ever_public = carried
+            if inner is None:
+                return f"is {family} address, never a public one"
+            if not _is_public(inner):
+                return f"is {family} address carrying {inner}, {_kind(inner)}"
+            return None if ever_public else f"is {family} address, never a public one (it carries {inner})"
+    return None if _is_public(address) else f"is {_kind(address)}"
+
+
+def _carried_ipv4(address: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address | None, bool] | None:
+    """The family of an IPv6 address that carries an IPv4 address, the IPv4 address (None when its
+    place is the network's choice) and whether an address of the family can be public; None for
+    any other IPv6 address."""
+    if address.ipv4_mapped is not None:
+        return "an IPv4-mapped", address.ipv4_mapped, True
+    if address.sixtofour is not None:
+        return "a 6to4", address.sixtofour, True
+    if address.teredo is not None:
+        return "a Teredo", address.teredo[1], False  # the client's address, stored inverted
+    if address in _NAT64:
+        return "a NAT64", ipaddress.IPv4Address(int(address) & 0xFFFFFFFF), True
+    if address in _NAT64_LOCAL:
+        return "a local-use NAT64", None, False  # RFC 8215: where the IPv4 address sits is the network's choice
+    if address in _IPV4_COMPATIBLE:
+        return "an IPv4-compatible", ipaddress.IPv4Address(int(address)), False  # deprecated, RFC 4291
+    return None
+
+
+def _is_public(address: _IpAddress) -> bool:
+    return address.is_global and not (address.is_multicast or address.is_reserved or address.is_unspecified)
+
+
 def _require_public(address: _IpAddress, host: str) -> None:
-    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
-    checked = mapped or address
-    if checked.is_global and not (checked.is_multicast or checked.is_reserved or checked.is_unspecified):
+    problem = why_not_public(address)
+    if problem is None:
         return
     named = host if host == str(address) else f"{host!r} resolves to {address}, which"
     raise WebhookUrlError(
-        f"{named} is {_kind(checked)}: webhooks go to public addresses only "
+        f"{named} {problem}: webhooks go to public addresses only "
         "(APTIX_WEBHOOK_ALLOW_PRIVATE=1 allows others, for tests and development)"
     )
 

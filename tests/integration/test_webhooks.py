@@ -294,6 +294,33 @@ def test_a_private_address_is_refused_at_submission(webhooks: WebhookSystem) -> 
         assert batch.json()["error"]["details"][0]["loc"] == ["body", "requests", 1, "webhook_url"]
 
 
+def test_an_ipv6_address_carrying_a_loopback_or_link_local_ipv4_address_is_refused_at_submission(
+    webhooks: WebhookSystem,
+) -> None:
+    import httpx
+
+    with httpx.Client(base_url=webhooks.strict_url, timeout=30) as strict:
+        for url, reason in [
+            ("http://[2002:7f00:1::]/", "6to4 address carrying 127.0.0.1, a loopback address"),
+            ("http://[2002:a9fe:a9fe::]/latest/meta-data", "6to4 address carrying 169.254.169.254, a link-local"),
+            ("http://[64:ff9b::a9fe:a9fe]/", "NAT64 address carrying 169.254.169.254, a link-local"),
+            ("http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/", "Teredo address carrying 127.0.0.1, a loopback"),
+            ("http://[::ffff:10.0.0.1]:8080/", "IPv4-mapped address carrying 10.0.0.1, a private address"),
+        ]:
+            response = strict.post("/v1/turns", json={"input": "hi", "webhook_url": url},
+                                   headers={"Authorization": f"Bearer {KEY_A}"})  # fmt: skip
+            assert response.status_code == 422, response.text
+            error = response.json()["error"]
+            assert error["code"] == "webhook_url_not_allowed" and reason in error["message"], error
+            assert error["details"][0]["loc"] == ["body", "webhook_url"]
+        batch = strict.post(
+            "/v1/batches", json={"requests": [{"input": "a", "webhook_url": "http://[2002:7f00:1::]/"}]},
+            headers={"Authorization": f"Bearer {KEY_A}"},
+        )  # fmt: skip
+        assert batch.status_code == 422, batch.text
+        assert batch.json()["error"]["details"][0]["loc"] == ["body", "requests", 0, "webhook_url"]
+
+
 def test_an_organisation_without_a_secret_is_told_why_its_webhook_url_is_refused(webhooks: WebhookSystem) -> None:
     response = webhooks.system.post_turn({"input": "hi", "webhook_url": webhooks.receiver.url(_path())}, key=KEY_B)
     assert response.status_code == 422, response.text

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import System
+from tests.support.processes import alive, children_of
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 
@@ -64,34 +65,13 @@ def test_aptix_worker_with_no_flags_runs_each_queue_group_on_its_own_pool(
                for s in system.trace(turn["turn_id"]) if s.get("worker")}  # fmt: skip
     assert ("llm_call", "llm") in workers and ("execute_server_tools", "pipeline") in workers
     assert ("reasoner", "pipeline") in workers
-    children = _children(group.pid)
+    children = children_of(group.pid)
     assert len(children) == 2
     # When the supervisor is killed outright, its workers do not outlive it
     group.kill(signal.SIGKILL)
     wait_for(
-        lambda: not any(_alive(pid) for pid in children),
+        lambda: not any(alive(pid) for pid in children),
         what="the worker processes to exit with their aptix worker",
         seconds=30,
         interval=0.2,
     )
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from aptix_cli.worker_group import node_name, plan
-from shared.settings import known_variables
+from aptix_cli.worker_stop import KILL_MARGIN_SECONDS
+from shared.settings import Settings, known_variables
 from shared.task_names import Queue
 
 REPO = Path(__file__).resolve().parents[2]
@@ -368,6 +369,27 @@ def test_k8s_pods_run_documented_commands_as_non_root() -> None:
                 assert pod["terminationGracePeriodSeconds"] >= 60, f"{where}: warm shutdown"
     assert sorted(served) == sorted(QUEUES)
     assert kinds == {"gateway", "worker", "migrate", "flower"}
+
+
+def test_every_worker_ends_itself_before_its_grace_period_runs_out() -> None:
+    # APTIX_WORKER_STOP_SECONDS, plus the margin `aptix worker` gives its children, within the grace period
+    default = Settings.model_fields["worker_stop_seconds"].default
+    checked = 0
+    for file in (COMPOSE_FILE, REPO / "deploy" / "compose.worker-host.yml"):
+        for name, svc in yaml.safe_load(file.read_text())["services"].items():
+            if svc.get("command", [None, None])[:2] == ["aptix", "worker"]:
+                stop = float((svc.get("environment") or {}).get("APTIX_WORKER_STOP_SECONDS", default))
+                grace = float(svc["stop_grace_period"].removesuffix("s"))
+                assert stop + KILL_MARGIN_SECONDS < grace, f"{file.name} {name}"
+                checked += 1
+    for where, pod in _pod_specs():
+        for container in pod["containers"]:
+            if container["command"][:2] == ["aptix", "worker"]:
+                env = {item["name"]: item.get("value") for item in container.get("env", [])}
+                stop = float(env.get("APTIX_WORKER_STOP_SECONDS", default))
+                assert stop + KILL_MARGIN_SECONDS < pod["terminationGracePeriodSeconds"], where
+                checked += 1
+    assert checked == 9
 
 
 def _serving_deployments() -> dict[str, dict]:

@@ -19,6 +19,7 @@ from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.turn import TurnStatus, Usage
 from shared.webhooks import WebhookConfig
+from shared.webhooks.addresses import Resolver
 from tests.unit.fakes import FIXED_NOW, Clock, sqlite_db
 from workers.webhooks.delivery import WebhookDeliverer
 from workers.webhooks.schedule import Verdict
@@ -47,7 +48,7 @@ class _Endpoint:
 
 class _Harness:
     def __init__(self, endpoint: _Endpoint, *, delays: tuple[float, ...] = (1.0, 2.0), park_after: float = 30.0,
-                 allow_private: bool = True) -> None:  # fmt: skip
+                 allow_private: bool = True, resolve: Resolver | None = None) -> None:  # fmt: skip
         self.db: sessionmaker[Session] = sqlite_db()
         self.config = WebhookConfig(secrets={"org": KEY}, retry_delays=delays, allow_private=allow_private)
         self.turns = TurnRepository(self.db, webhooks=WebhookOutbox(self.config))
@@ -58,7 +59,7 @@ class _Harness:
         self.deliverer = WebhookDeliverer(
             deliveries=self.deliveries, config=self.config, http=httpx.Client(transport=httpx.MockTransport(endpoint)),
             send=lambda *message: self.sent.append(message), park_after=park_after, clock=self.clock,
-            random=lambda: 0.5,
+            random=lambda: 0.5, resolve=resolve,
         )  # fmt: skip
 
     def event(self, index: int = 1, url: str = URL) -> str:
@@ -184,6 +185,31 @@ def test_a_private_address_is_refused_again_at_delivery() -> None:
     ((status_code, error),) = harness.attempts(delivery_id)
     assert status_code is None and error is not None and "not sent" in error and "loopback" in error
     assert harness.endpoint.requests == []
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("2002:a9fe:a9fe::", "6to4 address carrying 169.254.169.254, a link-local address"),
+        ("64:ff9b::7f00:1", "NAT64 address carrying 127.0.0.1, a loopback address"),
+        ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "Teredo address carrying 10.0.0.1, a private address"),
+    ],
+)
+def test_a_host_now_resolving_to_an_address_carrying_a_private_one_is_refused_at_delivery(
+    address: str, why: str
+) -> None:
+    asked: list[str] = []
+
+    def resolve(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return [address]
+
+    harness = _Harness(_Endpoint(200), allow_private=False, resolve=resolve)
+    delivery_id = harness.event()
+    assert harness.deliverer.deliver(delivery_id, 1) is Verdict.RETRY
+    ((status_code, error),) = harness.attempts(delivery_id)
+    assert status_code is None and error is not None and error.startswith("not sent") and why in error, error
+    assert asked == ["hooks.example.com"] and harness.endpoint.requests == []
 
 
 def test_the_event_body_is_compact_json_with_its_id_and_type() -> None:

@@ -22,6 +22,7 @@ import httpx
 from shared.db.webhook_deliveries import Attempt, Claim, WebhookDeliveryRepository
 from shared.models.webhook import DeliveryStatus
 from shared.webhooks import WebhookConfig, WebhookUrlError, check_endpoint
+from shared.webhooks.addresses import Resolver
 from workers.webhooks.schedule import Verdict, decide
 from workers.webhooks.signing import signed_headers
 
@@ -66,6 +67,7 @@ class WebhookDeliverer:
         park_after: float,
         clock: Callable[[], datetime],
         random: Callable[[], float],
+        resolve: Resolver | None = None,
     ) -> None:
         """Build the deliverer.
 
@@ -77,6 +79,7 @@ class WebhookDeliverer:
             park_after: longer waits are left to the sweep (seconds).
             clock: the wall clock.
             random: jitter for the retry delays.
+            resolve: the resolver of endpoint host names (default: the system's).
         """
         self._deliveries = deliveries
         self._config = config
@@ -85,6 +88,7 @@ class WebhookDeliverer:
         self._park_after = park_after
         self._clock = clock
         self._random = random
+        self._resolve = resolve
 
     def deliver(self, delivery_id: str, attempt: int) -> Verdict | None:
         """Make attempt number ``attempt`` of the delivery, if it is still to be made.
@@ -130,7 +134,7 @@ class WebhookDeliverer:
         if secret is None:
             return None, "not sent: the organisation has no webhook secret (APTIX_WEBHOOK_SECRETS)", None
         try:
-            target = check_endpoint(claim.url, allow_private=self._config.allow_private)
+            target = check_endpoint(claim.url, allow_private=self._config.allow_private, resolve=self._resolve)
         except WebhookUrlError as exc:
             return None, f"not sent: {exc}"[:_MAX_ERROR_CHARS], None
         headers = signed_headers(
