@@ -108,7 +108,9 @@ async def turn_events(
 ) -> Response:
     """Replay the turn's events after ``Last-Event-ID`` (or ``?after=``; else all), then follow them until the
     turn ends or pauses for client tools in its current round."""
-    position = check_event_id(last_event_id, where="Last-Event-ID") or check_event_id(after, where="after")
+    # Both are checked (either may be refused); the header wins.
+    header, query = check_event_id(last_event_id, where="Last-Event-ID"), check_event_id(after, where="after")
+    position = header or query
 
     async def start() -> tuple[TurnRecord, str | None]:
         return await run_in_threadpool(gateway.turn_service.get, turn_id, org_id=caller.org_id), position

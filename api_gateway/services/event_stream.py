@@ -54,8 +54,9 @@ REPAIR_AFTER_SECONDS = 5.0
 that ended it commits first and appends just after."""
 _BATCH = 200
 """Events read per ``XREAD``."""
-EVENT_ID_PATTERN = r"^[0-9]{1,20}(-[0-9]{1,20})?$"
-"""The shape of an event id (a Redis stream id: ``1732350000000-0``), as a JSON Schema ``pattern``."""
+EVENT_ID_PATTERN = r"^([0-9]{1,20}(-[0-9]{1,20})?)?$"
+"""The shape of a position: an event id (a Redis stream id: ``1732350000000-0``), or empty (the same as none),
+as a JSON Schema ``pattern``."""
 _EVENT_ID = re.compile(EVENT_ID_PATTERN)  # fullmatch: "$" alone would let a trailing newline through
 _MAX_ID_PART = 2**64 - 1
 """The largest time or sequence part of a Redis stream id (each is an unsigned 64-bit number)."""

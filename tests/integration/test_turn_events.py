@@ -187,8 +187,10 @@ _NOT_EVENT_IDS = ("yesterday", "1-2-3", "18446744073709551616-0", "1-18446744073
 
 def test_a_position_that_is_not_an_event_id_is_422(system: System) -> None:
     turn_id = system.run_turn({"input": f"{_marker()} mine"})["turn_id"]
+    positions: list[tuple[dict[str, str], dict[str, str] | None]]
     positions = [({"Last-Event-ID": value}, None) for value in _NOT_EVENT_IDS if "\n" not in value]
     positions += [({}, {"after": value}) for value in _NOT_EVENT_IDS]
+    positions += [({"Last-Event-ID": "0"}, {"after": "1-2-3"})]  # the header wins, but a bad after is still refused
     for headers, params in positions:
         response = system.http.get(
             f"/v1/turns/{turn_id}/events", headers={**system.headers(), **headers}, params=params
