@@ -17,9 +17,11 @@ from fastapi import Depends, Path, Query, Request, Response, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from api_gateway.access_log import note_caller
 from api_gateway.errors import ApiError
+from api_gateway.parameters import check_parameters
 from api_gateway.uploads import grant_upload_time, is_upload
 from api_gateway.wiring import GatewayWiring
 from shared import strict_json
@@ -71,13 +73,16 @@ class _StrictJsonRequest(Request):
 
 
 class AuthenticatedRoute(APIRoute):
-    """An APIRoute that answers 401 before the body is read, and 422 for a body that is not JSON.
+    """An APIRoute that answers 401 before the body is read, then 422 for a query parameter or header
+    holding NUL (``api_gateway.parameters``), and 422 for a body that is not JSON.
 
     Once the key is good, a JSON Lines upload is granted its longer body deadline (``api_gateway.uploads``).
 
     FastAPI parses a JSON body before it solves dependencies, so without this a request with no key and
     a malformed body would get 422, and a body it cannot decode (invalid UTF-8, nesting too deep,
-    numbers too long) a bare 400 instead of the contract's 422 ``invalid_request``.
+    numbers too long) a bare 400 instead of the contract's 422 ``invalid_request``. A client that goes
+    away while its body arrives is not a body FastAPI could not parse: its ``ClientDisconnect`` goes on
+    (``api_gateway.errors`` logs it quietly).
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -85,12 +90,15 @@ class AuthenticatedRoute(APIRoute):
 
         async def authenticated_handler(request: Request) -> Response:
             _authenticate(_gateway(request), request)
+            check_parameters(request)
             if is_upload(request.scope):
                 grant_upload_time(request.scope)  # the server's long upload deadline, now that the key is good
             try:
                 return await handler(_StrictJsonRequest(request.scope, request.receive))
             except HTTPException as exc:
                 # FastAPI raises a 400 "from" the decoding error when it cannot parse the body.
+                if isinstance(exc.__cause__, ClientDisconnect):
+                    raise exc.__cause__ from None
                 if exc.status_code != 400 or exc.__cause__ is None:
                     raise
                 reason = f"{type(exc.__cause__).__name__}: {exc.__cause__}"

@@ -14,17 +14,19 @@ from typing import Any
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 
 from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
 
 __all__ = [
+    "CLIENT_CLOSED_REQUEST",
     "RETRY_AFTER_SECONDS",
     "SERVICE_ERROR_STATUS",
     "UNAVAILABLE_ERRORS",
@@ -48,6 +50,9 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 """A dependency (database, Redis, broker) did not answer: 503 ``unavailable``, never 500."""
 RETRY_AFTER_SECONDS = 2
+CLIENT_CLOSED_REQUEST = 499
+"""The status a request gets in the access log and metrics when its client went away before its body
+arrived in full (nginx's 499): nothing is sent, since nobody is there to read it."""
 SERVICE_ERROR_STATUS: dict[type[ServiceError], int] = {
     NotFound: 404,
     Conflict: 409,
@@ -157,6 +162,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     for error in UNAVAILABLE_ERRORS:
         app.add_exception_handler(error, _unavailable)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_request: Request, _exc: ClientDisconnect) -> Response:
+        # Not the gateway's failure, and nobody to answer: no traceback, no 500; the access line says 499.
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(ProgrammingError)
     async def _programming(request: Request, exc: ProgrammingError) -> JSONResponse:

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from api_gateway.errors import RETRY_AFTER_SECONDS
 from shared.models.batch import BatchRequest
 from shared.models.error import ErrorBody
+from shared.models.turn import NUL_FREE_PATTERN
 from shared.settings import Settings
 
 __all__ = ["COMMON_ERRORS", "JSON_LINES", "error_responses", "install_openapi"]
@@ -29,8 +30,8 @@ COMMON_ERRORS: dict[int, str] = {
     401: "`unauthorized`: no `Authorization: Bearer <key>` header, or a key the gateway does not accept.",
     413: "`request_too_large`: the body is larger than `APTIX_MAX_BODY_BYTES`.",
     422: (
-        "`invalid_request`: the body, a query parameter or the JSON itself is not valid; `details` lists "
-        "`{loc, msg, type}` per problem."
+        "`invalid_request`: the body, a query parameter or the JSON itself is not valid (a query parameter "
+        "holding a NUL character included); `details` lists `{loc, msg, type}` per problem."
     ),
     503: (
         "`unavailable`: the database, Redis or the broker did not answer, or the database schema is not "
@@ -121,6 +122,9 @@ def _finish(document: dict[str, Any], settings: Settings) -> None:
             if lines is not None:
                 # FastAPI types a body that is not JSON as a string; JSON Lines are described by one line's schema.
                 lines.get("schema", {}).pop("type", None)
+        for parameter in operation.get("parameters", []):
+            if parameter.get("in") in ("query", "path"):
+                _refuse_nul(parameter.get("schema", {}))
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     error_schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -134,6 +138,15 @@ def _finish(document: dict[str, Any], settings: Settings) -> None:
     batch = schemas.get("BatchRequest", {}).get("properties", {}).get("requests")
     if batch is not None:
         batch["maxItems"] = min(batch.get("maxItems", settings.max_batch_requests), settings.max_batch_requests)
+
+
+def _refuse_nul(schema: dict[str, Any]) -> None:
+    """Say that a string parameter may not hold NUL (``api_gateway.parameters``), unless its own pattern says more."""
+    if "pattern" in schema:
+        return
+    for option in [schema, *schema.get("anyOf", [])]:
+        if option.get("type") == "string":
+            option.setdefault("pattern", NUL_FREE_PATTERN)
 
 
 def _operations(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -156,9 +169,10 @@ and write is scoped to the key's organisation: another organisation's session, t
 
 **Request bodies** are JSON as RFC 8259 defines it: `NaN`, `Infinity`, `-Infinity` and numbers beyond a
 64-bit float (`1e999`) are 422, and so are NUL characters and lone surrogates (half a UTF-16 pair) in
-any string, tool parameter schemas included. A body over {settings.max_body_bytes} bytes
+any string, tool parameter schemas included, and JSON nested deeper than about a thousand levels. A NUL
+character in a query parameter is 422 too. A body over {settings.max_body_bytes} bytes
 (`APTIX_MAX_BODY_BYTES`) is 413; a batch holds at most {settings.max_batch_requests} requests
 (`APTIX_MAX_BATCH_REQUESTS`). A JSON Lines upload to `POST /v1/batches` may hold
 {settings.max_upload_requests} requests (`APTIX_MAX_UPLOAD_REQUESTS`) in {settings.max_upload_bytes} bytes
-(`APTIX_MAX_UPLOAD_BYTES`).
+(`APTIX_MAX_UPLOAD_BYTES`), each line at most {settings.max_body_bytes} bytes (a longer line is 413, naming it).
 """

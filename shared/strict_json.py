@@ -2,7 +2,9 @@
 
 Python's ``json.loads`` accepts ``NaN``, ``Infinity`` and ``-Infinity`` and turns ``1e999`` into
 ``inf``; none of them is JSON, and each would reach the model as ``null`` (or fail a later
-``json.dumps(allow_nan=False)``). The gateway parses every request body with :func:`loads`.
+``json.dumps(allow_nan=False)``). Nor does a document nested deeper than the parser's recursion
+allows (``[`` a thousand times) escape as a ``RecursionError``: it is a decode error like any other.
+The gateway parses every request body with :func:`loads`.
 """
 
 from __future__ import annotations
@@ -11,20 +13,27 @@ import json
 import math
 from typing import Any
 
-__all__ = ["loads"]
+__all__ = ["TOO_DEEP", "loads"]
 
 
 def loads(data: str | bytes) -> Any:
     """Parse ``data`` as strict JSON.
 
     Raises:
-        json.JSONDecodeError: invalid JSON, including a non-standard number (the message names it).
+        json.JSONDecodeError: invalid JSON, including a non-standard number (the message names it) and
+            nesting deeper than Python's recursion limit lets the parser go (about a thousand levels).
     """
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except _NotJson as exc:
         raise json.JSONDecodeError(str(exc), text, text.find(exc.literal) if exc.literal in text else 0) from None
+    except RecursionError:
+        raise json.JSONDecodeError(TOO_DEEP, text, 0) from None
+
+
+TOO_DEEP = "nested too deeply (arrays and objects within each other, about a thousand levels)"
+"""The decode error's message for a document nested deeper than the parser can go."""
 
 
 class _NotJson(ValueError):

@@ -20,6 +20,7 @@ from api_gateway.errors import ApiError
 from api_gateway.openapi import JSON_LINES, error_responses
 from api_gateway.services import BatchService
 from api_gateway.services.batch_upload import record_upload
+from api_gateway.upload_lines import spool_lines
 from api_gateway.uploads import is_json_lines
 from shared import strict_json
 from shared.models.batch import Batch, BatchCancelRequest, BatchList, BatchRequest
@@ -42,8 +43,9 @@ CREATE_BATCH_BODY: dict[str, Any] = {
             "schema": {"$ref": "#/components/schemas/TurnRequest"},
             "description": (
                 "A JSON Lines upload (also `application/x-ndjson`): one `TurnRequest` per line, blank lines "
-                "ignored, at most `APTIX_MAX_UPLOAD_REQUESTS` lines and `APTIX_MAX_UPLOAD_BYTES` bytes. The "
-                "batch's `idempotency_key` and `webhook_url` come as query parameters."
+                "ignored, at most `APTIX_MAX_UPLOAD_REQUESTS` lines and `APTIX_MAX_UPLOAD_BYTES` bytes, each line "
+                "at most `APTIX_MAX_BODY_BYTES` bytes. The batch's `idempotency_key` and `webhook_url` come as "
+                "query parameters."
             ),
         },
     },
@@ -91,7 +93,10 @@ class _JsonLinesResponse(StreamingResponse):
                 "the batch's key was used with another body, or a request's key by an earlier turn with another "
                 "request (the message names the request)."
             ),
-            413: "An upload larger than `APTIX_MAX_UPLOAD_BYTES`.",
+            413: (
+                "An upload larger than `APTIX_MAX_UPLOAD_BYTES`, or one of its lines longer than "
+                '`APTIX_MAX_BODY_BYTES` (the message and `details[].loc`, `["line", n]`, name the line).'
+            ),
             422: (
                 "Also more requests than `APTIX_MAX_BATCH_REQUESTS` (a JSON body) or `APTIX_MAX_UPLOAD_REQUESTS` "
                 "(an upload), two requests continuing one session or sharing an idempotency key, or a request "
@@ -112,8 +117,7 @@ async def create_batch(
     service = gateway.batch_service
     if is_json_lines(request.headers.get("content-type")):
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY_BYTES) as spool:
-            async for chunk in request.stream():
-                spool.write(chunk)
+            await spool_lines(request.stream(), spool, max_line_bytes=gateway.settings.max_body_bytes)
             spool.seek(0)
             record = functools.partial(
                 record_upload, service, _lines(spool), org_id=caller.org_id, user_id=caller.user_id,

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, TurnId
 from api_gateway.openapi import error_responses
-from api_gateway.services.event_stream import check_event_id
+from api_gateway.services.event_stream import EVENT_ID_PATTERN, check_event_id
 from shared.db.records import TurnRecord
 from shared.models.turn import Turn
 
@@ -58,12 +58,22 @@ def round_responses(description: str, *, specific: dict[int, str]) -> dict[int |
     return {200: ok, **error_responses(401, 413, 422, 503, specific={**specific, 503: STREAMS_FULL})}
 
 
+_EVENT_ID_SCHEMA = {"pattern": EVENT_ID_PATTERN}
+"""Documents an event id's shape; ``check_event_id`` checks it (and the range of its numbers, up to 2^64 - 1)."""
 _After = Annotated[
     str | None,
-    Query(description="Start after this event id, as `Last-Event-ID` does (for clients that cannot set headers)."),
+    Query(
+        description="Start after this event id, as `Last-Event-ID` does (for clients that cannot set headers).",
+        json_schema_extra=_EVENT_ID_SCHEMA,
+    ),
 ]
 _LastEventId = Annotated[
-    str | None, Header(alias="Last-Event-ID", description="Resume after this event id (EventSource sends it).")
+    str | None,
+    Header(
+        alias="Last-Event-ID",
+        description="Resume after this event id (EventSource sends it).",
+        json_schema_extra=_EVENT_ID_SCHEMA,
+    ),
 ]
 
 
@@ -86,7 +96,10 @@ _LastEventId = Annotated[
             503,
             specific={
                 404: "`not_found`: no such turn in the caller's organisation.",
-                422: "`Last-Event-ID` or `after` is not an event id (`1732350000000-0`).",
+                422: (
+                    "`Last-Event-ID` or `after` is not an event id (`1732350000000-0`: two numbers, each at most "
+                    "2^64 - 1)."
+                ),
                 503: STREAMS_FULL,
             },
         ),
@@ -97,7 +110,9 @@ async def turn_events(
 ) -> Response:
     """Replay the turn's events after ``Last-Event-ID`` (or ``?after=``; else all), then follow them until the
     turn ends or pauses for client tools in its current round."""
-    position = check_event_id(last_event_id, where="Last-Event-ID") or check_event_id(after, where="after")
+    # Both are checked (either may be refused); the header wins.
+    header, query = check_event_id(last_event_id, where="Last-Event-ID"), check_event_id(after, where="after")
+    position = header or query
 
     async def start() -> tuple[TurnRecord, str | None]:
         return await run_in_threadpool(gateway.turn_service.get, turn_id, org_id=caller.org_id), position

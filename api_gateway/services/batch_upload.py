@@ -1,10 +1,10 @@
 """A batch as a JSON Lines upload: one TurnRequest per line, checked line by line, recorded all or none.
 
-The gateway spools the upload's body to a temporary file as it arrives (``api_gateway.routes.batches``);
-:func:`record_upload` reads that file line by line, stages each request (``batch_staging``) and records
-the batch. A line that is not JSON, not a valid TurnRequest, or a request the gateway would refuse,
-refuses the whole upload with an error that names the line (1-based, blank lines counted); nothing is
-recorded then.
+The gateway spools the upload's body to a temporary file as it arrives, refusing a line longer than
+``APTIX_MAX_BODY_BYTES`` (``api_gateway.upload_lines``); :func:`record_upload` reads that file line by
+line, stages each request (``batch_staging``) and records the batch. A line that is not JSON, not a
+valid TurnRequest, or a request the gateway would refuse, refuses the whole upload with an error that
+names the line (1-based, blank lines counted); nothing is recorded then.
 """
 
 from __future__ import annotations

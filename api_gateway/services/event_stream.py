@@ -45,7 +45,7 @@ from shared.state.store import event_json
 from shared.turn_events import FINAL_EVENTS, PAUSE_EVENT, ROUND_END_EVENTS
 from shared.turn_view import to_turn, turn_json
 
-__all__ = ["REPAIR_AFTER_SECONDS", "EventStreams", "check_event_id"]
+__all__ = ["EVENT_ID_PATTERN", "REPAIR_AFTER_SECONDS", "EventStreams", "check_event_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,12 @@ REPAIR_AFTER_SECONDS = 5.0
 that ended it commits first and appends just after."""
 _BATCH = 200
 """Events read per ``XREAD``."""
-_EVENT_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")
+EVENT_ID_PATTERN = r"^([0-9]{1,20}(-[0-9]{1,20})?)?$"
+"""The shape of a position: an event id (a Redis stream id: ``1732350000000-0``), or empty (the same as none),
+as a JSON Schema ``pattern``."""
+_EVENT_ID = re.compile(EVENT_ID_PATTERN)  # fullmatch: "$" alone would let a trailing newline through
+_MAX_ID_PART = 2**64 - 1
+"""The largest time or sequence part of a Redis stream id (each is an unsigned 64-bit number)."""
 _FINAL = tuple(name.encode() for name in sorted(FINAL_EVENTS))
 _PAUSE = PAUSE_EVENT.encode()
 _HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -80,12 +85,15 @@ return id
 def check_event_id(value: str | None, *, where: str) -> str | None:
     """``value`` when it is an event id a client may resume after (``1732350000000-0``), None when absent.
 
+    An event id is a Redis stream id: a time and an optional sequence number, each at most 2^64 - 1
+    (Redis refuses a larger one as an invalid stream id).
+
     Raises:
         InvalidRequest: it is not such an id.
     """
     if value is None or value == "":
         return None
-    if not _EVENT_ID.match(value):
+    if not _EVENT_ID.fullmatch(value) or any(int(part) > _MAX_ID_PART for part in value.split("-")):
         raise InvalidRequest(
             f"{where} must be the id of an event of this stream (such as 1732350000000-0), not {value[:64]!r}",
             [{"loc": [where], "msg": "not an event id", "type": "value_error"}],

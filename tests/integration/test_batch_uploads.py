@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,12 +14,15 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from shared.db.tables import BatchRow, TurnRow
+from tests.conftest import KEY_A
 from tests.integration.conftest import System
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 UNKNOWN_SESSION_ID = "sess_" + "0" * 32
+GENEROUS = 30.0
+"""Seconds a raw connection waits for the gateway before the test fails."""
 
 
 def _rows(engine: Engine) -> tuple[int, int]:
@@ -184,3 +189,76 @@ def test_an_upload_over_the_byte_limit_is_413(system: System, engine: Engine, sm
     )
     assert declared.status_code == 413
     assert _rows(engine) == before
+
+
+def _send_part_of_an_upload(
+    url: str, part: bytes, *, declared: int, path: str = "/v1/batches", content_type: str = "application/jsonl"
+) -> socket.socket:
+    """A connection that sent an authenticated POST's head (declaring ``declared`` bytes of body) and ``part``."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=GENEROUS)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: aptix\r\nAuthorization: Bearer {KEY_A}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + part)
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of the response on ``sock`` (its Content-Length of body)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, f"the gateway closed the connection without an answer: {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    (length,) = [int(line[15:]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def test_a_line_longer_than_one_request_may_be_is_413_naming_it_before_the_rest_arrives(
+    system: System, engine: Engine
+) -> None:
+    # Given an upload declaring 10 MiB whose second line grows past APTIX_MAX_BODY_BYTES (64 KiB here),
+    # and whose sender then waits for an answer without sending the rest
+    limit = int(system.env["APTIX_MAX_BODY_BYTES"])
+    before = _rows(engine)
+    part = _line({"input": "fine"}).encode() + b'\n{"input": "' + b"x" * (limit + 1000)
+    with _send_part_of_an_upload(system.gateway_url, part, declared=10 * 1024 * 1024) as sock:
+        # Then it is answered 413 at once, naming the line (the gateway read no more than that line allows)
+        status, body = _answer(sock)
+    assert status == 413, body
+    error = body["error"]
+    assert error["code"] == "request_too_large"
+    assert error["message"].startswith("line 2: ") and "APTIX_MAX_BODY_BYTES" in error["message"], error
+    assert error["details"] == [{"loc": ["line", 2], "msg": "line too long", "type": "too_long"}]
+    assert _rows(engine) == before
+    # And a line of exactly that many bytes is a request like any other
+    exact = _line({"input": "y" * (limit - len(_line({"input": ""})))})
+    assert len(exact.encode()) == limit
+    response = _upload(system.http, [exact], headers=system.headers())
+    assert response.status_code == 202, response.text
+
+
+def test_a_client_that_goes_away_mid_upload_is_a_quiet_499_not_a_500(
+    system: System, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    # Given a gateway of its own (its log holds only what this test does)
+    url = extra_gateway({})
+    gateway = system.stack.processes[-1]
+    # When a client sends part of an upload, and part of a turn's body, then closes its connection
+    part = _line({"input": "gone"}).encode() + b"\n"
+    _send_part_of_an_upload(url, part, declared=50_000).close()
+    _send_part_of_an_upload(url, part, declared=50_000, path="/v1/turns", content_type="application/json").close()
+    wait_for(lambda: gateway.log().count(" 499 ") == 2, what="both requests' access lines", seconds=GENEROUS)
+    # Then each request has one access line with 499 (the client closed its request), and no traceback
+    log = gateway.log()
+    assert re.search(r"POST /v1/batches 499 \d+\.\dms", log) and re.search(r"POST /v1/turns 499 \d+\.\dms", log), log
+    assert "Traceback" not in log and "unhandled error" not in log and "ClientDisconnect" not in log, log
+    # And the metrics count them as 499, never as a server error
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'aptix_http_requests_total{method="POST",route="/v1/batches",status="499"} 1.0' in metrics
+    assert 'status="5' not in metrics, metrics

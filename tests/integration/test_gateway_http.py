@@ -575,6 +575,7 @@ def test_modes_lists_the_catalog_when_authenticated(system: System) -> None:
 # --- no 500 for bad input --------------------------------------------------------------------------
 
 _JSON = {"Content-Type": "application/json"}
+_LINES = {"headers": {"Content-Type": "application/jsonl"}}
 _HOSTILE: dict[str, tuple[str, str, dict[str, Any]]] = {
     "input null": ("POST", "/v1/turns", {"json": {"input": None}}),
     "input true": ("POST", "/v1/turns", {"json": {"input": True}}),
@@ -662,6 +663,28 @@ _HOSTILE: dict[str, tuple[str, str, dict[str, Any]]] = {
     "PATCH healthz": ("PATCH", "/healthz", {}),
     "GET turn with a huge wait": ("GET", f"/v1/turns/{UNKNOWN_TURN_ID}?wait=1e400", {}),
     "GET turn with a repeated wait": ("GET", f"/v1/turns/{UNKNOWN_TURN_ID}?wait=1&wait=x", {}),
+    "batch body nested 1,000 deep": (
+        "POST",
+        "/v1/batches",
+        {"content": b'{"requests": ' + b"[" * 1000 + b"]" * 1000 + b"}", "headers": _JSON},
+    ),
+    "batch upload line nested 1,000 deep": (
+        "POST",
+        "/v1/batches",
+        {"content": b'{"input": "hi"}\n{"input": "hi", "metadata": ' + b"[" * 1000 + b"]" * 1000 + b"}\n", **_LINES},
+    ),
+    "list batches after with nul": ("GET", "/v1/batches?after=a%00b", {}),
+    "upload with nul in idempotency_key": (
+        "POST",
+        "/v1/batches?idempotency_key=k%00k",
+        {"content": b'{"input": "hi"}\n', **_LINES},
+    ),
+    "upload with nul in webhook_url": (
+        "POST",
+        "/v1/batches?webhook_url=https%3A%2F%2Fexample.com%2F%00",
+        {"content": b'{"input": "hi"}\n', **_LINES},
+    ),
+    "webhook deliveries with nul in batch_id": ("GET", "/v1/webhook-deliveries?batch_id=batch_%00", {}),
 }
 
 

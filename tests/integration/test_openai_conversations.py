@@ -151,7 +151,7 @@ def test_create_refuses_what_a_conversation_cannot_hold_naming_it(
 
 @pytest.mark.parametrize(
     ("query", "param"), [({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"order": "up"}, "order"),
-                         ({"after": "msg_nonsense"}, "after")],
+                         ({"after": "msg_nonsense"}, "after"), ({"after": "msg_\x00"}, "after")],
 )  # fmt: skip
 def test_items_list_refuses_a_bad_parameter_naming_it(client: openai.OpenAI, query: dict[str, Any], param: str) -> None:
     conversation = client.conversations.create(items=ITEMS)

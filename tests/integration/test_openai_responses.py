@@ -165,6 +165,23 @@ def test_errors_are_the_sdk_exception_classes(client: openai.OpenAI, system: Sys
         stranger.responses.retrieve(mine.id)
 
 
+def test_a_body_nested_too_deep_and_a_parameter_holding_nul_are_400s_in_openais_shape(
+    client: openai.OpenAI, system: System
+) -> None:
+    # A body nested deeper than the JSON parser goes (a RecursionError, once a 500)
+    deep = b'{"model": "scripted-model", "input": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    response = system.http.post(
+        "/openai/v1/responses", content=deep, headers={**system.headers(), "Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_request" and "nested too deeply" in response.text
+    # A NUL character in a query parameter
+    mine = client.responses.create(model="scripted-model", input="nul after")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.input_items.list(mine.id, after="msg_\x00")
+    assert refused.value.param == "after"
+
+
 def test_an_idempotency_key_makes_a_retried_create_return_the_same_response(client: openai.OpenAI) -> None:
     headers = {"Idempotency-Key": "retry-me-1"}
     first = client.responses.create(model="scripted-model", input="idempotent", extra_headers=headers)

@@ -11,20 +11,32 @@ busy session 409, a client tool named like a server tool 422).
 
 On top, from the HAR of every request it sent: each status is documented for its operation (405
 only for a method the path does not take), each JSON Lines body is ``Turn``s, and each operation
-was seen succeeding, so the run tested more than the error paths.
+was seen succeeding, so the run tested more than the error paths. The document puts a pattern on
+every string parameter (no NUL; an event id's shape), so the fuzzer sends NUL as invalid data.
+
+A companion test sends what a random fuzzer finds only by luck, to every operation of the document
+and of ``/openai/v1`` (not in it), with real ids elsewhere in the request so that the value reaches
+what reads it: NUL, event ids beyond 2^64 - 1 and a trailing newline in each string parameter,
+numbers no field holds in each other parameter, and JSON nested past the parser's recursion limit
+as each body and as a JSON Lines line (issue 29: each of these was a 500). About 250 requests, a few
+seconds.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 
 from tests.conftest import KEY_A
@@ -86,6 +98,8 @@ def test_gateway_answers_only_what_its_openapi_document_says_when_fuzzed(
     # And every answer it got is documented for its operation, and no operation only ever failed
     entries = json.loads(_one(tmp_path / "report", "har-*.json").read_text())["log"]["entries"]
     assert len(entries) >= 300, f"a bounded but real run: {len(entries)} requests"
+    # (with NUL in string parameters: the document's patterns refuse it, so the fuzzer sends it as invalid data)
+    assert any("%00" in entry["request"]["url"] for entry in entries), "no NUL in any parameter"
     seen = _statuses_by_operation(document, entries)
     assert not _undocumented(document, seen), seen
     assert not [status for statuses in seen.values() for status in statuses if status >= 500 and status != 503]
@@ -218,3 +232,200 @@ def _is_json_lines(entry: dict[str, Any]) -> bool:
 def _text(content: dict[str, Any]) -> str:
     text: str = content.get("text", "")
     return base64.b64decode(text).decode() if content.get("encoding") == "base64" else text
+
+
+# --- hostile values in every parameter and body -------------------------------------------------------
+
+HOSTILE_TEXT = ("a\x00b", "\x00", "18446744073709551616-0", "1-18446744073709551616", "1732350000000-0\n", "9" * 40)
+"""Each string parameter gets each: NUL (PostgreSQL text cannot hold it), event ids beyond 2^64 - 1 (Redis
+refuses them), a valid id with a trailing newline, a number no 64-bit field holds."""
+HOSTILE_NUMBERS = ("18446744073709551616", "-18446744073709551616", "1e400", "NaN", "1\x00")
+"""Each number, integer or boolean parameter gets each."""
+NESTING = (1_000, 5_000)
+"""Each JSON body (and a JSON Lines upload's line) is an array nested this deep: past Python's recursion limit."""
+PROBE = "hostile probe"
+VALID_BODIES: dict[str, dict[str, Any]] = {
+    "createTurn": {"input": PROBE},
+    "postToolResults": {"tool_results": [{"call_id": "call_hostile", "output": "x"}]},
+    "createBatch": {"requests": [{"input": PROBE}]},
+    "cancelBatch": {"running": "finish"},
+}
+"""A valid body for each operation that takes one, so that a hostile parameter reaches what reads it."""
+OPENAI_OPERATIONS: list[tuple[str, str, list[tuple[str, str, str]], dict[str, Any] | None]] = [
+    ("POST", "/openai/v1/responses", [("header", "Idempotency-Key", "string")],
+     {"model": "scripted-model", "input": PROBE}),
+    ("GET", "/openai/v1/responses/{response_id}",
+     [("query", "stream", "boolean"), ("query", "starting_after", "integer"), ("query", "include[]", "string")], None),
+    ("POST", "/openai/v1/responses/{response_id}/cancel", [], None),
+    ("GET", "/openai/v1/responses/{response_id}/input_items",
+     [("query", "after", "string"), ("query", "limit", "integer"), ("query", "order", "string"),
+      ("query", "include[]", "string")], None),
+    ("POST", "/openai/v1/conversations", [], {}),
+    ("GET", "/openai/v1/conversations/{conversation_id}", [], None),
+    ("POST", "/openai/v1/conversations/{conversation_id}", [], {"metadata": {"k": "v"}}),
+    ("GET", "/openai/v1/conversations/{conversation_id}/items",
+     [("query", "limit", "integer"), ("query", "order", "string"), ("query", "after", "string")], None),
+]  # fmt: skip
+"""The ``/openai/v1`` operations (left out of ``/openapi.json``): method, path, parameters (where, name, type), body."""
+
+
+def test_no_operation_answers_a_server_error_to_hostile_values_in_any_parameter_or_body(system: System) -> None:
+    # Given every operation of /openapi.json and of /openai/v1, with real ids of the caller's organisation
+    document = system.http.get("/openapi.json").json()
+    ids = _real_ids(system)
+    probes = [probe for operation in _documented_operations(document) + _openai_operations()
+              for probe in _hostile_probes(operation, ids)]  # fmt: skip
+    # When each string parameter gets NUL, out-of-range ids and a trailing newline, each number parameter
+    # numbers no field holds, and each JSON body (and a JSON Lines line) nesting past the parser's limit
+    answers = [(probe, _send(system.http, probe)) for probe in probes]
+    # Then each is answered, none is a server error, each is documented for its operation, and each refusal
+    # has the error body
+    assert len(answers) >= 250, f"a bounded but real run: {len(answers)} requests"
+    documented = _documented(document)
+    problems = [f"{probe}: {_shown(answer)}" for probe, answer in answers
+                if not _acceptable(probe, answer, documented)]  # fmt: skip
+    assert not problems, "\n".join(problems)
+    _wait_until_settled(system, [answer for _, answer in answers if isinstance(answer, httpx.Response)])
+
+
+@dataclass(frozen=True)
+class _Operation:
+    method: str
+    path: str
+    """The path template (``/v1/turns/{turn_id}``)."""
+    parameters: list[tuple[str, str, str]]
+    """(where, name, type): ``query``, ``path`` or ``header``; ``string``, or ``number`` for any other type."""
+    bodies: list[tuple[str, bytes]]
+    """A valid body for each media type the operation takes (none when it takes no body)."""
+
+
+@dataclass(frozen=True)
+class _Probe:
+    method: str
+    template: str
+    path: str
+    request: dict[str, Any]
+    """The keywords of ``httpx.Client.request``: params, headers, content."""
+
+    def __str__(self) -> str:
+        shown = {key: value if key != "content" else value[:80] for key, value in self.request.items() if value}
+        return f"{self.method} {self.path} {shown}"
+
+
+def _documented_operations(document: dict[str, Any]) -> list[_Operation]:
+    operations = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            parameters = [(parameter["in"], parameter["name"], _type(parameter["schema"]))
+                          for parameter in operation.get("parameters", [])]  # fmt: skip
+            bodies: list[tuple[str, bytes]] = []
+            for media_type in operation.get("requestBody", {}).get("content", {}):
+                body = VALID_BODIES[operation["operationId"]]  # a KeyError: add the new operation's body above
+                if media_type == JSON_LINES:
+                    bodies += [(media_type, b"".join(json.dumps(line).encode() + b"\n" for line in body["requests"]))]
+                else:
+                    bodies += [(media_type, json.dumps(body).encode())]
+            operations.append(_Operation(method.upper(), path, parameters, bodies))
+    return operations
+
+
+def _openai_operations() -> list[_Operation]:
+    from api_gateway.openai import conversations, routes
+
+    served = {(method, str(getattr(route, "path", ""))) for router in (routes.router, conversations.router)
+              for route in router.routes for method in getattr(route, "methods", ())}  # fmt: skip
+    assert served == {(method, path) for method, path, _, _ in OPENAI_OPERATIONS}, "list the new operation above"
+    return [
+        _Operation(method, path, [*(("path", name, "string") for name in re.findall(r"\{(\w+)\}", path)), *parameters],
+                   [] if body is None else [("application/json", json.dumps(body).encode())])
+        for method, path, parameters, body in OPENAI_OPERATIONS
+    ]  # fmt: skip
+
+
+def _type(schema: dict[str, Any]) -> str:
+    types = {option.get("type") for option in [schema, *schema.get("anyOf", [])]}
+    return "string" if "string" in types else "number"
+
+
+def _real_ids(system: System) -> dict[str, str]:
+    """A finished turn, its session, a finished batch, a finished response and a conversation of the caller's org."""
+    turn = system.run_turn({"input": f"{PROBE} turn"})
+    batch = system.http.post("/v1/batches", json={"requests": [{"input": f"{PROBE} batch"}]}, headers=system.headers())
+    assert batch.status_code == 202, batch.text
+    batch_id = batch.json()["batch_id"]
+    wait_for(lambda: _batch_settled(system, batch_id), what=f"batch {batch_id} to finish", seconds=60)
+    response = system.http.post(
+        "/openai/v1/responses", json={"model": "scripted-model", "input": f"{PROBE} response"}, headers=system.headers()
+    )
+    conversation = system.http.post("/openai/v1/conversations", json={}, headers=system.headers())
+    assert response.status_code == 200 == conversation.status_code, (response.text, conversation.text)
+    return {"turn_id": turn["turn_id"], "session_id": turn["session_id"], "batch_id": batch_id,
+            "response_id": response.json()["id"], "conversation_id": conversation.json()["id"]}  # fmt: skip
+
+
+def _hostile_probes(operation: _Operation, ids: dict[str, str]) -> list[_Probe]:
+    """Each hostile value in each parameter (the others as for a valid request, with each valid body), and each
+    hostile body."""
+    path_ids = {name: ids[name] for name in re.findall(r"\{(\w+)\}", operation.path)}
+    probes = []
+    for where, name, kind in operation.parameters:
+        for value in HOSTILE_TEXT if kind == "string" else HOSTILE_NUMBERS:
+            if where == "header" and any(ord(character) < 0x20 for character in value):
+                continue  # not a header value HTTP can carry: refused by the client, and by h11 before the app
+            for media_type, body in operation.bodies or [("", b"")]:
+                values = {**path_ids, name: value} if where == "path" else path_ids
+                probes.append(_probe(operation, values, media_type, body, **{where: {name: value}}))
+    for media_type, _ in operation.bodies:
+        for depth in NESTING:
+            deep = b"[" * depth + b"]" * depth
+            body = b'{"input": "ok"}\n' + deep + b"\n" if media_type == JSON_LINES else deep
+            probes.append(_probe(operation, path_ids, media_type, body))
+    return probes
+
+
+def _probe(
+    operation: _Operation, path_values: dict[str, str], media_type: str, body: bytes, **where: dict[str, str]
+) -> _Probe:
+    # A path value goes percent-encoded, as a client sends it.
+    path = operation.path.format(**{name: urllib.parse.quote(value, safe="") for name, value in path_values.items()})
+    headers = {**({"Content-Type": media_type} if media_type else {}), **where.get("header", {}),
+               "Authorization": f"Bearer {KEY_A}"}  # fmt: skip
+    request = {"params": where.get("query", {}), "headers": headers, "content": body or None}
+    return _Probe(operation.method, operation.path, path, request)
+
+
+def _send(client: httpx.Client, probe: _Probe) -> httpx.Response | httpx.TransportError:
+    try:
+        return client.request(probe.method, probe.path, **probe.request)
+    except httpx.TransportError as exc:  # the gateway dropped the connection instead of answering
+        return exc
+
+
+def _shown(answer: httpx.Response | httpx.TransportError) -> str:
+    if isinstance(answer, httpx.Response):
+        return f"{answer.status_code} {answer.text[:200]}"
+    return repr(answer)
+
+
+def _acceptable(
+    probe: _Probe, response: httpx.Response | httpx.TransportError, documented: dict[tuple[str, str], set[int]]
+) -> bool:
+    if not isinstance(response, httpx.Response):
+        return False
+    status = response.status_code
+    allowed = documented.get((probe.method, probe.template))
+    if status >= 500 or (allowed is not None and status not in allowed):
+        return False
+    if status < 400:
+        return True
+    error = response.json().get("error", {})
+    openai = probe.template.startswith("/openai/")
+    return set(error) == ({"message", "type", "param", "code"} if openai else {"code", "message", "details"})
+
+
+def _wait_until_settled(system: System, responses: list[httpx.Response]) -> None:
+    """Leave the shared worker idle: every batch a hostile but valid idempotency key started is done."""
+    bodies = [response.json() for response in responses if response.status_code in (200, 202)
+              and response.headers.get("content-type", "").startswith("application/json")]  # fmt: skip
+    for batch_id in {body["batch_id"] for body in bodies if isinstance(body, dict) and body.get("batch_id")}:
+        wait_for(functools.partial(_batch_settled, system, batch_id), what=f"batch {batch_id} to finish", seconds=60)

@@ -180,14 +180,27 @@ def test_another_orgs_turn_and_an_unknown_turn_are_404(system: System) -> None:
         assert response.json()["error"]["code"] == "not_found"
 
 
+# Not a Redis stream id: words, three parts, a part beyond 2^64 - 1 (Redis: "Invalid stream ID"), a trailing newline.
+_NOT_EVENT_IDS = ("yesterday", "1-2-3", "18446744073709551616-0", "1-18446744073709551616", "18446744073709551616",
+                  "1732350000000-0\n")  # fmt: skip
+
+
 def test_a_position_that_is_not_an_event_id_is_422(system: System) -> None:
     turn_id = system.run_turn({"input": f"{_marker()} mine"})["turn_id"]
-    for headers, params in (({"Last-Event-ID": "yesterday"}, None), ({}, {"after": "1-2-3"})):
+    positions: list[tuple[dict[str, str], dict[str, str] | None]]
+    positions = [({"Last-Event-ID": value}, None) for value in _NOT_EVENT_IDS if "\n" not in value]
+    positions += [({}, {"after": value}) for value in _NOT_EVENT_IDS]
+    positions += [({"Last-Event-ID": "0"}, {"after": "1-2-3"})]  # the header wins, but a bad after is still refused
+    for headers, params in positions:
         response = system.http.get(
             f"/v1/turns/{turn_id}/events", headers={**system.headers(), **headers}, params=params
         )
-        assert response.status_code == 422, response.text
+        assert response.status_code == 422, (headers, params, response.text)
         assert response.json()["error"]["code"] == "invalid_request"
+    # And the largest id Redis takes is a position like any other: after it, nothing yet
+    largest = "18446744073709551615-18446744073709551615"
+    response = system.http.get(f"/v1/turns/{turn_id}/events", headers={**system.headers(), "Last-Event-ID": largest})
+    assert response.status_code == 200 and "event:" not in response.text, response.text
 
 
 def test_a_cancel_on_the_gateway_ends_the_stream_with_turn_cancelled(system: System) -> None:
