@@ -18,7 +18,8 @@ import redis
 
 from aptix_cli.batch_progress import IN_FLIGHT
 from scripted_llm.script import last_user_text
-from shared.state.keys import INFLIGHT_KEY, PREFIX, state_key, version_key
+from shared.state.keys import INFLIGHT_KEY, PREFIX, events_key, state_key, version_key
+from shared.turn_events import PAUSE_EVENT
 from tests.chaos.load import key_of
 from tests.chaos.system import ChaosSystem
 
@@ -37,6 +38,8 @@ class TurnRecord:
     output_text: str | None
     redrives: int
     """How often the reconciler sent the stalled turn on again."""
+    created_at: float
+    """When the gateway recorded it (POSIX seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,10 @@ class Evidence:
     """Model requests whose last user text carries no chaos key."""
     post_mortem: dict[str, str]
     """Turn id -> what the database and Redis held about it, for each turn not yet ended."""
+    stalls: dict[str, float]
+    """Turn key -> the longest its clients saw nothing happen: the longest gap from its creation to its
+    first event or between two of its events (Redis stamps them with its own clock), a wait for the
+    client's tool results aside."""
 
 
 def collect(system: ChaosSystem) -> Evidence:
@@ -77,7 +84,32 @@ def collect(system: ChaosSystem) -> Evidence:
         model_calls=model_calls,
         other_model_calls=other,
         post_mortem=_post_mortem(system, [turn.turn_id for turn in turns if turn.status in IN_FLIGHT]),
+        stalls=_stalls(system, turns),
     )
+
+
+def _stalls(system: ChaosSystem, turns: list[TurnRecord]) -> dict[str, float]:
+    """Each keyed turn's longest gap in its event log (best effort: {} when Redis does not answer)."""
+    client = redis.Redis.from_url(system.redis.url(0), socket_timeout=10)
+    found: dict[str, float] = {}
+    try:
+        for turn in turns:
+            if turn.key is None:
+                continue
+            since, longest, paused = turn.created_at, 0.0, False
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(events_key(turn.turn_id))  # type: ignore[assignment]
+            for entry_id, fields in entries:
+                stamp = int(entry_id.split(b"-")[0]) / 1000.0
+                if not paused:  # the wait for the client's tool results is the client's, not a stall
+                    longest = max(longest, stamp - since)
+                paused = fields.get(b"event") == PAUSE_EVENT.encode()
+                since = stamp
+            found[turn.key] = longest
+    except redis.RedisError:
+        return found
+    finally:
+        client.close()
+    return found
 
 
 def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
@@ -115,7 +147,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
 
 
 def _turn_rows(database_url: str) -> list[TurnRecord]:
-    query = "SELECT turn_id, status, error, request, output_text, redrives FROM turns"
+    query = "SELECT turn_id, status, error, request, output_text, redrives, created_at FROM turns"
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -134,8 +166,9 @@ def _turn_rows(database_url: str) -> list[TurnRecord]:
             error_code=_code(error),
             output_text=output_text,
             redrives=int(redrives),
+            created_at=created_at.timestamp(),
         )
-        for turn_id, status, error, request, output_text, redrives in rows
+        for turn_id, status, error, request, output_text, redrives, created_at in rows
     ]
 
 
