@@ -55,6 +55,9 @@ class Evidence:
     """Model requests whose last user text carries no chaos key."""
     post_mortem: dict[str, str]
     """Turn id -> what the database and Redis held about it, for each turn not yet ended."""
+    snapshots_behind: list[str]
+    """Keys of ended turns whose database checkpoint says a status other than their row's: a late write from
+    a stale worker put the turn's checkpoint back behind its commit point."""
     stalls: dict[str, float]
     """Turn key -> the longest its clients saw nothing happen: the longest gap from its creation to its
     first event or between two of its events (Redis stamps them with its own clock), a wait for the
@@ -84,7 +87,22 @@ def collect(system: ChaosSystem) -> Evidence:
         model_calls=model_calls,
         other_model_calls=other,
         post_mortem=_post_mortem(system, [turn.turn_id for turn in turns if turn.status in IN_FLIGHT]),
+        snapshots_behind=_snapshots_behind(system.database.url, turns),
         stalls=_stalls(system, turns),
+    )
+
+
+def _snapshots_behind(database_url: str, turns: list[TurnRecord]) -> list[str]:
+    """The keys of settled turns whose checkpoint's status is not their row's (the commit writes both)."""
+    with psycopg.connect(database_url, connect_timeout=5) as conn:
+        rows = conn.execute("SELECT turn_id, state ->> 'status' FROM provider_snapshots").fetchall()
+    snapshot_status = {str(turn_id): status for turn_id, status in rows}
+    return sorted(
+        turn.key or turn.turn_id
+        for turn in turns
+        if turn.status in {"completed", "failed", "requires_client_tools"}
+        and turn.turn_id in snapshot_status
+        and snapshot_status[turn.turn_id] != turn.status
     )
 
 

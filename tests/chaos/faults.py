@@ -19,7 +19,7 @@ from tests.chaos.report import FaultRun
 from tests.chaos.responses_load import ResponseLoad
 from tests.chaos.system import ChaosSystem, SystemOptions
 
-__all__ = ["FAULTS", "Fault", "FaultPlan"]
+__all__ = ["FAULTS", "Fault", "FaultPlan", "SystemFactory"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ class FaultPlan:
 
 
 FaultFunction = Callable[[ChaosSystem, FaultPlan, Ledger], FaultRun]
+SystemFactory = Callable[..., ChaosSystem]
+"""Builds a fault's system from ``fault_dir``, ``catalog`` and ``options`` (keywords)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ class Fault:
     options: SystemOptions
     turns: int
     small_turns: int
+    system: SystemFactory = ChaosSystem
+    """The system it runs on: processes on this host, or hosts apart (``tests.chaos.net.system.NetSystem``)."""
 
 
 def worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:

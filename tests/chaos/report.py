@@ -75,6 +75,8 @@ class FaultReport:
     """Gateway 503 answers without a ``Retry-After`` header."""
     slowest_error_seconds: float = 0.0
     """The longest a gateway error answer (or a failed connection) took to come."""
+    snapshots_behind: list[str] = field(default_factory=list)
+    """Ended turns whose database checkpoint was put back behind their commit point (``Evidence.snapshots_behind``)."""
     longest_stall: float = 0.0
     """The longest any turn's event log stood still (``Evidence.stalls``), in seconds."""
     longest_stall_key: str | None = None
@@ -100,6 +102,7 @@ class FaultReport:
             (self.wrong_output, "completed turns with a wrong answer"),
             (len(self.run.broken_streams), "resumed response streams broken"),
             (self.unavailable_without_retry_after, "gateway 503 answers without Retry-After"),
+            (len(self.snapshots_behind), "ended turns whose checkpoint was put back behind their commit"),
         ]
         if self.run.fault_seconds < retry_budget_seconds:
             checks.append((sum(self.failed.values()), "failed turns (fault shorter than the retry budget)"))
@@ -153,6 +156,8 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
         1 for key in run.stream_keys if key in redriven or evidence.model_calls[key] > EXPECTED_MODEL_CALLS
     )
     report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in server_keys)
+    report.snapshots_behind = evidence.snapshots_behind
+    report.examples += [f"{key}: checkpoint behind its commit" for key in evidence.snapshots_behind[:_EXAMPLES]]
     if evidence.stalls:
         report.longest_stall_key, report.longest_stall = max(evidence.stalls.items(), key=lambda item: item[1])
     repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
@@ -189,6 +194,7 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
          + (f"  (stray runs: {report.stray_tool_runs})" if report.stray_tool_runs else "")),
         ("repeated model calls",
          f"{report.repeated_model_calls} total, max {report.max_repeated_model_calls} per turn"),
+        ("checkpoints put back", str(len(report.snapshots_behind))),
         ("longest stall", f"{report.longest_stall:.1f} s"
          + (f"  ({report.longest_stall_key})" if report.longest_stall_key else "")),
         ("workers killed", str(report.run.workers_killed)),

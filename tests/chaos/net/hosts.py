@@ -28,11 +28,13 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-__all__ = ["Host", "Network", "NetworkUnavailable", "require_network"]
+__all__ = ["NOT_RUN", "Host", "Network", "NetworkUnavailable", "require_network"]
 
 logger = logging.getLogger(__name__)
 
 _CUT_CHAIN = "APTIX-CUT"
+NOT_RUN = "NOT RUN: the network faults (hosts apart) need root; run `make chaos-net` as root"
+"""How a test of hosts apart says it did not run (``tests/conftest.py`` repeats it in the run's summary)."""
 
 
 class NetworkUnavailable(RuntimeError):

@@ -69,6 +69,8 @@ class NetSystem(ChaosSystem):
         Raises:
             NetworkUnavailable: no root, ``ip netns`` or ``iptables`` here.
         """
+        if self.shape.clock_ahead_seconds and not Path(FAKETIME_LIBRARY).exists():
+            raise RuntimeError(f"{FAKETIME_LIBRARY} is missing: apt-get install -y faketime")
         self.network = Network()
         self.gateway_host = self.network.add_host("gateway")
         self.worker_hosts = [self.network.add_host(f"worker{index + 1}") for index in range(self.shape.worker_hosts)]
