@@ -85,6 +85,8 @@ class Ledger:
         """Non-2xx answers by status ("500", "503", ...) and transport errors ("connection")."""
         self.unavailable_without_retry_after = 0
         """503 answers (among those whose headers were seen) without a ``Retry-After`` header."""
+        self.slowest_answer_seconds = 0.0
+        """The longest any timed request took to be answered (or to fail)."""
         self.slowest_error_seconds = 0.0
         """The longest a non-2xx answer (or a transport error) took, among those timed: a 503 must come at once."""
         self._answered = 0
@@ -105,6 +107,8 @@ class Ledger:
         ``seconds``: how long the request took (None: not timed).
         """
         with self._changed:
+            if seconds is not None:
+                self.slowest_answer_seconds = max(self.slowest_answer_seconds, seconds)
             if seconds is not None and (status is None or status >= 300):
                 self.slowest_error_seconds = max(self.slowest_error_seconds, seconds)
             if status == 503 and retry_after is None:

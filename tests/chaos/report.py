@@ -37,6 +37,9 @@ class FaultRun:
     client_tool_keys: set[str] = field(default_factory=set)
     """The keys run as client-tool turns (``tests.chaos.load.client_tool_turns``): the harness answered their
     tool calls, so one left paused is unfinished, and they run no server tool."""
+    max_answer_seconds: float | None = None
+    """The longest a gateway answer may take under this fault (None: no limit): a dependency cut off must be a
+    prompt 503, not a request held until the client gives up."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -73,6 +76,8 @@ class FaultReport:
     http_errors: Counter[str] = field(default_factory=Counter)
     unavailable_without_retry_after: int = 0
     """Gateway 503 answers without a ``Retry-After`` header."""
+    slowest_answer_seconds: float = 0.0
+    """The longest a timed gateway request took to be answered (or to fail)."""
     slowest_error_seconds: float = 0.0
     """The longest a gateway error answer (or a failed connection) took to come."""
     snapshots_behind: list[str] = field(default_factory=list)
@@ -104,6 +109,9 @@ class FaultReport:
             (self.unavailable_without_retry_after, "gateway 503 answers without Retry-After"),
             (len(self.snapshots_behind), "ended turns whose checkpoint was put back behind their commit"),
         ]
+        limit = self.run.max_answer_seconds
+        if limit is not None and self.slowest_answer_seconds > limit:
+            found.append(f"a gateway answer took {self.slowest_answer_seconds:.1f} s (at most {limit:.0f} s allowed)")
         if self.run.fault_seconds < retry_budget_seconds:
             checks.append((sum(self.failed.values()), "failed turns (fault shorter than the retry budget)"))
         return found + [f"{count} {what}" for count, what in checks if count]
@@ -117,6 +125,7 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
         http_errors=Counter(ledger.errors),
         unavailable_without_retry_after=ledger.unavailable_without_retry_after,
         slowest_error_seconds=ledger.slowest_error_seconds,
+        slowest_answer_seconds=ledger.slowest_answer_seconds,
     )
     rows_per_key = Counter(turn.key for turn in evidence.turns if turn.key is not None)
     keys = set(rows_per_key) | ledger.accepted
