@@ -203,8 +203,8 @@ def _partition(system: ChaosSystem, plan: FaultPlan, ledger: Ledger, *, inbound_
     worker = next(each for each in system.workers if net.host_of(each) == victim)
     after_heal = _log_since(worker.log(), healed - started)
     run.notes.append(
-        f"worker1 after the heal: {after_heal.count('lost the lease')} lease(s) found lost, "
-        f"{after_heal.count('saved by someone else')} save(s) refused as stale, "
+        f"worker1 after the heal: {after_heal.count('lost the lease')} lost-lease warnings, "
+        f"{after_heal.count(': StateConflict;')} save(s) refused as stale, "
         f"{after_heal.count('already ran')} redelivered step(s) passed on"
     )
     return run
