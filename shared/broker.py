@@ -133,10 +133,24 @@ def unacked_depth(client: Any) -> dict[Queue, int]:
     return counts
 
 
+PRODUCER_TIMEOUT_SECONDS = 2.0
+"""How long the gateway waits for the broker to connect or answer a send before it answers 503 (as its Redis
+clients do): a broker cut off from it (packets dropped, no reset) otherwise held a request as long as the
+client waited."""
+
+
 def create_producer(settings: Settings) -> Celery:
-    """A Celery app that only sends tasks (the gateway's)."""
+    """A Celery app that only sends tasks (the gateway's); a broker that does not answer in
+    :data:`PRODUCER_TIMEOUT_SECONDS` is a refused send."""
     app = Celery("aptix-gateway", set_as_current=False)
-    app.conf.update(celery_config(settings))
+    config = celery_config(settings)
+    config["broker_transport_options"] = {
+        **config["broker_transport_options"],
+        "socket_timeout": PRODUCER_TIMEOUT_SECONDS,
+        "socket_connect_timeout": PRODUCER_TIMEOUT_SECONDS,
+    }
+    config["broker_connection_timeout"] = PRODUCER_TIMEOUT_SECONDS
+    app.conf.update(config)
     return app
 
 

@@ -152,9 +152,13 @@ class TurnRepository:
         return bool(result.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
 
     def checkpoint(self, turn_id: str, state: dict[str, Any], *, now: datetime, deadline_at: datetime) -> None:
-        """Keep ``state`` as the turn's newest durable checkpoint and push its deadline (one transaction)."""
+        """Keep ``state`` as the turn's newest durable checkpoint and push its deadline (one transaction).
+
+        A stored checkpoint that got further (a worker that took the step over and moved on, or the
+        commit point) stays: a stale worker's late checkpoint never puts the turn back.
+        """
         with self._db.begin() as orm:
-            sql.upsert_snapshot(orm, turn_id, state, now=now)
+            sql.upsert_snapshot(orm, turn_id, state, now=now, only_if_newer=True)
             orm.execute(sql.PUSH_DEADLINE, {"p_turn_id": turn_id, "p_deadline": deadline_at, "p_now": now})
 
     def statuses(self, turn_ids: list[str]) -> dict[str, TurnStatus]:

@@ -20,7 +20,7 @@ from tests.chaos.report import FaultRun
 from tests.chaos.responses_load import ResponseLoad
 from tests.chaos.system import ChaosSystem, SystemOptions
 
-__all__ = ["FAULTS", "Fault", "FaultPlan"]
+__all__ = ["FAULTS", "Fault", "FaultPlan", "SystemFactory"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class FaultPlan:
 
 
 FaultFunction = Callable[[ChaosSystem, FaultPlan, Ledger], FaultRun]
+SystemFactory = Callable[..., ChaosSystem]
+"""Builds a fault's system from ``fault_dir``, ``catalog`` and ``options`` (keywords)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,8 @@ class Fault:
     options: SystemOptions
     turns: int
     small_turns: int
+    system: SystemFactory = ChaosSystem
+    """The system it runs on: processes on this host, or hosts apart (``tests.chaos.net.system.NetSystem``)."""
 
 
 def worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:

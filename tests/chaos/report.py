@@ -44,6 +44,12 @@ class FaultRun:
     """Worker processes that died by themselves (a poison step killed them) and were replaced."""
     deaths_after_given_up: int = 0
     """Of those, the ones that died once every poison turn had ended (the workers must stop dying)."""
+    client_tool_keys: set[str] = field(default_factory=set)
+    """The keys run as client-tool turns (``tests.chaos.load.client_tool_turns``): the harness answered their
+    tool calls, so one left paused is unfinished, and they run no server tool."""
+    max_answer_seconds: float | None = None
+    """The longest a gateway answer may take under this fault (None: no limit): a dependency cut off must be a
+    prompt 503, not a request held until the client gives up."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -82,6 +88,17 @@ class FaultReport:
     poison_runs: int = 0
     """The most runs of one poison turn's tool."""
     http_errors: Counter[str] = field(default_factory=Counter)
+    unavailable_without_retry_after: int = 0
+    """Gateway 503 answers without a ``Retry-After`` header."""
+    slowest_answer_seconds: float = 0.0
+    """The longest a timed gateway request took to be answered (or to fail)."""
+    slowest_error_seconds: float = 0.0
+    """The longest a gateway error answer (or a failed connection) took to come."""
+    snapshots_behind: list[str] = field(default_factory=list)
+    """Ended turns whose database checkpoint was put back behind their commit point (``Evidence.snapshots_behind``)."""
+    longest_stall: float = 0.0
+    """The longest any turn's event log stood still (``Evidence.stalls``), in seconds."""
+    longest_stall_key: str | None = None
     error: str | None = None
     """Why the fault did not run to its end (start-up or harness trouble)."""
     examples: list[str] = field(default_factory=list)
@@ -103,7 +120,12 @@ class FaultReport:
             (self.gateway_5xx_not_503(), "gateway answers 5xx other than 503"),
             (self.wrong_output, "completed turns with a wrong answer"),
             (len(self.run.broken_streams), "resumed response streams broken"),
+            (self.unavailable_without_retry_after, "gateway 503 answers without Retry-After"),
+            (len(self.snapshots_behind), "ended turns whose checkpoint was put back behind their commit"),
         ]
+        limit = self.run.max_answer_seconds
+        if limit is not None and self.slowest_answer_seconds > limit:
+            found.append(f"a gateway answer took {self.slowest_answer_seconds:.1f} s (at most {limit:.0f} s allowed)")
         if self.run.fault_seconds < retry_budget_seconds:
             checks.append((sum(self.failed.values()), "failed turns (fault shorter than the retry budget)"))
         return found + [f"{count} {what}" for count, what in checks if count] + self.poison_problems()
@@ -125,7 +147,14 @@ class FaultReport:
 
 def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -> FaultReport:
     """Count the outcome of one fault from the ground truth and the gateway's answers."""
-    report = FaultReport(name=name, run=run, http_errors=Counter(ledger.errors))
+    report = FaultReport(
+        name=name,
+        run=run,
+        http_errors=Counter(ledger.errors),
+        unavailable_without_retry_after=ledger.unavailable_without_retry_after,
+        slowest_error_seconds=ledger.slowest_error_seconds,
+        slowest_answer_seconds=ledger.slowest_answer_seconds,
+    )
     rows_per_key = Counter(turn.key for turn in evidence.turns if turn.key is not None)
     poison = set(run.poison_keys)
     keys = (set(rows_per_key) | ledger.accepted) - poison
@@ -140,15 +169,16 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
         if turn.key in poison:
             report.poisoned[f"{turn.status} {turn.error_code}" if turn.error_code else turn.status] += 1
             continue
+        client_tool = turn.key in run.client_tool_keys
         if turn.status == "completed":
             report.completed += 1
             if turn.output_text is not None and "outcome of this count_run call is unknown" in turn.output_text:
                 report.outcome_unknown += 1
-            elif turn.key is None or turn.output_text != f"Tool results: count_run=ran {turn.key}":
+            elif turn.key is None or turn.output_text != _expected_output(turn.key, client_tool=client_tool):
                 report.wrong_output += 1
         elif turn.status == "failed":
             report.failed[turn.error_code or "unknown"] += 1
-        elif turn.status not in SETTLED_STATUSES:
+        elif turn.status not in SETTLED_STATUSES or client_tool:
             report.unfinished[turn.status] += 1
         else:
             continue
@@ -157,8 +187,9 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
             report.examples.append(f"{turn.key} {turn.turn_id} {turn.status}{why}")
             if turn.turn_id in evidence.post_mortem:
                 report.examples.append(f"  {evidence.post_mortem[turn.turn_id]}")
-    report.tool_runs = Counter(_bucket(evidence.tool_runs[key]) for key in keys)
-    duplicated = sorted(key for key in keys if evidence.tool_runs[key] > 1)
+    server_keys = keys - run.client_tool_keys
+    report.tool_runs = Counter(_bucket(evidence.tool_runs[key]) for key in server_keys)
+    duplicated = sorted(key for key in server_keys if evidence.tool_runs[key] > 1)
     report.examples += [f"{key} ran its tool {evidence.tool_runs[key]} times" for key in duplicated[:_EXAMPLES]]
     report.examples += [f"stream {broken}" for broken in run.broken_streams[:_EXAMPLES]]
     redriven = {turn.key for turn in evidence.turns if turn.redrives}
@@ -166,11 +197,20 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
         1 for key in run.stream_keys if key in redriven or evidence.model_calls[key] > EXPECTED_MODEL_CALLS
     )
     report.poison_runs = max((evidence.tool_runs[key] for key in poison), default=0)
-    report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in keys | poison)
+    report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in server_keys | poison)
+    report.snapshots_behind = evidence.snapshots_behind
+    report.examples += [f"{key}: checkpoint behind its commit" for key in evidence.snapshots_behind[:_EXAMPLES]]
+    if evidence.stalls:
+        report.longest_stall_key, report.longest_stall = max(evidence.stalls.items(), key=lambda item: item[1])
     repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
     report.repeated_model_calls = sum(repeats)
     report.max_repeated_model_calls = max(repeats, default=0)
     return report
+
+
+def _expected_output(key: str, *, client_tool: bool) -> str:
+    """The answer a completed chaos turn must have: the scripted model's summary of its tool's result."""
+    return f"Tool results: {'client_echo' if client_tool else 'count_run'}=ran {key}"
 
 
 def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
@@ -196,14 +236,22 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
          + (f"  (stray runs: {report.stray_tool_runs})" if report.stray_tool_runs else "")),
         ("repeated model calls",
          f"{report.repeated_model_calls} total, max {report.max_repeated_model_calls} per turn"),
+        ("checkpoints put back", str(len(report.snapshots_behind))),
+        ("longest stall", f"{report.longest_stall:.1f} s"
+         + (f"  ({report.longest_stall_key})" if report.longest_stall_key else "")),
         ("workers killed", str(report.run.workers_killed)),
         ("gateway 5xx other than 503", str(report.gateway_5xx_not_503())),
-        ("gateway non-2xx answers", _with_breakdown(report.http_errors)),
+        ("gateway non-2xx answers", _with_breakdown(report.http_errors)
+         + (f"  (slowest {report.slowest_error_seconds:.2f} s)" if report.slowest_error_seconds else "")
+         + (f"  (503 without Retry-After: {report.unavailable_without_retry_after})"
+            if report.unavailable_without_retry_after else "")),
     ]  # fmt: skip
     if report.run.poison_keys:
         deaths = f"worker deaths: {report.run.worker_deaths}, after they ended: {report.run.deaths_after_given_up}"
         runs = f"tool runs, at most: {report.poison_runs}"
         rows.append(("poison turns", f"{_with_breakdown(report.poisoned)}  ({runs}; {deaths})"))
+    if report.run.client_tool_keys:
+        rows.insert(1, ("client-tool turns", str(len(report.run.client_tool_keys))))
     if report.run.stream_keys:
         rows.append(("streams checked / broken", f"{len(report.run.stream_keys)} / {len(report.run.broken_streams)}"
                      f"  (on a turn a kill interrupted: {report.streams_interrupted})"))  # fmt: skip
@@ -218,14 +266,17 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
 
 def render_summary(reports: list[FaultReport], *, retry_budget_seconds: float) -> str:
     """One line per fault: the headline figures and the verdict."""
-    header = ("fault", "accepted", "done", "failed", "unfin.", "lost", "tool 0/1/2+", "model rep.", "5xx", "verdict")
+    header = (
+        "fault", "accepted", "done", "failed", "unfin.", "lost", "tool 0/1/2+", "model rep.", "stall", "5xx", "verdict"
+    )  # fmt: skip
     table = [header]
     for r in reports:
         verdict = "PASS" if not r.problems(retry_budget_seconds=retry_budget_seconds) else "FAIL"
         table.append((
             r.name, str(r.accepted), str(r.completed), str(sum(r.failed.values())), str(sum(r.unfinished.values())),
             str(r.lost), f"{r.tool_runs['0']}/{r.tool_runs['1']}/{r.tool_runs['2+']}",
-            f"{r.repeated_model_calls} (max {r.max_repeated_model_calls})", str(r.gateway_5xx_not_503()),
+            f"{r.repeated_model_calls} (max {r.max_repeated_model_calls})", f"{r.longest_stall:.1f} s",
+            str(r.gateway_5xx_not_503()),
             verdict if r.error is None else "FAIL (did not run)",
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

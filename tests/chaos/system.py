@@ -24,7 +24,7 @@ import psycopg
 
 from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
 from tests.chaos.backing import Database, RedisServer
-from tests.chaos.processes import REPO_ROOT, spawn
+from tests.chaos.processes import REPO_ROOT, kill_tree, spawn
 
 __all__ = ["API_KEY", "MODEL", "ChaosSystem", "SystemOptions"]
 
@@ -116,15 +116,19 @@ class ChaosSystem:
     def spawn_worker(self) -> ManagedProcess:
         """Start a worker process without waiting for it (see :meth:`wait_worker`)."""
         name = self._name("worker")
+        worker = self._spawn(name, self.worker_argv(name))
+        self.workers.append(worker)
+        return worker
+
+    def worker_argv(self, name: str) -> list[str]:
+        """The command of worker ``name``: every queue, a threads pool, its own Celery node name."""
         argv = [
             sys.executable, "-m", "aptix_cli", "worker", "--queues", "pipeline,llm,tools", "--pool", "threads",
             "--concurrency", str(self.options.worker_concurrency), "--hostname", f"{name}@%h",
         ]  # fmt: skip
         if self.options.reconcilers:
             argv.append("--no-reconciler")
-        worker = self._spawn(name, argv)
-        self.workers.append(worker)
-        return worker
+        return argv
 
     def wait_worker(self, worker: ManagedProcess, *, timeout: float = 90.0) -> None:
         """Wait until ``worker`` logged "ready." (raises RuntimeError if it exits first)."""
@@ -142,7 +146,7 @@ class ChaosSystem:
         if not candidates:
             raise LookupError("no worker is ready to be killed")
         victim = rng.choice(candidates)
-        victim.kill()
+        kill_tree(victim)
         self.workers.remove(victim)
         logger.info("killed worker %s (pid %d)", victim.name, victim.pid)
         return victim
@@ -204,7 +208,7 @@ class ChaosSystem:
         """End every process this system started, drop its database and stop its Redis."""
         for process in reversed(self._started):
             try:
-                process.kill()
+                kill_tree(process)
             except (OSError, subprocess.TimeoutExpired):
                 logger.exception("could not end %s (pid %d)", process.name, process.pid)
         self._started.clear()
@@ -215,8 +219,9 @@ class ChaosSystem:
         finally:
             self.redis.stop()
 
-    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        process = spawn(name, argv, env=self.env(), log_dir=self.dir)
+    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> ManagedProcess:
+        """Start ``argv`` as ``name`` with ``env`` (default :meth:`env`); :meth:`close` ends it."""
+        process = spawn(name, argv, env=self.env() if env is None else env, log_dir=self.dir)
         self._started.append(process)
         return process
 
