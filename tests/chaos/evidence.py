@@ -11,6 +11,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -18,6 +19,7 @@ import redis
 
 from aptix_cli.batch_progress import IN_FLIGHT
 from scripted_llm.script import last_user_text
+from shared.redis_clients import redis_client
 from shared.state.keys import INFLIGHT_KEY, PREFIX, state_key, version_key
 from tests.chaos.load import key_of
 from tests.chaos.system import ChaosSystem
@@ -37,6 +39,8 @@ class TurnRecord:
     output_text: str | None
     redrives: int
     """How often the reconciler sent the stalled turn on again."""
+    completed_at: float | None = None
+    """When the turn completed (Unix time), if it did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +95,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
                 "SELECT turn_id, round, redrives, updated_at, deadline_at FROM turns WHERE turn_id = ANY(%s)",
                 (turn_ids,),
             ).fetchall()
-        client = redis.Redis.from_url(system.redis.url(0), socket_timeout=5)
+        client = redis_client(system.redis.url(0), socket_timeout=5)
         now = time.time()
         for turn_id, round_, redrives, updated_at, deadline_at in rows:
             raw = client.get(state_key(turn_id))
@@ -115,7 +119,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
 
 
 def _turn_rows(database_url: str) -> list[TurnRecord]:
-    query = "SELECT turn_id, status, error, request, output_text, redrives FROM turns"
+    query = "SELECT turn_id, status, error, request, output_text, redrives, completed_at FROM turns"
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -134,9 +138,16 @@ def _turn_rows(database_url: str) -> list[TurnRecord]:
             error_code=_code(error),
             output_text=output_text,
             redrives=int(redrives),
+            completed_at=_unix(completed_at),
         )
-        for turn_id, status, error, request, output_text, redrives in rows
+        for turn_id, status, error, request, output_text, redrives, completed_at in rows
     ]
+
+
+def _unix(moment: datetime | None) -> float | None:
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _input(request: Any) -> str:
