@@ -158,6 +158,29 @@ class SentinelRedis:
             time.sleep(0.2)
         raise RuntimeError(f"the sentinels promoted no replica within {timeout:.0f} s")
 
+    def failover(self, *, timeout: float = 60.0) -> tuple[int, int]:
+        """``SENTINEL FAILOVER``: the sentinels demote the live primary to a replica of its replica, which they
+        promote. Retried while the sentinels refuse (a failover still in progress, a replica not yet seen
+        as good). Returns the (demoted, promoted) ports once the demoted node follows the promoted one."""
+        old = self.primary_port()
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host="127.0.0.1", port=self.sentinel_ports[0], socket_timeout=5)
+        try:
+            while True:
+                try:
+                    client.execute_command("SENTINEL", "FAILOVER", SENTINEL_MASTER)
+                    break
+                except redis.ResponseError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.5)
+        finally:
+            client.close()
+        assert old is not None
+        new = self.wait_promoted(old, timeout=max(1.0, deadline - time.monotonic()))
+        wait_until(list(self._nodes.values()), lambda: _in_sync(new, old), max(1.0, deadline - time.monotonic()))
+        return old, new
+
     def restart_as_replica(self, port: int, *, primary: int) -> None:
         """Start the data node on ``port`` again, empty, as a replica of ``primary``, and wait until it synced."""
         self._start_node(port, replica_of=primary)

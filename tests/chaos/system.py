@@ -184,6 +184,11 @@ class ChaosSystem:
         self._gateway = self._spawn(self._name("gateway"), argv)
         wait_until([self._gateway], lambda: answers(f"{self.gateway_url}/healthz"), 60)
 
+    @property
+    def gateway(self) -> ManagedProcess | None:
+        """The gateway process running now (None: killed and not started again)."""
+        return self._gateway
+
     def kill_gateway(self) -> None:
         """SIGKILL the gateway."""
         if self._gateway is not None:
