@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import redis
 from fastapi import FastAPI
 
 from api_gateway.access_log import AccessLogMiddleware
@@ -27,6 +26,7 @@ from api_gateway.routes import batches, health, sessions, turn_actions, turn_eve
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.wiring import connect_gateway
+from shared.redis_clients import is_redis_url, redis_client
 from shared.settings import Settings, get_settings
 
 __all__ = ["create_app"]
@@ -95,8 +95,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     install_openapi(app, settings)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)
-    if settings.effective_broker_url.startswith("redis://"):
-        broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)
+    if is_redis_url(settings.effective_broker_url):
+        broker = redis_client(
+            settings.effective_broker_url,
+            sentinel_password=settings.sentinel_password,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+        )
         gateway.metrics.registry.register(QueueDepthCollector(broker))
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_upload_bytes=settings.max_upload_bytes

@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Match
 
 from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+from shared.redis_clients import is_refused_for_replicas
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -46,6 +47,7 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,  # a primary demoted by a failover: the next try finds the new one
     BrokerError,
 )
 """A dependency (database, Redis, broker) did not answer: 503 ``unavailable``, never 500."""
@@ -172,6 +174,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _programming(request: Request, exc: ProgrammingError) -> JSONResponse:
         if schema_missing(exc):
             return _schema_response(exc, path=request.url.path)
+        return await _unexpected(request, exc)
+
+    @app.exception_handler(redis.ResponseError)
+    async def _redis_reply(request: Request, exc: redis.ResponseError) -> JSONResponse:
+        if is_refused_for_replicas(exc):  # min-replicas-to-write: a replica is down or resyncing
+            return await _unavailable(request, exc)
         return await _unexpected(request, exc)
 
     @app.exception_handler(Exception)

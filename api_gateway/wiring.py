@@ -45,6 +45,7 @@ from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
+from shared.redis_clients import async_redis_client, redis_client
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
@@ -116,8 +117,9 @@ class GatewayPorts:
 def open_ports(settings: Settings) -> GatewayPorts:
     """The gateway's connections, opened lazily: nothing is contacted until a request needs it."""
     producer = create_producer(settings)
-    follower = aioredis.Redis.from_url(
+    follower = async_redis_client(
         settings.redis_url,
+        sentinel_password=settings.sentinel_password,
         # Turn event streams and response streams each take up to events_max_streams connections.
         max_connections=2 * settings.events_max_streams + 16,
         socket_connect_timeout=2,
@@ -125,7 +127,9 @@ def open_ports(settings: Settings) -> GatewayPorts:
     )
     return GatewayPorts(
         engine=engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname()),
-        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+        redis=redis_client(
+            settings.redis_url, sentinel_password=settings.sentinel_password, socket_timeout=2, socket_connect_timeout=2
+        ),
         follower=follower,
         producer=producer,
         # No publish retries: a refused send is a 503 at once, and the client tries again.

@@ -283,7 +283,7 @@ def scheduler(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     producer = create_producer(settings)
-    client = connect(settings.redis_url, max_connections=8)
+    client = connect(settings.redis_url, max_connections=8, sentinel_password=settings.sentinel_password)
     steps = build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings)
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.redis_clients import check_redis_url, parse_sentinel_url
 from shared.webhooks.parsing import parse_default_urls, parse_retry_schedule, parse_secrets
 
 __all__ = [
@@ -77,9 +78,13 @@ class Settings(BaseSettings):
     database_url: str = _EMBEDDED_DATABASE_URL
     """SQLAlchemy URL of the durable store."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis for turn state, locks and idempotency keys."""
+    """Redis for turn state, locks and idempotency keys: ``redis://``, ``rediss://``, ``unix://``, or
+    ``sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]`` for a Sentinel-managed primary
+    (``shared.redis_clients``)."""
     broker_url: str | None = None
-    """Celery broker; defaults to ``redis_url``."""
+    """Celery broker; defaults to ``redis_url``. A ``sentinel://`` URL as for ``redis_url``."""
+    redis_sentinel_password: SecretStr = SecretStr("")
+    """The sentinels' own password, for ``sentinel://`` URLs (a password in the URL is the Redis nodes')."""
     llm_base_url: str = "http://127.0.0.1:8900/v1"
     """Base URL of an OpenAI Responses API server (``…/v1``)."""
     llm_api_key: SecretStr = Field(
@@ -228,6 +233,18 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
 
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_sentinel_url(value)  # another broker's URL is kombu's to judge
+        return value
+
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: str) -> str:
@@ -268,6 +285,11 @@ class Settings(BaseSettings):
     def effective_broker_url(self) -> str:
         """The broker URL, falling back to the Redis URL."""
         return self.broker_url or self.redis_url
+
+    @property
+    def sentinel_password(self) -> str | None:
+        """``APTIX_REDIS_SENTINEL_PASSWORD``, None when unset: what :mod:`shared.redis_clients` takes."""
+        return self.redis_sentinel_password.get_secret_value() or None
 
     @property
     def state_ttl_seconds(self) -> int:

@@ -279,7 +279,9 @@ def build_context(
 
 def state_client(settings: Settings) -> redis.Redis:
     """A worker process's client of the state store's Redis (``APTIX_REDIS_URL``), on a pool of its own."""
-    return connect(settings.redis_url, max_connections=settings.redis_max_connections)
+    return connect(
+        settings.redis_url, max_connections=settings.redis_max_connections, sentinel_password=settings.sentinel_password
+    )
 
 
 def lease_renewer(leases: StepLeases, settings: Settings) -> LeaseRenewer:

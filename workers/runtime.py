@@ -24,6 +24,7 @@ from shared.db import session_factory
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.redis_clients import is_redis_url, redis_client
 from shared.settings import Settings
 from shared.state import RedisStateStore, Timers
 from shared.state.admission import AdmissionQueue
@@ -235,8 +236,12 @@ def build_reconciler(
     the webhook event of a turn it gives up on at once."""
     broker_url = settings.effective_broker_url
     broker = (
-        RedisBrokerWatch(redis.Redis.from_url(broker_url, socket_timeout=10), client, owner=owner)
-        if broker_url.startswith(("redis://", "rediss://"))
+        RedisBrokerWatch(
+            redis_client(broker_url, sentinel_password=settings.sentinel_password, socket_timeout=10),
+            client,
+            owner=owner,
+        )
+        if is_redis_url(broker_url)
         else None
     )
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)

@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 
 from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, celery_config
+from shared.redis_clients import redis_client
 from shared.settings import Settings
 
 __all__ = ["DONE_KEY", "HOP_TASK", "create_app", "finished_chains", "send_chains"]
@@ -97,5 +98,5 @@ class _Redis:
 
     def client(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self._url)
+            self._client = redis_client(self._url)
         return self._client

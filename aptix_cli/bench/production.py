@@ -47,6 +47,7 @@ from aptix_cli.bench.two_orgs import run_two_orgs
 from aptix_cli.client import ApiClient, ClientError
 from aptix_cli.launcher import ManagedProcess, free_port
 from shared.models.turn import TurnStatus
+from shared.redis_clients import redis_client
 from shared.settings import Settings
 
 __all__ = ["run_production_bench"]
@@ -117,7 +118,7 @@ class _Run:
         self.processes = processes
         self.report = report
         self.control = bare_chain.create_app(Settings(redis_url=scratch.state_url, broker_url=scratch.broker_url))
-        self.state = redis.Redis.from_url(scratch.state_url)
+        self.state = redis_client(scratch.state_url)
         self.ok = True
 
     def run(self, api_key: str, model_port: int) -> bool:

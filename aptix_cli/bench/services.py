@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from aptix_cli.bench.cpu import ProcessTable
 from shared.db.engine import normalise_database_url
+from shared.redis_clients import redis_client
 
 __all__ = ["FIRST_REDIS_DB", "Scratch", "ScratchServices", "redis_db_url"]
 
@@ -86,13 +87,13 @@ class ScratchServices:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self._database)))
             self._database = None
         for index in self._redis_dbs:
-            redis.Redis.from_url(redis_db_url(self._redis_url, index)).flushdb()
+            redis_client(redis_db_url(self._redis_url, index)).flushdb()
         self._redis_dbs = []
 
     def describe(self) -> str:
         """The servers' versions and what the bench uses on them."""
         assert self.scratch is not None, "describe() is for a started ScratchServices"
-        info = redis.Redis.from_url(self.scratch.state_url).info("server")
+        info = redis_client(self.scratch.state_url).info("server")
         version = self._admin_query("SHOW server_version")
         state_db, broker_db = self._redis_dbs
         return (
@@ -104,7 +105,7 @@ class ScratchServices:
     def redis_members(self, table: ProcessTable) -> Collection[int]:
         """redis-server's pid (``INFO server``), if it runs on this machine."""
         assert self.scratch is not None
-        pid = int(redis.Redis.from_url(self.scratch.state_url).info("server").get("process_id", 0))
+        pid = int(redis_client(self.scratch.state_url).info("server").get("process_id", 0))
         return {pid} if pid in table and table[pid].comm.startswith("redis") else set()
 
     def postgres_members(self, table: ProcessTable) -> Collection[int]:
@@ -142,7 +143,7 @@ class ScratchServices:
 
     def _claim_redis_databases(self, count: int) -> list[int]:
         for index in range(FIRST_REDIS_DB, _LAST_REDIS_DB + 1):
-            client = redis.Redis.from_url(redis_db_url(self._redis_url, index))
+            client = redis_client(redis_db_url(self._redis_url, index))
             try:
                 empty = client.dbsize() == 0
             except redis.ResponseError:  # the server has fewer databases

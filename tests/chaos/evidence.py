@@ -11,6 +11,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -18,6 +19,7 @@ import redis
 
 from aptix_cli.batch_progress import IN_FLIGHT
 from scripted_llm.script import last_user_text
+from shared.redis_clients import redis_client
 from shared.state.keys import INFLIGHT_KEY, PREFIX, events_key, state_key, version_key
 from shared.turn_events import PAUSE_EVENT
 from tests.chaos.load import key_of
@@ -40,6 +42,8 @@ class TurnRecord:
     """How often the reconciler sent the stalled turn on again."""
     created_at: float
     """When the gateway recorded it (POSIX seconds)."""
+    completed_at: float | None = None
+    """When the turn completed (Unix time), if it did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +145,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
                 "SELECT turn_id, round, redrives, updated_at, deadline_at FROM turns WHERE turn_id = ANY(%s)",
                 (turn_ids,),
             ).fetchall()
-        client = redis.Redis.from_url(system.redis.url(0), socket_timeout=5)
+        client = redis_client(system.redis.url(0), socket_timeout=5)
         now = time.time()
         for turn_id, round_, redrives, updated_at, deadline_at in rows:
             raw = client.get(state_key(turn_id))
@@ -165,7 +169,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
 
 
 def _turn_rows(database_url: str) -> list[TurnRecord]:
-    query = "SELECT turn_id, status, error, request, output_text, redrives, created_at FROM turns"
+    query = "SELECT turn_id, status, error, request, output_text, redrives, created_at, completed_at FROM turns"
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -185,9 +189,16 @@ def _turn_rows(database_url: str) -> list[TurnRecord]:
             output_text=output_text,
             redrives=int(redrives),
             created_at=created_at.timestamp(),
+            completed_at=_unix(completed_at),
         )
-        for turn_id, status, error, request, output_text, redrives, created_at in rows
+        for turn_id, status, error, request, output_text, redrives, created_at, completed_at in rows
     ]
+
+
+def _unix(moment: datetime | None) -> float | None:
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _input(request: Any) -> str:

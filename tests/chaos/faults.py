@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tests.chaos.backing import RedisServer, SentinelRedis
 from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
 from tests.chaos.poison import poison_step
 from tests.chaos.report import FaultRun
@@ -111,11 +112,36 @@ def redis_restart(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> Fault
     _submit_all(system, plan, ledger, "rr")
     reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
     started = time.monotonic()
+    assert isinstance(system.redis, RedisServer), "this fault restarts a single Redis server"
     system.redis.shutdown_nosave()
     time.sleep(3.0)
     system.redis.start()
     run.fault_seconds = time.monotonic() - started
     run.notes.append(f"Redis shut down with {reached:.0%} of the turns terminal")
+    return run
+
+
+def sentinel_failover(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """SIGKILL the Sentinel-managed primary (state and broker) at ~30 % done; once the sentinels promoted the
+    replica, start the old primary again, empty, as the new primary's replica (the setup whole again)."""
+    run = FaultRun(
+        "SIGKILL of the Redis primary (state + broker; 1 replica, 3 sentinels, down-after 2 s) at ~30 % terminal; "
+        "the old primary back as a replica once the sentinels promoted its replica"
+    )
+    sentinels = system.redis
+    assert isinstance(sentinels, SentinelRedis), "sentinel_failover runs on SystemOptions(sentinel=True)"
+    _submit_all(system, plan, ledger, "sf")
+    reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
+    started = time.monotonic()
+    run.struck_at = time.time()
+    old = sentinels.kill_primary()
+    new = sentinels.wait_promoted(old)
+    promoted = time.monotonic() - started
+    sentinels.restart_as_replica(old, primary=new)
+    run.fault_seconds = time.monotonic() - started
+    run.notes.append(
+        f"primary killed with {reached:.0%} of the turns terminal; the replica promoted {promoted:.1f} s later"
+    )
     return run
 
 
@@ -211,6 +237,7 @@ FAULTS: dict[str, Fault] = {
     "worker_kill": Fault(worker_kill, SystemOptions(), turns=1000, small_turns=100),
     "openai_worker_kill": Fault(openai_worker_kill, SystemOptions(), turns=300, small_turns=60),
     "redis_restart": Fault(redis_restart, SystemOptions(), turns=500, small_turns=80),
+    "sentinel_failover": Fault(sentinel_failover, SystemOptions(sentinel=True), turns=1000, small_turns=100),
     "model_outage": Fault(model_outage, SystemOptions(), turns=200, small_turns=60),
     "pg_terminate": Fault(pg_terminate, SystemOptions(), turns=500, small_turns=80),
     "gateway_kill": Fault(gateway_kill, SystemOptions(), turns=200, small_turns=100),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from tests.chaos.evidence import Evidence
 from tests.chaos.load import SETTLED_STATUSES, Ledger
@@ -50,6 +51,9 @@ class FaultRun:
     max_answer_seconds: float | None = None
     """The longest a gateway answer may take under this fault (None: no limit): a dependency cut off must be a
     prompt 503, not a request held until the client gives up."""
+    struck_at: float | None = None
+    """When a single blow struck (Unix time; the Sentinel fault's SIGKILL of the primary): the report
+    measures the stall from it."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -99,6 +103,10 @@ class FaultReport:
     longest_stall: float = 0.0
     """The longest any turn's event log stood still (``Evidence.stalls``), in seconds."""
     longest_stall_key: str | None = None
+    stall_seconds: float | None = None
+    """From the blow (``FaultRun.struck_at``) to the next completed turn; None: no blow, or nothing completed after."""
+    longest_pause_seconds: float | None = None
+    """The longest time from the blow on without a turn completing (the stall, or a later gap if longer)."""
     error: str | None = None
     """Why the fault did not run to its end (start-up or harness trouble)."""
     examples: list[str] = field(default_factory=list)
@@ -205,12 +213,24 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
     repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
     report.repeated_model_calls = sum(repeats)
     report.max_repeated_model_calls = max(repeats, default=0)
+    if run.struck_at is not None:
+        report.stall_seconds, report.longest_pause_seconds = _stall(run.struck_at, evidence)
     return report
 
 
 def _expected_output(key: str, *, client_tool: bool) -> str:
     """The answer a completed chaos turn must have: the scripted model's summary of its tool's result."""
     return f"Tool results: {'client_echo' if client_tool else 'count_run'}=ran {key}"
+
+
+def _stall(struck_at: float, evidence: Evidence) -> tuple[float | None, float | None]:
+    """Seconds from ``struck_at`` to the first turn completed after it, and the longest gap between completions
+    from ``struck_at`` on (both None when no turn completed after it)."""
+    after = sorted(t.completed_at for t in evidence.turns if t.completed_at is not None and t.completed_at > struck_at)
+    if not after:
+        return None, None
+    moments = [struck_at, *after]
+    return after[0] - struck_at, max(later - earlier for earlier, later in pairwise(moments))
 
 
 def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
@@ -252,6 +272,9 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
         rows.append(("poison turns", f"{_with_breakdown(report.poisoned)}  ({runs}; {deaths})"))
     if report.run.client_tool_keys:
         rows.insert(1, ("client-tool turns", str(len(report.run.client_tool_keys))))
+    if report.run.struck_at is not None:
+        rows.append(("stall after the kill", _seconds(report.stall_seconds) + " to the next completed turn"
+                     f"  (longest pause from the kill on: {_seconds(report.longest_pause_seconds)})"))  # fmt: skip
     if report.run.stream_keys:
         rows.append(("streams checked / broken", f"{len(report.run.stream_keys)} / {len(report.run.broken_streams)}"
                      f"  (on a turn a kill interrupted: {report.streams_interrupted})"))  # fmt: skip
@@ -282,6 +305,10 @@ def render_summary(reports: list[FaultReport], *, retry_budget_seconds: float) -
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in table)
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
 
 
 def _last_line(text: str) -> str:

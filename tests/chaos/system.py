@@ -1,9 +1,10 @@
 """ChaosSystem: one fault's whole system under test, as plain child processes the harness owns.
 
-Its own Redis server and database (``tests.chaos.backing``), the scripted model, worker processes,
-the gateway and, for the reconciler fault, reconciler processes. Each can be SIGKILLed (its process
-group) and started again: the model and the gateway on the same port. :meth:`close` ends every
-process it ever started and drops the database.
+Its own Redis (one server, or a Sentinel-managed primary and replica) and database
+(``tests.chaos.backing``), the scripted model, worker processes, the gateway and, for the reconciler
+fault, reconciler processes. Each can be SIGKILLed (its process group) and started again: the model
+and the gateway on the same port. :meth:`close` ends every process it ever started and drops the
+database.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import httpx
 import psycopg
 
 from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
-from tests.chaos.backing import Database, RedisServer
+from tests.chaos.backing import Database, RedisServer, SentinelRedis
 from tests.chaos.processes import REPO_ROOT, kill_tree, spawn
 
 __all__ = ["API_KEY", "MODEL", "ChaosSystem", "SystemOptions"]
@@ -50,6 +51,9 @@ class SystemOptions:
     reconcilers: int = 0
     """Standalone ``aptix reconciler`` processes; when above 0 the workers run with ``--no-reconciler``."""
     model_latency_ms: float = 100.0
+    sentinel: bool = False
+    """Redis as a Sentinel-managed primary with one replica and three sentinels (state and broker on it,
+    named by ``sentinel://`` URLs) instead of one server."""
 
 
 class ChaosSystem:
@@ -58,7 +62,9 @@ class ChaosSystem:
     def __init__(self, *, fault_dir: Path, catalog: Path, options: SystemOptions) -> None:
         self.dir = fault_dir
         self.options = options
-        self.redis = RedisServer(log_dir=fault_dir)
+        self.redis: RedisServer | SentinelRedis = (
+            SentinelRedis(log_dir=fault_dir) if options.sentinel else RedisServer(log_dir=fault_dir)
+        )
         self.database = Database()
         self.tool_log = fault_dir / "tool-runs.log"
         self.model_url = f"http://127.0.0.1:{free_port()}"
@@ -181,6 +187,11 @@ class ChaosSystem:
         argv = [sys.executable, "-m", "aptix_cli", "gateway", "--host", "127.0.0.1", "--port", port]
         self._gateway = self._spawn(self._name("gateway"), argv)
         wait_until([self._gateway], lambda: answers(f"{self.gateway_url}/healthz"), 60)
+
+    @property
+    def gateway(self) -> ManagedProcess | None:
+        """The gateway process running now (None: killed and not started again)."""
+        return self._gateway
 
     def kill_gateway(self) -> None:
         """SIGKILL the gateway."""

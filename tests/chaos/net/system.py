@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from aptix_cli.launcher import ManagedProcess, answers, wait_until
+from tests.chaos.backing import RedisServer
 from tests.chaos.net.hosts import Host, Network
 from tests.chaos.system import ChaosSystem, SystemOptions
 
@@ -137,6 +138,7 @@ class NetSystem(ChaosSystem):
     def _start_relay(self, host: Host) -> None:
         """The relay on ``host``'s link: Redis (twice), PostgreSQL and the model; slow on worker1 if asked."""
         database = urlsplit(self.database.admin_url)
+        assert isinstance(self.redis, RedisServer), "hosts apart run on a single Redis server"
         targets = {
             REDIS_PORT: f"127.0.0.1:{self.redis.port}",
             BROKER_PORT: f"127.0.0.1:{self.redis.port}",
