@@ -1,4 +1,4 @@
-"""A batch's output and error files, rendered from its turns when read (nothing is written while it runs).
+"""A batch's output and error files, rendered from its turns once it ended (``batch_files`` writes them).
 
 Every request of a batch of the OpenAI face is a turn whose extras carry its line's ``custom_id`` and
 the fields its ``Response`` echoes. Once the batch ended, each turn is in exactly one of two files:
@@ -7,8 +7,10 @@ the fields its ``Response`` echoes. Once the batch ended, each turn is in exactl
   that paused for client tools (its output ends in ``function_call`` items):
   ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body": <Response>}, "error": null}``;
 - the error file otherwise: a failed turn as ``{"response": {"status_code", "request_id", "body":
-  {"error": {...}}}, "error": null}``; a cancelled one (the batch's cancel or its expiry) as
-  ``{"response": null, "error": {"code": "batch_cancelled" | "batch_expired", "message"}}``.
+  {"error": {...}}}, "error": null}``; a cancelled one as ``{"response": null, "error": {"code", "message"}}``,
+  the code saying by what: ``batch_cancelled`` (the batch's cancel), ``batch_expired`` (its window ran
+  out) or ``cancelled`` (the request alone, by ``DELETE /v1/turns/{turn_id}`` or the cancel of its
+  response, before its batch was cancelled or expired).
 
 Lines come in request order, read from the database 500 turns at a time: memory stays bounded
 whatever the batch's size.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import Any, Literal
 
 from api_gateway.openai.errors import openai_error_body
@@ -46,13 +49,17 @@ def line_part(turn: TurnRecord) -> Part | None:
     return "error"
 
 
-def render_lines(turns: Iterable[TurnRecord], *, part: Part, expired: bool) -> Iterator[bytes]:
+def render_lines(
+    turns: Iterable[TurnRecord], *, part: Part, expired: bool, cancelled_at: datetime | None
+) -> Iterator[bytes]:
     """The lines of one of a batch's files.
 
     Args:
         turns: the batch's turns, in request order.
         part: which file.
-        expired: whether the batch expired (its cancelled requests are ``batch_expired``, else ``batch_cancelled``).
+        expired: whether the batch expired (the requests it cancelled are ``batch_expired``, else ``batch_cancelled``).
+        cancelled_at: when the batch was cancelled (its expiry cancels it too), None if it was not: a request
+            cancelled before that was cancelled on its own (``cancelled``).
 
     Yields:
         One JSON line (with its line break) per request that belongs in the file.
@@ -60,7 +67,7 @@ def render_lines(turns: Iterable[TurnRecord], *, part: Part, expired: bool) -> I
     for turn in turns:
         if line_part(turn) != part:
             continue
-        line = _output_line(turn) if part == "output" else _error_line(turn, expired=expired)
+        line = _output_line(turn) if part == "output" else _error_line(turn, expired=expired, cancelled_at=cancelled_at)
         yield json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
@@ -79,10 +86,13 @@ def _output_line(turn: TurnRecord) -> dict[str, Any]:
     }
 
 
-def _error_line(turn: TurnRecord, *, expired: bool) -> dict[str, Any]:
+def _error_line(turn: TurnRecord, *, expired: bool, cancelled_at: datetime | None) -> dict[str, Any]:
     custom_id = TurnExtras.of(turn.request).custom_id
     if TurnStatus(turn.status) is TurnStatus.CANCELLED:
-        if expired:
+        ended = turn.completed_at or turn.updated_at
+        if cancelled_at is None or ended < cancelled_at:
+            error = {"code": "cancelled", "message": "This request was cancelled on its own, before its batch ended."}
+        elif expired:
             error = {"code": "batch_expired",
                      "message": "This request could not be executed before the completion window expired."}  # fmt: skip
         else:
