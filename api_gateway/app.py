@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     window_seconds=settings.openai_batch_window_seconds,
                 )
             ),
-            asyncio.create_task(run_batch_jobs_forever(gateway.openai_batch_jobs)),
+            asyncio.create_task(run_batch_jobs_forever(gateway.openai_batch_service, gateway.openai_batch_jobs)),
         ]
         try:
             yield

@@ -192,7 +192,7 @@ class OpenAIBatchService:
             self._batch_files.run(record, lease)
 
     def sweep(self) -> int:
-        """Expire the batches past their window and note the end of those whose last request ended.
+        """Expire the batches past their window.
 
         Returns:
             How many batches it settled.
@@ -201,10 +201,14 @@ class OpenAIBatchService:
         for record in self._batches.overdue(now=self._clock()):
             self._settle(record)
             settled += 1
-        for batch_id in self._batches.unended():
-            self._settle(self._batches.get_any(batch_id))
-            settled += 1
         return settled
+
+    def poll_jobs(self) -> None:
+        """Note the end of the batches whose last request ended (their files are to be written), then take
+        up the batch jobs nobody holds (``BatchJobs.run_due``)."""
+        for batch_id in self._batches.ended_unnoted():
+            self._settle(self._batches.get_any(batch_id))
+        self._jobs.run_due()
 
     def _require(self, batch_id: str, *, org_id: str) -> OpenAIBatchRecord:
         found = self._batches.get(batch_id, org_id=org_id) if is_batch_id(batch_id) else None

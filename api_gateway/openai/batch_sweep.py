@@ -1,6 +1,7 @@
-"""The OpenAI face's sweeps: batches past their window expire, batches whose last request ended are
-noted ``finalizing``, and files past their ``expires_at`` go, even when nobody reads them (a read of
-a batch settles it too: ``OpenAIBatchService``); and the batch jobs nobody holds are taken up.
+"""The OpenAI face's sweeps: batches past their window expire and files past their ``expires_at`` go,
+even when nobody reads them (a read of a batch settles it too: ``OpenAIBatchService``); and, more
+often (every few seconds), batches whose last request ended are noted ``finalizing`` and the batch
+jobs nobody holds are taken up.
 
 Every gateway runs them; each step is safe to run twice at once (the writes are conditional).
 """
@@ -44,16 +45,18 @@ async def sweep_batches_forever(batches: OpenAIBatchService, files: FileService,
             logger.warning("openai batch sweep failed", exc_info=True)
 
 
-async def run_batch_jobs_forever(jobs: BatchJobs) -> None:
-    """Take up the batch jobs nobody holds, every :attr:`BatchJobs.poll_seconds`; stop the jobs when cancelled.
+async def run_batch_jobs_forever(batches: OpenAIBatchService, jobs: BatchJobs) -> None:
+    """Note the batches that ended and take up the batch jobs nobody holds, every :attr:`BatchJobs.poll_seconds`;
+    stop the jobs when cancelled.
 
     Args:
+        batches: the service that notes them (``OpenAIBatchService.poll_jobs``).
         jobs: this gateway's batch jobs.
     """
     try:
         while True:
             try:
-                await run_in_threadpool(jobs.run_due)
+                await run_in_threadpool(batches.poll_jobs)
             except Exception:  # a database blip must not end the polling
                 logger.warning("openai batch jobs: polling failed", exc_info=True)
             await asyncio.sleep(jobs.poll_seconds)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.openai_files import FileRecord, write_file
 from shared.db.tables import BatchRow, OpenAIBatchRow, TurnRow, UTCDateTime
+from shared.db.turn_sql import IN_FLIGHT
 from shared.db.webhook_outbox import WebhookOutbox
 
 __all__ = [
@@ -263,13 +264,21 @@ class OpenAIBatchRepository:
             )
             return bool(done.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
 
-    def unended(self, *, limit: int = 100) -> list[str]:
-        """Batches in progress whose end was not noted yet (to look at their turns)."""
+    def ended_unnoted(self, *, limit: int = 100) -> list[str]:
+        """Batches in progress none of whose turns is queued or running any more, their end not noted yet."""
+        moving = select(TurnRow.turn_id).where(
+            TurnRow.batch_id == OpenAIBatchRow.batch_id, TurnRow.status.in_(IN_FLIGHT)
+        )
         with self._db() as orm:
             return list(
                 orm.scalars(
                     select(OpenAIBatchRow.batch_id)
-                    .where(OpenAIBatchRow.in_progress_at.is_not(None), OpenAIBatchRow.ended_at.is_(None), *_UNSETTLED)
+                    .where(
+                        OpenAIBatchRow.in_progress_at.is_not(None),
+                        OpenAIBatchRow.ended_at.is_(None),
+                        *_UNSETTLED,
+                        ~moving.exists(),
+                    )
                     .order_by(OpenAIBatchRow.created_at)
                     .limit(limit)
                 )
