@@ -1,8 +1,8 @@
 """BatchFiles: the job that writes a batch's output and error files once its last request ended.
 
 Run by a gateway off the request (``batch_jobs``), under a lease, while the batch is ``finalizing``.
-Each file's lines are rendered from the batch's turns as they stand (``batch_output``, 500 turns a
-query) into a temporary file (memory up to 1 MiB, then disk), then copied into the file store in
+Both files' lines are rendered in one pass over the batch's turns as they stand (``batch_output``, 500
+turns a query), each into a temporary file (memory up to 1 MiB, then disk), then copied into the file store in
 chunks of a mebibyte, both files with the batch's ``finished_at`` and its webhook event in one
 transaction. What the files hold is frozen then: a request paused for client tools is in the output
 file (a completed ``Response`` ending in ``function_call`` items) and stays there even if its turn
@@ -13,12 +13,13 @@ was written. A job interrupted before that transaction leaves nothing and is run
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import IO
 
 from api_gateway.openai.batch_jobs import Lease
-from api_gateway.openai.batch_output import Part, render_lines
+from api_gateway.openai.batch_output import Part, render_line
 from api_gateway.openai.file_service import CHUNK_BYTES, DEFAULT_EXPIRY_SECONDS, new_file_id
 from api_gateway.services.batch_service import BatchService
 from shared.db.openai_batches import FinishedFile, OpenAIBatchRecord, OpenAIBatchRepository
@@ -28,7 +29,7 @@ from shared.webhooks import EventType, WebhookSender
 __all__ = ["BatchFiles"]
 
 _KEEP_EVERY = 500
-"""Lines between two lease checks."""
+"""Turns read between two lease checks."""
 _PARTS: tuple[Part, ...] = ("output", "error")
 
 
@@ -59,32 +60,33 @@ class BatchFiles:
         seconds = record.output_expires_seconds or DEFAULT_EXPIRY_SECONDS
         expired = record.expired_at is not None
         cancelled_at = self._aptix.require(record.batch_id, org_id=record.org_id).cancel_requested_at
-        spools: list[IO[bytes]] = []
+        spools: dict[Part, IO[bytes]] = {}
+        lines: Counter[Part] = Counter()
         try:
+            for part in _PARTS:
+                spools[part] = tempfile.SpooledTemporaryFile(max_size=CHUNK_BYTES)  # noqa: SIM115  # closed below
+            for scanned, turn in enumerate(self._aptix.turns(record.batch_id), start=1):
+                rendered = render_line(turn, expired=expired, cancelled_at=cancelled_at)
+                if rendered is not None:
+                    part, line = rendered
+                    spools[part].write(line)
+                    lines[part] += 1
+                if scanned % _KEEP_EVERY == 0:
+                    lease.keep()
             files = []
             for part in _PARTS:
-                spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=CHUNK_BYTES)  # noqa: SIM115  # closed below
-                spools.append(spool)
-                lines = 0
-                for line in render_lines(
-                    self._aptix.turns(record.batch_id), part=part, expired=expired, cancelled_at=cancelled_at
-                ):
-                    spool.write(line)
-                    lines += 1
-                    if lines % _KEEP_EVERY == 0:
-                        lease.keep()
-                if lines:
+                if lines[part]:
                     file = FileRecord(
                         file_id=new_file_id(), org_id=record.org_id, purpose="batch_output",
                         filename=f"{record.batch_id}_{part}.jsonl", bytes=0, lines=0, created_at=now,
                         expires_at=now + timedelta(seconds=seconds), batch_id=record.batch_id, batch_part=part,
                     )  # fmt: skip
-                    files.append(FinishedFile(file, _chunks(spool)))
+                    files.append(FinishedFile(file, _chunks(spools[part])))
             lease.keep(now=True)  # still this job's, just before the files are recorded
             event = _event(expired=expired, cancelled=cancelled_at is not None)
             deliveries = self._batches.finish(record.batch_id, at=self._clock(), files=files, event=event)
         finally:
-            for spool in spools:
+            for spool in spools.values():
                 spool.close()
         if deliveries and self._webhook_sender is not None:
             self._webhook_sender.send(deliveries)

@@ -12,14 +12,13 @@ the fields its ``Response`` echoes. Once the batch ended, each turn is in exactl
   out) or ``cancelled`` (the request alone, by ``DELETE /v1/turns/{turn_id}`` or the cancel of its
   response, before its batch was cancelled or expired).
 
-Lines come in request order, read from the database 500 turns at a time: memory stays bounded
-whatever the batch's size.
+The caller (``batch_files``) reads the turns in request order, 500 at a time, and writes each line to its
+file: memory stays bounded whatever the batch's size.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any, Literal
 
@@ -30,7 +29,7 @@ from shared.db.responses import ResponseRecord
 from shared.models.turn import TurnStatus
 from shared.openai import TurnExtras, response_id
 
-__all__ = ["Part", "line_part", "render_lines"]
+__all__ = ["Part", "line_part", "render_line"]
 
 Part = Literal["output", "error"]
 """Which file of a batch: its output file or its error file."""
@@ -49,26 +48,23 @@ def line_part(turn: TurnRecord) -> Part | None:
     return "error"
 
 
-def render_lines(
-    turns: Iterable[TurnRecord], *, part: Part, expired: bool, cancelled_at: datetime | None
-) -> Iterator[bytes]:
-    """The lines of one of a batch's files.
+def render_line(turn: TurnRecord, *, expired: bool, cancelled_at: datetime | None) -> tuple[Part, bytes] | None:
+    """A request's line and the file it goes to; None while its turn is queued or running.
 
     Args:
-        turns: the batch's turns, in request order.
-        part: which file.
+        turn: one of the batch's turns.
         expired: whether the batch expired (the requests it cancelled are ``batch_expired``, else ``batch_cancelled``).
         cancelled_at: when the batch was cancelled (its expiry cancels it too), None if it was not: a request
             cancelled before that was cancelled on its own (``cancelled``).
 
-    Yields:
-        One JSON line (with its line break) per request that belongs in the file.
+    Returns:
+        The file and one JSON line (with its line break).
     """
-    for turn in turns:
-        if line_part(turn) != part:
-            continue
-        line = _output_line(turn) if part == "output" else _error_line(turn, expired=expired, cancelled_at=cancelled_at)
-        yield json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    part = line_part(turn)
+    if part is None:
+        return None
+    line = _output_line(turn) if part == "output" else _error_line(turn, expired=expired, cancelled_at=cancelled_at)
+    return part, json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
 def _output_line(turn: TurnRecord) -> dict[str, Any]:
