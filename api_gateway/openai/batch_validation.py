@@ -33,7 +33,7 @@ from api_gateway.services.errors import Conflict, NotFound, ServiceError, Unavai
 from shared.db.batches import BatchRepository
 from shared.db.openai_batches import OpenAIBatchRecord, OpenAIBatchRepository
 from shared.db.openai_files import FileRecord
-from shared.webhooks import WebhookSender
+from shared.webhooks import EventType, WebhookSender
 
 __all__ = ["ENDPOINT", "MAX_ATTEMPTS", "MAX_ERRORS", "BatchValidation"]
 
@@ -86,7 +86,9 @@ class BatchValidation:
             self._start(record, total=recorded.total, at=recorded.created_at)
             return
         if record.cancel_requested_at is not None:
-            self._batches.finish(batch_id, at=self._clock(), files=(), event=None)
+            deliveries = self._batches.finish(batch_id, at=self._clock(), files=(),
+                                              event=EventType.BATCH_CANCELLED.value)  # fmt: skip
+            self._send(deliveries or [])
             return
         if record.job_attempts > MAX_ATTEMPTS:
             message = (f"The batch's validation was interrupted {MAX_ATTEMPTS} times (its gateways stopped); "
@@ -174,6 +176,9 @@ class BatchValidation:
     def _fail(self, batch_id: str, *, errors: list[LineError], total: int) -> None:
         deliveries = self._batches.fail(batch_id, errors=[error.as_json() for error in errors], total=total,
                                         at=self._clock())  # fmt: skip
+        self._send(deliveries)
+
+    def _send(self, deliveries: list[str]) -> None:
         if deliveries and self._webhook_sender is not None:
             self._webhook_sender.send(deliveries)
 

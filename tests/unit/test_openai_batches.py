@@ -201,7 +201,7 @@ def test_an_ended_batchs_files_are_written_once_and_hold_what_they_held_at_its_e
 
 
 def test_a_batch_cancelled_while_validating_records_no_request_and_ends_cancelled() -> None:
-    gateway = Gateway()
+    gateway = Gateway(webhook_secrets=f"{ORG}:{_SECRET}", webhook_default_urls=f"{ORG}:https://hooks.example.com/in")
     service = gateway.wired.openai_batch_service
     created = _created(gateway, _upload(gateway, _jsonl(_line("a")))["id"])
 
@@ -213,6 +213,9 @@ def test_a_batch_cancelled_while_validating_records_no_request_and_ends_cancelle
     assert cancelled["status"] == "cancelled" and cancelled["cancelled_at"] is not None
     assert cancelled["output_file_id"] is None and cancelled["error_file_id"] is None
     assert list(gateway.batches.turns(created["id"])) == []
+    with session_factory(gateway.wired.engine)() as orm:
+        events = orm.scalars(select(WebhookDeliveryRow).where(WebhookDeliveryRow.batch_id == created["id"])).all()
+    assert [event.event_type for event in events] == ["batch.cancelled"]
 
 
 def test_a_validation_whose_gateway_stopped_is_taken_up_again_once_its_lease_ran_out() -> None:
