@@ -20,7 +20,7 @@ from api_gateway.openai import batches as openai_batches
 from api_gateway.openai import conversations
 from api_gateway.openai import files as openai_files
 from api_gateway.openai import routes as openai_routes
-from api_gateway.openai.batch_sweep import sweep_batches_forever
+from api_gateway.openai.batch_sweep import run_batch_jobs_forever, sweep_batches_forever
 from api_gateway.openapi import install_openapi
 from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     window_seconds=settings.openai_batch_window_seconds,
                 )
             ),
+            asyncio.create_task(run_batch_jobs_forever(gateway.openai_batch_service, gateway.openai_batch_jobs)),
         ]
         try:
             yield

@@ -20,7 +20,10 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from api_gateway.metrics import GatewayMetrics
+from api_gateway.openai.batch_files import BatchFiles
+from api_gateway.openai.batch_jobs import BatchJobs
 from api_gateway.openai.batch_service import OpenAIBatchService
+from api_gateway.openai.batch_validation import BatchValidation
 from api_gateway.openai.conversation_service import ConversationService
 from api_gateway.openai.file_service import FileService
 from api_gateway.openai.response_service import ResponseService
@@ -91,6 +94,8 @@ class GatewayWiring:
     """The OpenAI face's files (``/openai/v1/files``)."""
     openai_batch_service: OpenAIBatchService
     """The OpenAI face's batches over Aptix batches (``/openai/v1/batches``)."""
+    openai_batch_jobs: BatchJobs
+    """Runs the OpenAI face's batch jobs (validation, writing the files of an ended batch) off the requests."""
 
 
 def utc_now() -> datetime:
@@ -202,11 +207,21 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         files=OpenAIFileRepository(db), max_bytes=settings.openai_max_file_bytes,
         max_lines=settings.openai_max_file_lines, clock=clock,
     )  # fmt: skip
+    openai_batches = OpenAIBatchRepository(db, outbox=outbox)
+    webhook_sender = _webhook_sender(webhooks, producer)
+    openai_batch_jobs = BatchJobs(
+        batches=openai_batches, threads=settings.openai_batch_job_threads,
+        lease_seconds=settings.openai_batch_job_lease_seconds, clock=clock,
+    )  # fmt: skip
     openai_batch_service = OpenAIBatchService(
-        batches=OpenAIBatchRepository(db, outbox=outbox), aptix=batch_service, aptix_batches=batches,
-        turns=turn_service, files=file_service, responses=response_service,
+        batches=openai_batches, aptix=batch_service, aptix_batches=batches, turns=turn_service, files=file_service,
+        jobs=openai_batch_jobs,
+        validation=BatchValidation(
+            batches=openai_batches, aptix=batch_service, aptix_batches=batches, files=file_service,
+            responses=response_service, clock=clock, webhook_sender=webhook_sender,
+        ),
+        batch_files=BatchFiles(batches=openai_batches, aptix=batch_service, clock=clock, webhook_sender=webhook_sender),
         window_seconds=settings.openai_batch_window_seconds, clock=clock,
-        webhook_sender=_webhook_sender(webhooks, producer),
     )  # fmt: skip
     return GatewayWiring(
         settings=settings,
@@ -232,6 +247,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         ),
         file_service=file_service,
         openai_batch_service=openai_batch_service,
+        openai_batch_jobs=openai_batch_jobs,
     )
 
 

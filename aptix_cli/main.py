@@ -161,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
         help="instead of the scenarios: two organisations' batches of --turns turns side by side (fair admission)",
     )
     bench.add_argument(
+        "--openai-batch",
+        action="store_true",
+        help="instead of the scenarios: a file of --turns requests through OpenAI's Files and Batch API, end to end "
+        "(with --two-orgs: two organisations' OpenAI batches side by side)",
+    )
+    bench.add_argument(
         "--rss", action="store_true", help="print the workers' summed RSS after the warm-up and each batch"
     )
     bench.add_argument(
@@ -246,6 +252,7 @@ def _bench(args: argparse.Namespace) -> int:
         database_url=args.database_url or DEFAULT_DATABASE_URL,
         interactive=args.interactive,
         two_orgs=args.two_orgs,
+        openai_batch=args.openai_batch,
         rss=args.rss,
         task_events=args.task_events,
     )

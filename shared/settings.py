@@ -217,6 +217,13 @@ class Settings(BaseSettings):
     """How long the completion window ``24h`` of ``POST /openai/v1/batches`` lasts: a batch's ``expires_at`` is
     its ``created_at`` plus this; requests not finished by then are cancelled (``batch_expired``). Shorten it
     only to test expiry."""
+    openai_batch_job_threads: Annotated[int, Field(ge=0, le=16)] = 1
+    """How many of the OpenAI face's batch jobs (validating an input file, writing the output and error files
+    of a batch that ended) one gateway runs at once, each on a thread of its own; 0: this gateway runs none
+    (the others do)."""
+    openai_batch_job_lease_seconds: Annotated[float, Field(ge=1, le=3600)] = 30.0
+    """How long a gateway holds a batch job without renewing it (it renews every third of this while it
+    works): a job whose gateway stopped is taken up by any gateway this long after its last renewal."""
     llm_stream_flush_ms: Annotated[float, Field(ge=0)] = 20.0
     """A turn that streams appends the model's text to its event log as it arrives, at most one
     ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together

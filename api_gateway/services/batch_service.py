@@ -90,6 +90,15 @@ class BatchService:
 
         return StagedBatch(check_request=check_request, check_url=check_url, webhook_url=webhook_url)
 
+    def check_webhook_url(self, url: str | None, *, org_id: str) -> None:
+        """Refuse a batch's ``webhook_url`` the organisation may not use, as staging the batch would.
+
+        Raises:
+            InvalidRequest: the URL is refused.
+        """
+        if self._webhooks is not None:
+            self._webhooks.check_url(url, org_id=org_id, loc=("body",))
+
     def commit(
         self,
         staged: StagedBatch,

@@ -343,6 +343,12 @@ class OpenAIBatchRow(Base):
     __table_args__ = (
         UniqueConstraint("org_id", "idempotency_key", name="uq_openai_batches_org_idempotency_key"),
         Index("ix_openai_batches_org_created", "org_id", "created_at", "batch_id"),
+        Index(
+            "ix_openai_batches_jobs",
+            "job_lease_until",
+            postgresql_where=text("finished_at IS NULL AND failed_at IS NULL"),
+            sqlite_where=text("finished_at IS NULL AND failed_at IS NULL"),
+        ),
     )
 
     batch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -368,9 +374,24 @@ class OpenAIBatchRow(Base):
     expired_at: Mapped[datetime | None]
     """When its window ran out with requests unfinished (they were cancelled then)."""
     finished_at: Mapped[datetime | None]
-    """When its last request ended: written, with its output and error files, the first time it is read ended."""
+    """When its output and error files were written (it is ``completed``, ``cancelled`` or ``expired`` from then)."""
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
+    ended_at: Mapped[datetime | None]
+    """When its last request ended (noted by the first reader or sweep that saw it): ``finalizing`` until
+    ``finished_at``."""
+    cancel_requested_at: Mapped[datetime | None]
+    """When it was cancelled while ``validating`` (a cancel later on is its Aptix batch's)."""
+    job_token: Mapped[str | None] = mapped_column(String(32))
+    """Who holds its job (validating it, or writing its files once it ended): a token of the gateway's thread."""
+    job_lease_until: Mapped[datetime | None]
+    """Until when that holder's lease runs; any gateway may take the job up after it (None: not held yet)."""
+    job_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times its job was taken up."""
+    completed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The lines of its output file, once written (its ``request_counts.completed`` from then on)."""
+    failed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The lines of its error file, once written (its ``request_counts.failed`` from then on)."""
 
 
 class ToolRunRow(Base):

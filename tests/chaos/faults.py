@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.chaos.backing import RedisServer, SentinelRedis
+from tests.chaos.batch_load import BatchLoad
 from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
 from tests.chaos.poison import poison_step
 from tests.chaos.report import FaultRun
@@ -30,6 +31,8 @@ _BATCH = 250
 _TRIGGER_TIMEOUT = 120.0
 """How long a fault waits for its trigger (a share of terminal turns) before it strikes anyway."""
 _STREAMS_TIMEOUT = 90.0
+_BATCHES_TIMEOUT = 180.0
+"""How long after the faults the OpenAI batches may take to end (their files written)."""
 """How long after the kills the stream readers may take to reach their responses' terminal events."""
 
 
@@ -103,6 +106,51 @@ def openai_worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> 
     errors = sum(check.errors for check in checks)
     run.notes.append(f"{len(checks)} streams read over {connections} connections "
                      f"({connections - len(checks)} resumes; {errors} connections ended in an error)")  # fmt: skip
+    return run
+
+
+def openai_batch_faults(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """Batches created through ``/openai/v1`` (files, batches; openai SDK) over a window of worker kills with a
+    Redis restart in its middle; then every request must be in exactly one of its batch's two files, once."""
+    period, window = _kill_timings(plan)
+    rounds = int(window // period)
+    restart_at = rounds // 2 + 1
+    run = FaultRun(
+        f"OpenAI batches (files.create + batches.create, openai SDK) created over {window:.0f} s; SIGKILL a random "
+        f"worker every {period:.0f} s (a replacement each time) but at {restart_at * period:.0f} s: SHUTDOWN NOSAVE "
+        "of Redis (state + broker), started again 3 s later; then each batch's output and error files are read"
+    )
+    keys = _keys("ob", plan.turns)
+    load = BatchLoad(system.gateway_url, ledger=ledger, tag=f"{plan.name}-{plan.seed}")
+    try:
+        creator = _Background(lambda: load.create(keys, batches=max(2, rounds // 2), spread=window * 0.7))
+        rng = random.Random(f"{plan.name}-{plan.seed}")
+        started = time.monotonic()
+        for index in range(1, rounds + 1):
+            time.sleep(max(0.0, started + index * period - time.monotonic()))
+            if index == restart_at:
+                system.redis.shutdown_nosave()
+                time.sleep(3.0)
+                system.redis.start()
+                run.notes.append(f"Redis restarted at {time.monotonic() - started:.0f} s")
+                continue
+            try:
+                system.kill_worker(rng)
+            except LookupError:
+                run.notes.append(f"no ready worker to kill at {index * period:.0f} s")
+                continue
+            run.workers_killed += 1
+            system.spawn_worker()
+        creator.join()
+        for worker in list(system.workers):
+            system.wait_worker(worker)
+        run.fault_seconds = time.monotonic() - started
+        problems, notes = load.check_files(timeout=_BATCHES_TIMEOUT)
+    finally:
+        load.close()
+    run.batch_files = len(load.batches)
+    run.broken_batch_files = problems
+    run.notes += notes
     return run
 
 
@@ -236,6 +284,7 @@ def reconciler_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> Fau
 FAULTS: dict[str, Fault] = {
     "worker_kill": Fault(worker_kill, SystemOptions(), turns=1000, small_turns=100),
     "openai_worker_kill": Fault(openai_worker_kill, SystemOptions(), turns=300, small_turns=60),
+    "openai_batch_faults": Fault(openai_batch_faults, SystemOptions(), turns=400, small_turns=60),
     "redis_restart": Fault(redis_restart, SystemOptions(), turns=500, small_turns=80),
     "sentinel_failover": Fault(sentinel_failover, SystemOptions(sentinel=True), turns=1000, small_turns=100),
     "model_outage": Fault(model_outage, SystemOptions(), turns=200, small_turns=60),

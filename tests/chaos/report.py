@@ -54,6 +54,10 @@ class FaultRun:
     struck_at: float | None = None
     """When a single blow struck (Unix time; the Sentinel fault's SIGKILL of the primary): the report
     measures the stall from it."""
+    batch_files: int = 0
+    """The OpenAI batches whose output and error files were read and checked."""
+    broken_batch_files: list[str] = field(default_factory=list)
+    """What broke the promise of those files (a request in neither file, in both, twice, ...)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -130,6 +134,7 @@ class FaultReport:
             (len(self.run.broken_streams), "resumed response streams broken"),
             (self.unavailable_without_retry_after, "gateway 503 answers without Retry-After"),
             (len(self.snapshots_behind), "ended turns whose checkpoint was put back behind their commit"),
+            (len(self.run.broken_batch_files), "broken promises of OpenAI batch files"),
         ]
         limit = self.run.max_answer_seconds
         if limit is not None and self.slowest_answer_seconds > limit:
@@ -200,6 +205,7 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
     duplicated = sorted(key for key in server_keys if evidence.tool_runs[key] > 1)
     report.examples += [f"{key} ran its tool {evidence.tool_runs[key]} times" for key in duplicated[:_EXAMPLES]]
     report.examples += [f"stream {broken}" for broken in run.broken_streams[:_EXAMPLES]]
+    report.examples += [f"batch files: {broken}" for broken in run.broken_batch_files[:_EXAMPLES]]
     redriven = {turn.key for turn in evidence.turns if turn.redrives}
     report.streams_interrupted = sum(
         1 for key in run.stream_keys if key in redriven or evidence.model_calls[key] > EXPECTED_MODEL_CALLS
@@ -278,6 +284,9 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
     if report.run.stream_keys:
         rows.append(("streams checked / broken", f"{len(report.run.stream_keys)} / {len(report.run.broken_streams)}"
                      f"  (on a turn a kill interrupted: {report.streams_interrupted})"))  # fmt: skip
+    if report.run.batch_files:
+        rows.append(("batch files / problems",
+                     f"{report.run.batch_files} batches / {len(report.run.broken_batch_files)} problems"))  # fmt: skip
     lines += [f"   {label:<27} {value}" for label, value in rows]
     if report.examples and problems:
         lines += ["   for example:", *(f"     {example}" for example in report.examples)]

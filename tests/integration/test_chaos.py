@@ -69,6 +69,7 @@ def _failures(report: FaultReport) -> list[str]:
         (len(report.run.broken_streams), f"resumed response streams broken {report.run.broken_streams}"),
         (report.unavailable_without_retry_after, "gateway 503 answers without Retry-After"),
         (len(report.snapshots_behind), f"ended turns whose checkpoint was put back {report.snapshots_behind}"),
+        (len(report.run.broken_batch_files), f"broken OpenAI batch files {report.run.broken_batch_files}"),
     ]
     found = [f"{count} {what}" for count, what in checks if count] + report.poison_problems()
     if report.error:
@@ -76,7 +77,10 @@ def _failures(report: FaultReport) -> list[str]:
     # At most one repeated call per model call a kill interrupted: each killed worker runs
     # WORKER_CONCURRENCY steps at once, so that many calls may be in flight when it dies.
     slots = report.run.workers_killed * WORKER_CONCURRENCY
-    if report.name in ("worker_kill", "openai_worker_kill") and report.repeated_model_calls > slots:
+    if (
+        report.name in ("worker_kill", "openai_worker_kill", "openai_batch_faults")
+        and report.repeated_model_calls > slots
+    ):
         found.append(
             f"{report.repeated_model_calls} repeated model calls for {report.run.workers_killed} killed workers "
             f"of {WORKER_CONCURRENCY} slots each"
