@@ -28,6 +28,7 @@ from api_gateway.openai.streams import ResponseStreams
 from api_gateway.services import (
     BatchService,
     EventStreams,
+    OrgLimitsService,
     SessionService,
     TurnService,
     WebhookService,
@@ -39,15 +40,19 @@ from shared.db.conversations import ConversationRepository
 from shared.db.engine import ProcessKind, engine_for
 from shared.db.openai_batches import OpenAIBatchRepository
 from shared.db.openai_files import OpenAIFileRepository
+from shared.db.org_settings import OrgSettingsRepository
 from shared.db.responses import ResponseRepository
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
+from shared.db.usage import UsageRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
+from shared.state.request_rate import RequestRate
+from shared.state.token_usage import TokenUsage
 from shared.step_sender import Broker, CeleryBroker, StepSender
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
@@ -90,6 +95,8 @@ class GatewayWiring:
     """The OpenAI face's files (``/openai/v1/files``)."""
     openai_batch_service: OpenAIBatchService
     """The OpenAI face's batches over Aptix batches (``/openai/v1/batches``)."""
+    limits: OrgLimitsService
+    """Each organisation's requests per minute and daily tokens (``aptix orgs set``), and its usage."""
 
 
 def utc_now() -> datetime:
@@ -161,6 +168,10 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
     steps = StepSender(ports.broker, timers=store, park_after=math.inf)
     events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
+    limits = OrgLimitsService(
+        settings=OrgSettingsRepository(db), usage=UsageRepository(db), rate=RequestRate(ports.follower),
+        tokens=TokenUsage(client), clock=clock,
+    )  # fmt: skip
     turn_service = TurnService(
         settings=settings,
         turns=turns,
@@ -176,6 +187,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         webhooks=webhook_service,
         admission=AdmissionQueue(client),
         webhook_sender=_webhook_sender(webhooks, producer),
+        limits=limits,
     )
     event_streams = EventStreams(
         client=ports.follower,
@@ -228,6 +240,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         ),
         file_service=file_service,
         openai_batch_service=openai_batch_service,
+        limits=limits,
     )
 
 

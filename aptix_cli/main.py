@@ -179,6 +179,11 @@ def _parser() -> argparse.ArgumentParser:
     from aptix_cli.client_commands import add_client_commands
 
     add_client_commands(commands)
+
+    # Operator commands on the database (orgs, webhooks); they import SQLAlchemy only when run.
+    from aptix_cli.org_commands import add_org_commands
+
+    add_org_commands(commands)
     return parser
 
 

@@ -273,6 +273,7 @@ def scheduler(args: argparse.Namespace) -> int:
     from shared.broker import create_producer
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
+    from shared.db.org_settings import OrgSettingsRepository
     from shared.db.turns import TurnRepository
     from shared.settings import get_settings
     from shared.state import RedisStateStore
@@ -288,8 +289,9 @@ def scheduler(args: argparse.Namespace) -> int:
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     scheduler = build_scheduler(
-        settings, client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics()
-    )
+        settings, client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics(),
+        org_settings=OrgSettingsRepository(db),
+    )  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -21,6 +21,7 @@ import redis
 from sqlalchemy import Engine
 
 from shared.db import session_factory
+from shared.db.org_settings import OrgSettingsRepository
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
@@ -30,6 +31,7 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.step_sender import Broker, StepSender
+from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
@@ -181,7 +183,10 @@ class WorkerRuntime:
         """Start this worker's copy of the admission scheduler in a daemon thread (unless turned off)."""
         if not self._with_scheduler or self._scheduler_thread is not None:
             return
-        scheduler = build_scheduler(self._settings, **self._leader_parts())
+        assert self._engine is not None  # built with the context
+        scheduler = build_scheduler(
+            self._settings, **self._leader_parts(), org_settings=OrgSettingsRepository(session_factory(self._engine))
+        )
         self._scheduler_thread = _daemon(scheduler.run, self._scheduler_stop, "aptix-scheduler")
         logger.info("admission scheduler started in worker %s", self.context.hostname)
 
@@ -277,8 +282,10 @@ def build_scheduler(
     steps: StepSender,
     owner: str,
     metrics: WorkerMetrics | None = None,
+    org_settings: OrgSettingsRepository | None = None,
 ) -> AdmissionScheduler:
-    """An admission scheduler on the state store's Redis ``client`` and a process's ports."""
+    """An admission scheduler on the state store's Redis ``client`` and a process's ports; given
+    ``org_settings``, the organisations' own admission caps apply (read every few seconds)."""
     return AdmissionScheduler(
         settings=settings,
         admission=AdmissionQueue(client),
@@ -286,7 +293,19 @@ def build_scheduler(
         steps=steps,
         leader=LeaderLease(client, key=SCHEDULER_LEADER_KEY, owner=owner),
         metrics=metrics,
+        caps=None if org_settings is None else org_caps(org_settings),
     )
+
+
+def org_caps(org_settings: OrgSettingsRepository) -> Callable[[], dict[str, int]]:
+    """The organisations' own admission caps (``aptix orgs set --max-in-flight``), read at most every
+    ``shared.ttl_cache.REFRESH_SECONDS`` (the last ones known while the database does not answer)."""
+    limits = Cached(org_settings.all, what="the organisations' admission caps (org_settings)")
+
+    def caps() -> dict[str, int]:
+        return {org: own.max_in_flight for org, own in limits.get().items() if own.max_in_flight is not None}
+
+    return caps
 
 
 def webhook_outbox(settings: Settings, send_webhook: SendAttempt | None) -> WebhookOutbox | None:
