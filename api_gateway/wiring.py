@@ -46,7 +46,9 @@ from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
 from shared.db.usage import UsageRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
+from shared.db.webhook_endpoints import WebhookEndpointRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.db.webhook_secrets import stored_secrets
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore
@@ -153,15 +155,16 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
     ports = ports or open_ports(settings)
     engine, client, producer, clock = ports.engine, ports.redis, ports.producer, ports.clock
     db = session_factory(engine)
-    webhooks = WebhookConfig.from_settings(settings)
+    webhooks = WebhookConfig.from_settings(settings, stored=stored_secrets(db))
     sessions = SessionRepository(db)
     outbox = WebhookOutbox(webhooks) if webhooks.enabled else None
     turns = TurnRepository(db, webhooks=outbox)
     batches = BatchRepository(db)
     catalog = load_catalog(settings.modes_file)
     webhook_service = WebhookService(
-        config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches
-    )
+        config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches,
+        endpoints=WebhookEndpointRepository(db),
+    )  # fmt: skip
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
     # The gateway sends first steps and re-entries now, never after a countdown: nothing it sends is
     # parked (the waits the workers park are the retry policy's, ``workers.retry.park_after``).

@@ -3,7 +3,9 @@ a change made elsewhere (``aptix orgs set``, ``aptix webhooks secret add``) with
 restart, at the cost of one read per process every few seconds instead of one per request.
 
 A read that fails keeps the last value it had (logged), so a database outage does not drop limits or
-webhook secrets already known; the first read of a process has nothing to keep, and raises.
+webhook secrets already known; the first read of a process has nothing to keep, and raises. While one
+thread reads a stale value again, the others take the stale one rather than wait (a thread holding a
+database connection must not wait for the reader's).
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ class Cached(Generic[_T]):
         """
         if self.fresh:
             return self._value  # type: ignore[return-value]  # loaded: a _T
-        with self._lock:
+        if not self._lock.acquire(blocking=not self._loaded):
+            return self._value  # type: ignore[return-value]  # another thread reads it; the last one meanwhile
+        try:
             if not self.fresh:
                 try:
                     self._value = self._load()
@@ -69,6 +73,8 @@ class Cached(Generic[_T]):
                     logger.warning("could not read %s again (%s: %s); keeping the last one",
                                    self._what, type(exc).__name__, exc)  # fmt: skip
                 self._read_at = self._clock()
+        finally:
+            self._lock.release()
         return self._value  # type: ignore[return-value]  # loaded: a _T
 
     def forget(self) -> None:

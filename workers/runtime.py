@@ -25,6 +25,7 @@ from shared.db.org_settings import OrgSettingsRepository
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.db.webhook_secrets import stored_secrets
 from shared.settings import Settings
 from shared.state import RedisStateStore, Timers
 from shared.state.admission import AdmissionQueue
@@ -35,6 +36,7 @@ from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
+from shared.webhooks.config import StoredSecrets
 from workers import retry
 from workers.broker_watch import RedisBrokerWatch
 from workers.context import StepContext, build_context, state_client, utc_now, worker_engine
@@ -113,14 +115,15 @@ class WorkerRuntime:
         self._metrics = self._metrics or WorkerMetrics()
         self._engine = worker_engine(self._settings, hostname=hostname)
         self._redis = state_client(self._settings)
+        stored = stored_secrets(session_factory(self._engine))
         self._ctx = build_context(
             self._settings,
             engine=self._engine,
             hostname=hostname,
             metrics=self._metrics,
             client=self._redis,
-            outbox=webhook_outbox(self._settings, self._send_webhook),
-            webhook_sender=webhook_sender(self._settings, self._send_webhook),
+            outbox=webhook_outbox(self._settings, self._send_webhook, stored),
+            webhook_sender=webhook_sender(self._settings, self._send_webhook, stored),
         )
         self._steps = build_step_sender(self._broker, self._ctx.timers, self._settings)
         if self._send_webhook is not None:
@@ -129,7 +132,7 @@ class WorkerRuntime:
             self._http = http_client()
             self._deliverer = WebhookDeliverer(
                 deliveries=WebhookDeliveryRepository(session_factory(self._engine)),
-                config=WebhookConfig.from_settings(self._settings),
+                config=WebhookConfig.from_settings(self._settings, stored=stored),
                 http=self._http,
                 send=self._send_webhook,
                 park_after=self._steps.park_after,
@@ -205,8 +208,7 @@ class WorkerRuntime:
             thread.join(timeout=5)
 
     def _sweeper(self) -> WebhookSweeper | None:
-        enabled = WebhookConfig.from_settings(self._settings).enabled
-        if self._send_webhook is None or self._engine is None or not enabled:
+        if self._send_webhook is None or self._engine is None:
             return None
         return WebhookSweeper(WebhookDeliveryRepository(session_factory(self._engine)), self._send_webhook)
 
@@ -308,19 +310,24 @@ def org_caps(org_settings: OrgSettingsRepository) -> Callable[[], dict[str, int]
     return caps
 
 
-def webhook_outbox(settings: Settings, send_webhook: SendAttempt | None) -> WebhookOutbox | None:
-    """The outbox that records turns' webhook events in their commits; None when no organisation has a
-    webhook secret or the process cannot send them (:func:`webhook_sender`)."""
-    config = WebhookConfig.from_settings(settings)
+def webhook_outbox(
+    settings: Settings, send_webhook: SendAttempt | None, stored: StoredSecrets | None = None
+) -> WebhookOutbox | None:
+    """The outbox that records turns' webhook events in their commits; None when no organisation can have a
+    webhook secret (none in ``APTIX_WEBHOOK_SECRETS``, and none ``stored``) or the process cannot send them
+    (:func:`webhook_sender`)."""
+    config = WebhookConfig.from_settings(settings, stored=stored)
     if send_webhook is None or not config.enabled:
         return None
     return WebhookOutbox(config)
 
 
-def webhook_sender(settings: Settings, send_webhook: SendAttempt | None) -> WebhookSender | None:
+def webhook_sender(
+    settings: Settings, send_webhook: SendAttempt | None, stored: StoredSecrets | None = None
+) -> WebhookSender | None:
     """What sends the first attempt of the deliveries the outbox recorded (:func:`webhook_outbox`), once
     committed; None when the process records none."""
-    if send_webhook is None or not WebhookConfig.from_settings(settings).enabled:
+    if send_webhook is None or not WebhookConfig.from_settings(settings, stored=stored).enabled:
         return None
     send = send_webhook
 

@@ -34,7 +34,7 @@ def test_a_minute_admits_the_limit_then_refuses_until_the_next_minute(redis_db_u
         return [*seen, (other.allowed, other.retry_after), (later.allowed, later.retry_after)]
 
     seen = asyncio.run(hits())
-    # three go; the fourth and fifth wait for the next minute (46 s and 45 s away); org-b is apart; the next minute opens
+    # three go; the fourth and fifth wait for the next minute (47 s and 46 s); org-b counts apart; the next minute opens
     assert seen == [(True, 0), (True, 0), (True, 0), (False, 47), (False, 46), (True, 0), (True, 0)]
 
 

@@ -26,6 +26,7 @@ OPERATIONS = {
     ("get", "/v1/sessions/{session_id}"): ("getSession", {200, 401, 429, 404, 503}),
     ("get", "/v1/modes"): ("listModes", {200, 401, 429}),
     ("get", "/v1/usage"): ("getUsage", {200, 401, 422, 429, 503}),
+    ("get", "/v1/webhook-endpoints"): ("listWebhookEndpoints", {200, 401, 429, 503}),
     ("get", "/v1/webhook-deliveries"): ("listWebhookDeliveries", {200, 401, 429, 404, 422, 503}),
     ("post", "/v1/batches"): ("createBatch", {202, 401, 429, 404, 409, 413, 422, 503}),
     ("get", "/v1/batches"): ("listBatches", {200, 401, 429, 422, 503}),
