@@ -74,7 +74,7 @@ class WebhookOutbox:
         caller opens the transaction the outbox writes in: a read inside it would hold one connection while
         it waits for another."""
         if self._config.stored is not None:
-            self._config.stored()
+            self._config.stored.get()
 
     def applies_to(self, org_id: str) -> bool:
         """Whether events of ``org_id`` may be recorded at all (it has a secret): else nothing to do."""

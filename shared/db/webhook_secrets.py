@@ -92,10 +92,11 @@ class WebhookSecretRepository:
         return keys
 
 
-def stored_secrets(db: sessionmaker[Session]) -> Callable[[], Mapping[str, Sequence[bytes]]]:
+def stored_secrets(db: sessionmaker[Session]) -> Cached[Mapping[str, Sequence[bytes]]]:
     """The active stored secrets, read at most every ``shared.ttl_cache.REFRESH_SECONDS`` (the last ones known
     while the database does not answer): ``WebhookConfig.stored`` of a gateway or a worker."""
-    return Cached(WebhookSecretRepository(db).active, what="the webhook secrets (webhook_secrets)").get
+    active: Callable[[], Mapping[str, Sequence[bytes]]] = WebhookSecretRepository(db).active
+    return Cached(active, what="the webhook secrets (webhook_secrets)")
 
 
 def _record(row: WebhookSecretRow) -> SecretRecord:

@@ -12,10 +12,11 @@ default, else nowhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shared.ttl_cache import Cached
 from shared.webhooks.parsing import parse_default_urls, parse_retry_schedule, parse_secrets
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["StoredSecrets", "WebhookConfig"]
 
-StoredSecrets = Callable[[], Mapping[str, Sequence[bytes]]]
-"""Every organisation's active signing keys kept in the database, oldest first (cached by the caller)."""
+StoredSecrets = Cached[Mapping[str, Sequence[bytes]]]
+"""Every organisation's active signing keys kept in the database, oldest first, read every few seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +59,15 @@ class WebhookConfig:
         """Whether any organisation may get webhooks (one has a secret, or secrets are read from the database)."""
         return bool(self.secrets) or self.stored is not None
 
-    def keys_for(self, org_id: str) -> list[bytes]:
+    def keys_for(self, org_id: str, *, fresh: bool = False) -> list[bytes]:
         """Every key that signs the organisation's deliveries: its ``APTIX_WEBHOOK_SECRETS`` one, then its
-        active stored ones (oldest first); empty when it gets no webhooks."""
+        active stored ones (oldest first); empty when it gets no webhooks. ``fresh``: read the stored ones
+        now rather than take them from the cache (a signer that found none: one just added)."""
         keys = [self.secrets[org_id]] if org_id in self.secrets else []
         if self.stored is not None:
-            keys += [key for key in self.stored().get(org_id, ()) if key not in keys]
+            if fresh:
+                self.stored.forget()
+            keys += [key for key in self.stored.get().get(org_id, ()) if key not in keys]
         return keys
 
     def secret_for(self, org_id: str) -> bytes | None:

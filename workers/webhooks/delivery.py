@@ -130,7 +130,8 @@ class WebhookDeliverer:
 
     def _post(self, claim: Claim) -> tuple[int | None, str | None, float | None]:
         """POST the event; the status code, or why there is none, and how long it took (ms)."""
-        keys = self._config.keys_for(claim.org_id)
+        # None cached: perhaps one was added since the cache was read (the commit that recorded this saw it).
+        keys = self._config.keys_for(claim.org_id) or self._config.keys_for(claim.org_id, fresh=True)
         if not keys:
             return (
                 None,
