@@ -22,7 +22,7 @@ from api_gateway.openai import files as openai_files
 from api_gateway.openai import routes as openai_routes
 from api_gateway.openai.batch_sweep import run_batch_jobs_forever, sweep_batches_forever
 from api_gateway.openapi import install_openapi
-from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, webhooks
+from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, usage, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.wiring import connect_gateway
@@ -89,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sessions.router)
     app.include_router(batches.router)
     app.include_router(webhooks.router)
+    app.include_router(usage.router)
     app.include_router(openai_routes.router)
     app.include_router(conversations.router)
     app.include_router(openai_files.router)

@@ -73,7 +73,8 @@ class _StrictJsonRequest(Request):
 
 
 class AuthenticatedRoute(APIRoute):
-    """An APIRoute that answers 401 before the body is read, then 422 for a query parameter or header
+    """An APIRoute that answers 401 before the body is read, then 429 ``rate_limited`` for an organisation
+    over its requests per minute (``api_gateway.services.limits``), 422 for a query parameter or header
     holding NUL (``api_gateway.parameters``), and 422 for a body that is not JSON.
 
     Once the key is good, a JSON Lines upload is granted its longer body deadline (``api_gateway.uploads``).
@@ -89,7 +90,9 @@ class AuthenticatedRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def authenticated_handler(request: Request) -> Response:
-            _authenticate(_gateway(request), request)
+            gateway = _gateway(request)
+            caller = _authenticate(gateway, request)
+            await gateway.limits.admit(caller.org_id)  # 429 rate_limited before anything is read or recorded
             check_parameters(request)
             if is_upload(request.scope):
                 grant_upload_time(request.scope)  # the server's long upload deadline, now that the key is good

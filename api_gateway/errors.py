@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 
 from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
-from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+from api_gateway.services.errors import Conflict, InvalidRequest, Limited, NotFound, ServiceError, Unavailable
 from shared.redis_clients import is_refused_for_replicas
 
 __all__ = [
@@ -59,6 +59,7 @@ SERVICE_ERROR_STATUS: dict[type[ServiceError], int] = {
     NotFound: 404,
     Conflict: 409,
     InvalidRequest: 422,
+    Limited: 429,
     Unavailable: 503,
 }
 """The HTTP status of each kind of service error."""
@@ -123,7 +124,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _refused(request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(service_error_status(exc), exc.code, exc.message, exc.details, path=request.url.path)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Limited) else None
+        return error_response(
+            service_error_status(exc), exc.code, exc.message, exc.details, headers, path=request.url.path
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

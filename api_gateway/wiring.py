@@ -31,6 +31,7 @@ from api_gateway.openai.streams import ResponseStreams
 from api_gateway.services import (
     BatchService,
     EventStreams,
+    OrgLimitsService,
     SessionService,
     TurnService,
     WebhookService,
@@ -42,16 +43,22 @@ from shared.db.conversations import ConversationRepository
 from shared.db.engine import ProcessKind, engine_for
 from shared.db.openai_batches import OpenAIBatchRepository
 from shared.db.openai_files import OpenAIFileRepository
+from shared.db.org_settings import OrgSettingsRepository
 from shared.db.responses import ResponseRepository
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
+from shared.db.usage import UsageRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
+from shared.db.webhook_endpoints import WebhookEndpointRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.db.webhook_secrets import stored_secrets
 from shared.modes import ModeCatalog, load_catalog
 from shared.redis_clients import async_redis_client, redis_client
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
+from shared.state.request_rate import RequestRate
+from shared.state.token_usage import TokenUsage
 from shared.step_sender import Broker, CeleryBroker, StepSender
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
@@ -96,6 +103,8 @@ class GatewayWiring:
     """The OpenAI face's batches over Aptix batches (``/openai/v1/batches``)."""
     openai_batch_jobs: BatchJobs
     """Runs the OpenAI face's batch jobs (validation, writing the files of an ended batch) off the requests."""
+    limits: OrgLimitsService
+    """Each organisation's requests per minute and daily tokens (``aptix orgs set``), and its usage."""
 
 
 def utc_now() -> datetime:
@@ -155,21 +164,26 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
     ports = ports or open_ports(settings)
     engine, client, producer, clock = ports.engine, ports.redis, ports.producer, ports.clock
     db = session_factory(engine)
-    webhooks = WebhookConfig.from_settings(settings)
+    webhooks = WebhookConfig.from_settings(settings, stored=stored_secrets(db))
     sessions = SessionRepository(db)
     outbox = WebhookOutbox(webhooks) if webhooks.enabled else None
     turns = TurnRepository(db, webhooks=outbox)
     batches = BatchRepository(db)
     catalog = load_catalog(settings.modes_file)
     webhook_service = WebhookService(
-        config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches
-    )
+        config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches,
+        endpoints=WebhookEndpointRepository(db),
+    )  # fmt: skip
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
     # The gateway sends first steps and re-entries now, never after a countdown: nothing it sends is
     # parked (the waits the workers park are the retry policy's, ``workers.retry.park_after``).
     steps = StepSender(ports.broker, timers=store, park_after=math.inf)
     events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
+    limits = OrgLimitsService(
+        settings=OrgSettingsRepository(db), usage=UsageRepository(db), rate=RequestRate(ports.follower),
+        tokens=TokenUsage(client), clock=clock,
+    )  # fmt: skip
     turn_service = TurnService(
         settings=settings,
         turns=turns,
@@ -185,6 +199,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         webhooks=webhook_service,
         admission=AdmissionQueue(client),
         webhook_sender=_webhook_sender(webhooks, producer),
+        limits=limits,
     )
     event_streams = EventStreams(
         client=ports.follower,
@@ -248,6 +263,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         file_service=file_service,
         openai_batch_service=openai_batch_service,
         openai_batch_jobs=openai_batch_jobs,
+        limits=limits,
     )
 
 

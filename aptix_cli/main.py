@@ -185,6 +185,13 @@ def _parser() -> argparse.ArgumentParser:
     from aptix_cli.client_commands import add_client_commands
 
     add_client_commands(commands)
+
+    # Operator commands on the database (orgs, webhooks); they import SQLAlchemy only when run.
+    from aptix_cli.org_commands import add_org_commands
+    from aptix_cli.webhook_commands import add_webhook_commands
+
+    add_org_commands(commands)
+    add_webhook_commands(commands)
     return parser
 
 

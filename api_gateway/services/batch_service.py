@@ -75,8 +75,10 @@ class BatchService:
         """An empty staged batch whose requests are checked as turns of ``batch_id``.
 
         Raises:
+            Limited: ``quota_exceeded``: the organisation's turns used its tokens for today.
             InvalidRequest: the batch's ``webhook_url`` is refused.
         """
+        self._turns.check_quota(org_id)
 
         def check_request(request: TurnRequest, loc: Loc, index: int, extras: TurnExtras | None) -> NewTurn:
             return self._turns.check_request(

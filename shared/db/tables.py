@@ -39,6 +39,7 @@ __all__ = [
     "OpenAIBatchRow",
     "OpenAIFileChunkRow",
     "OpenAIFileRow",
+    "OrgSettingsRow",
     "ProviderSnapshotRow",
     "ResponseRow",
     "SessionRow",
@@ -48,6 +49,7 @@ __all__ = [
     "WebhookAttemptRow",
     "WebhookDeliveryRow",
     "WebhookEndpointRow",
+    "WebhookSecretRow",
 ]
 
 
@@ -148,6 +150,8 @@ class TurnRow(Base):
             sqlite_where=text(UNFINISHED_SQL),
         ),
         Index("ix_turns_session_created", "session_id", "created_at"),
+        # GET /v1/usage and the token budget's count: an organisation's turns by day.
+        Index("ix_turns_org_created", "org_id", "created_at"),
         # The reconciler's scan: turns in flight, by deadline.
         Index(
             "ix_turns_in_flight_deadline",
@@ -432,6 +436,8 @@ class WebhookDeliveryRow(Base):
             postgresql_where=text(PENDING_DELIVERY_SQL),
             sqlite_where=text(PENDING_DELIVERY_SQL),
         ),
+        # GET /v1/webhook-endpoints: the URLs an organisation's events went to.
+        Index("ix_webhook_deliveries_org_url", "org_id", "url"),
     )
 
     delivery_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -481,3 +487,35 @@ class WebhookEndpointRow(Base):
     url: Mapped[str] = mapped_column(String(2048), primary_key=True)
     disabled_at: Mapped[datetime]
     reason: Mapped[str] = mapped_column(Text)
+
+
+class WebhookSecretRow(Base):
+    """A webhook signing secret of an organisation kept in the database (``aptix webhooks secret``): every
+    active one signs each delivery (besides the organisation's ``APTIX_WEBHOOK_SECRETS`` one, if any)."""
+
+    __tablename__ = "webhook_secrets"
+
+    secret_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """``whs_`` and 16 hex digits: how the CLI names it (never the secret)."""
+    org_id: Mapped[str] = mapped_column(String(128), index=True)
+    secret: Mapped[str] = mapped_column(Text)
+    """``whsec_<base64>``, as a receiver configures it (the deliveries are signed with it: it cannot be hashed)."""
+    created_at: Mapped[datetime]
+    retired_at: Mapped[datetime | None]
+    """When it stopped signing (None: it signs)."""
+
+
+class OrgSettingsRow(Base):
+    """An organisation's own limits (``aptix orgs set``); a limit left None is the default (or none)."""
+
+    __tablename__ = "org_settings"
+
+    org_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    max_in_flight: Mapped[int | None] = mapped_column(Integer)
+    """Its batch turns in flight at once (None: ``APTIX_ORG_MAX_IN_FLIGHT``)."""
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    """Requests per minute its keys may make, every gateway together (None: no limit)."""
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    """Tokens (input + output) its turns created in one UTC day may use before new turns are refused (None:
+    no limit)."""
+    updated_at: Mapped[datetime]

@@ -213,6 +213,7 @@ class TurnRepository:
         """
         statement = sql.FINISH_IN_FLIGHT if outcome.status.is_in_flight else sql.FINISH
         deliveries: list[str] = []
+        self._prepare_webhooks()
         with self._db.begin() as orm:
             # The UPDATE locks the row until the commit, as SELECT ... FOR UPDATE did; it changes
             # nothing when the turn is unknown or already ended otherwise (cancelled, say).
@@ -296,6 +297,7 @@ class TurnRepository:
             was not in one of those statuses.
         """
         deliveries: list[str] = []
+        self._prepare_webhooks()
         with self._db.begin() as orm:
             row = orm.get(TurnRow, turn_id, with_for_update=True)
             if row is None or row.status not in only_if:
@@ -338,6 +340,7 @@ class TurnRepository:
         }  # fmt: skip
         cancelled: list[TurnRow] = []
         deliveries: list[str] = []
+        self._prepare_webhooks()
         with self._db.begin() as orm:
             for start in range(0, len(turn_ids), _CANCEL_CHUNK):
                 chunk = list(turn_ids[start : start + _CANCEL_CHUNK])
@@ -403,6 +406,10 @@ class TurnRepository:
         )
         with self._db() as orm:
             return [(role, content) for role, content in orm.execute(query).all()]
+
+    def _prepare_webhooks(self) -> None:
+        if self._webhooks is not None:
+            self._webhooks.prepare()
 
     def _by_idempotency_key(self, org_id: str, key: str) -> TurnRecord | None:
         with self._db() as orm:

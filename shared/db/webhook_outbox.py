@@ -70,9 +70,16 @@ class WebhookOutbox:
         """Build the outbox on ``config``: which organisations get webhooks, and where."""
         self._config = config
 
+    def prepare(self) -> None:
+        """Read the organisations' stored secrets now if they are due (``WebhookConfig.stored``), before the
+        caller opens the transaction the outbox writes in: a read inside it would hold one connection while
+        it waits for another."""
+        if self._config.stored is not None:
+            self._config.stored.get()
+
     def applies_to(self, org_id: str) -> bool:
         """Whether events of ``org_id`` may be recorded at all (it has a secret): else nothing to do."""
-        return self._config.secret_for(org_id) is not None
+        return bool(self._config.keys_for(org_id))
 
     def record_turn(self, orm: Session, row: TurnRow, *, now: datetime) -> list[str]:
         """Record the event of ``row``'s new status (and its batch's, if this turn was its last in flight).

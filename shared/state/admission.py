@@ -3,7 +3,8 @@
 A batch's turns are not sent to the broker when they are accepted: the gateway *holds* them in their
 organisation's held set (sorted by acceptance). The admission scheduler (``workers.scheduler``)
 *releases* them round-robin across organisations, one turn per organisation per round, skipping an
-organisation with nothing held or with ``APTIX_ORG_MAX_IN_FLIGHT`` turns in flight. A turn is in
+organisation with nothing held or with its cap of turns in flight (``APTIX_ORG_MAX_IN_FLIGHT``, or its own:
+``aptix orgs set --max-in-flight``). A turn is in
 flight from its release (or, for an interactive turn or a re-entry, which are never held, from its
 acceptance) until it ends or pauses: the worker driver's last state save removes it, in the same
 round trip (``TurnStates.save(leave_admission=True)`` does what :meth:`AdmissionQueue.finished` does),
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -81,6 +82,8 @@ local order = {}
 for i = start, #orgs do order[#order + 1] = orgs[i] end
 for i = 1, start - 1 do order[#order + 1] = orgs[i] end
 local cap, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local caps = {}
+if ARGV[6] and ARGV[6] ~= '' then caps = cjson.decode(ARGV[6]) end
 local open, released, last = {}, {}, nil
 for i = 1, #order do open[i] = true end
 local progress = true
@@ -89,7 +92,7 @@ while progress and #released < limit do
   for i, org in ipairs(order) do
     if open[i] and #released < limit then
       local flying = ARGV[1] .. org .. ':inflight'
-      if redis.call('zcard', flying) >= cap then
+      if redis.call('zcard', flying) >= (tonumber(caps[org]) or cap) then
         open[i] = false
       else
         local popped = redis.call('zpopmin', ARGV[1] .. org .. ':held')
@@ -180,15 +183,17 @@ class AdmissionQueue:
             pipe.sadd(ADMISSION_ORGS_KEY, org_id)
             pipe.execute()
 
-    def release(self, *, cap: int, limit: int, now: float) -> Release | None:
-        """Move up to ``limit`` held turns to in flight, round-robin across organisations, none past ``cap``.
+    def release(self, *, cap: int, limit: int, now: float, caps: Mapping[str, int] | None = None) -> Release | None:
+        """Move up to ``limit`` held turns to in flight, round-robin across organisations, none past its cap:
+        ``caps[org]`` for an organisation with a cap of its own (``aptix orgs set --max-in-flight``), else ``cap``.
 
         Writes the releasing note in the same atomic step; :meth:`settle` deletes it once the turns'
         first messages are sent. None when nothing could be released.
         """
         release_id = uuid.uuid4().hex
         keys = [ADMISSION_ORGS_KEY, ADMISSION_CURSOR_KEY, ADMISSION_RELEASING_KEY]
-        raw = self._release(keys=keys, args=[ADMISSION_ORG_PREFIX, cap, limit, repr(now), release_id])
+        own = json.dumps(dict(caps)) if caps else ""
+        raw = self._release(keys=keys, args=[ADMISSION_ORG_PREFIX, cap, limit, repr(now), release_id, own])
         turn_ids = [_text(turn_id) for turn_id in raw]
         return Release(release_id, turn_ids) if turn_ids else None
 

@@ -21,6 +21,8 @@ __all__ = [
     "events_key",
     "held_key",
     "in_flight_key",
+    "org_tokens_key",
+    "request_window_key",
     "state_key",
     "version_key",
 ]
@@ -106,3 +108,15 @@ def held_key(org_id: str) -> str:
 def in_flight_key(org_id: str) -> str:
     """Sorted set: an organisation's turns admitted and not ended, turn id -> when (Unix time) admitted."""
     return f"{ADMISSION_ORG_PREFIX}{org_id}:inflight"
+
+
+def request_window_key(org_id: str, window: int) -> str:
+    """Counter: an organisation's requests in one minute (``window``: Unix minutes), every gateway together."""
+    return f"{PREFIX}:org:{org_id}:requests:{window}"
+
+
+def org_tokens_key(org_id: str, day: str) -> str:
+    """Hash: the tokens of an organisation's turns created on one UTC day (``YYYY-MM-DD``): a field per turn
+    (``t:<turn id>``, its tokens as last committed), their sum (``total``) and ``seeded`` once the turns the
+    database had are in (``shared.state.token_usage``)."""
+    return f"{PREFIX}:org:{org_id}:tokens:{day}"
