@@ -339,6 +339,8 @@ class OpenAIBatchRepository:
         Returns:
             The ids of the webhook deliveries recorded (to send once this committed); None: another did it.
         """
+        if self._outbox is not None:
+            self._outbox.prepare()
         with self._db.begin() as orm:
             row = orm.get(OpenAIBatchRow, batch_id, with_for_update=True)
             if row is None or row.finished_at is not None or row.failed_at is not None:
