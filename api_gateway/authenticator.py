@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from prometheus_client import Counter
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -39,10 +40,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.errors import ApiError
 from shared.api_keys import KEY_PATTERN, hash_key
-from shared.db.api_keys import ApiKeyRecord, ApiKeyRepository, KeyChanges
+from shared.db.api_keys import ApiKeyRecord, KeyChanges
 from shared.settings import ApiKey
 
-__all__ = ["OUTCOMES", "Authenticator"]
+__all__ = ["OUTCOMES", "Authenticator", "KeyLookups"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,16 @@ verifiable (503)."""
 _DATABASE_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 _REASONS = {"unknown": "the API key is not valid", "revoked": "the API key was revoked",
             "expired": "the API key has expired"}  # fmt: skip
+
+
+class KeyLookups(Protocol):
+    """What the authenticator asks the database (``shared.db.api_keys.ApiKeyRepository``)."""
+
+    def verify(self, key_hash: str, *, now: datetime, touch_before: datetime) -> ApiKeyRecord | None: ...
+
+    def changes_since(self, version: int) -> KeyChanges: ...
+
+    def any_accepted(self, now: datetime) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -118,7 +129,7 @@ class Authenticator:
         self,
         *,
         env_keys: dict[str, ApiKey],
-        keys: ApiKeyRepository,
+        keys: KeyLookups,
         cache_size: int,
         verify_seconds: float,
         refresh_seconds: float,
