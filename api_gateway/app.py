@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if listener is not None:
             listener.start()
         sweepers = [
+            asyncio.create_task(gateway.authenticator.refresh_forever()),
             asyncio.create_task(
                 sweep_forever(gateway.turn_service, timeout_seconds=settings.client_tool_timeout_seconds)
             ),

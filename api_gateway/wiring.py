@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from celery import Celery
 from sqlalchemy import Engine
 
+from api_gateway.authenticator import Authenticator
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.openai.batch_files import BatchFiles
 from api_gateway.openai.batch_jobs import BatchJobs
@@ -38,6 +39,7 @@ from api_gateway.services import (
 )
 from shared.broker import create_producer, send_webhook
 from shared.db import session_factory
+from shared.db.api_keys import ApiKeyRepository
 from shared.db.batches import BatchRepository
 from shared.db.conversations import ConversationRepository
 from shared.db.engine import ProcessKind, engine_for
@@ -54,7 +56,7 @@ from shared.db.webhook_outbox import WebhookOutbox
 from shared.db.webhook_secrets import stored_secrets
 from shared.modes import ModeCatalog, load_catalog
 from shared.redis_clients import async_redis_client, redis_client
-from shared.settings import ApiKey, Settings
+from shared.settings import Settings
 from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
 from shared.state.request_rate import RequestRate
@@ -74,8 +76,8 @@ class GatewayWiring:
     """
 
     settings: Settings
-    api_keys: dict[str, ApiKey]
-    """Accepted bearer keys, each with its caller's identity."""
+    authenticator: Authenticator
+    """Which caller a bearer key stands for (``APTIX_API_KEYS``, then the database's keys)."""
     engine: Engine
     """The database engine (``/readyz`` pings it)."""
     catalog: ModeCatalog
@@ -238,9 +240,14 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         batch_files=BatchFiles(batches=openai_batches, aptix=batch_service, clock=clock, webhook_sender=webhook_sender),
         window_seconds=settings.openai_batch_window_seconds, clock=clock,
     )  # fmt: skip
+    authenticator = Authenticator(
+        env_keys=settings.accepted_api_keys, keys=ApiKeyRepository(db), cache_size=settings.api_key_cache_size,
+        verify_seconds=settings.api_key_verify_seconds, refresh_seconds=settings.api_key_refresh_seconds,
+        checks=metrics.api_key_checks, clock=clock,
+    )  # fmt: skip
     return GatewayWiring(
         settings=settings,
-        api_keys=settings.accepted_api_keys,
+        authenticator=authenticator,
         engine=engine,
         catalog=catalog,
         producer=producer,

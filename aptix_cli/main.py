@@ -1,5 +1,6 @@
 """``aptix``: the command line: the process commands (:mod:`aptix_cli.process_commands`), the dev
-stack, the demo, the bench and the HTTP client commands (:mod:`aptix_cli.client_commands`).
+stack, the demo, the bench, the API keys (:mod:`aptix_cli.key_commands`) and the HTTP client commands
+(:mod:`aptix_cli.client_commands`).
 
 Imports are deferred into each command: ``aptix worker --pool gevent`` must let gevent patch the
 standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound work").
@@ -180,6 +181,11 @@ def _parser() -> argparse.ArgumentParser:
         "--recovery-costs", action="store_true", help="print what checkpoints, tool records and reconciler scans cost"
     )
     bench.set_defaults(run=_bench)
+
+    # API keys in the database (aptix keys create|list|revoke); SQLAlchemy is imported only when one runs.
+    from aptix_cli.key_commands import add_key_commands
+
+    add_key_commands(commands)
 
     # HTTP client commands (turn, tool-results, trace, session, batch); they import httpx only when run.
     from aptix_cli.client_commands import add_client_commands

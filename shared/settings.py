@@ -32,12 +32,13 @@ _EMBEDDED_DATABASE_URL = "sqlite:///./aptix-dev.sqlite"
 
 
 class ApiKey:
-    """One accepted API key and the identity it stands for."""
+    """One accepted API key: the identity it stands for, and the id that names it (never the key itself)."""
 
-    __slots__ = ("key", "org_id", "user_id")
+    __slots__ = ("key_id", "org_id", "user_id")
 
-    def __init__(self, key: str, org_id: str, user_id: str) -> None:
-        self.key = key
+    def __init__(self, key_id: str, org_id: str, user_id: str) -> None:
+        self.key_id = key_id
+        """``env:<n>`` for the n-th key of ``APTIX_API_KEYS``; a database key's id (``key_…``)."""
         self.org_id = org_id
         self.user_id = user_id
 
@@ -49,20 +50,19 @@ def parse_api_keys(raw: str) -> dict[str, ApiKey]:
         raw: the value of ``APTIX_API_KEYS``.
 
     Returns:
-        The keys by their secret value.
+        The keys by their secret value; the n-th entry's id is ``env:<n>`` (from 1).
 
     Raises:
         ValueError: when an entry is not a triple of non-empty parts.
     """
     keys: dict[str, ApiKey] = {}
-    for entry in (part.strip() for part in raw.split(",")):
-        if not entry:
-            continue
+    entries = [entry for entry in (part.strip() for part in raw.split(",")) if entry]
+    for position, entry in enumerate(entries, start=1):
         parts = entry.split(":")
         if len(parts) != 3 or not all(p.strip() for p in parts):
             raise ValueError("APTIX_API_KEYS entries must be key:org_id:user_id triples")
         key, org_id, user_id = (p.strip() for p in parts)
-        keys[key] = ApiKey(key, org_id, user_id)
+        keys[key] = ApiKey(f"env:{position}", org_id, user_id)
     return keys
 
 
@@ -105,7 +105,18 @@ class Settings(BaseSettings):
     llm_breaker_open_seconds: Annotated[float, Field(gt=0)] = 5.0
     """How long an opened breaker lets no call through; doubles after each failed probe, up to 60 s."""
     api_keys: str = ""
-    """Comma-separated ``key:org_id:user_id`` triples the gateway accepts."""
+    """Comma-separated ``key:org_id:user_id`` triples the gateway accepts besides the database's keys (``aptix
+    keys``): for development and for bootstrapping; read at start."""
+    api_key_cache_size: PositiveInt = 10_000
+    """Database keys one gateway process remembers once verified (the least recently used go first), and as
+    many refused tokens; a remembered key is accepted without the database, during an outage too."""
+    api_key_refresh_seconds: Annotated[float, Field(gt=0, le=5)] = 1.0
+    """How often each gateway asks the database which keys were created or revoked since it last asked: a new
+    or revoked key applies on every gateway within about this long."""
+    api_key_verify_seconds: Annotated[float, Field(gt=0)] = 60.0
+    """A remembered database key is looked up again on its first use this long after it was verified, and
+    its ``last used`` written then (at most once per interval per gateway); when the database does not
+    answer, the remembered key is accepted."""
     modes_file: str | None = None
     """YAML mode catalog; the packaged default when unset."""
     max_iterations: PositiveInt = 10

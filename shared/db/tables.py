@@ -1,5 +1,5 @@
 """SQLAlchemy tables: sessions, mode history, turns, transcript items, provider-state snapshots, batches
-(and the earlier turns they reuse), tool runs and webhook deliveries.
+(and the earlier turns they reuse), tool runs, webhook deliveries and API keys.
 
 Portable between PostgreSQL and SQLite (plain JSON, no dialect-only types). API models live in
 ``shared.models``; the repositories convert between the two.
@@ -32,6 +32,8 @@ from sqlalchemy.types import TypeDecorator
 from shared.models.turn import TurnStatus
 
 __all__ = [
+    "ApiKeyRow",
+    "ApiKeyVersionRow",
     "Base",
     "BatchReusedTurnRow",
     "BatchRow",
@@ -519,3 +521,41 @@ class OrgSettingsRow(Base):
     """Tokens (input + output) its turns created in one UTC day may use before new turns are refused (None:
     no limit)."""
     updated_at: Mapped[datetime]
+
+
+class ApiKeyRow(Base):
+    """An API key of an organisation (``aptix keys``): its hash, never the key (``shared.api_keys``)."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
+        # aptix keys list --org: an organisation's keys in creation order.
+        Index("ix_api_keys_org_created", "org_id", "created_at"),
+        # A gateway's refresh: the keys changed since the version it saw.
+        Index("ix_api_keys_version", "version"),
+    )
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str | None] = mapped_column(String(255))
+    prefix: Mapped[str] = mapped_column(String(32))
+    """The key's first characters (``aptix_`` and 8 digits), to tell keys apart in a listing."""
+    key_hash: Mapped[str] = mapped_column(String(64))
+    """The key's SHA-256 in hexadecimal: what a gateway looks a presented key up by."""
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+    """When a gateway last verified the key for a request (written at most once a verification interval)."""
+    version: Mapped[int] = mapped_column(BigInteger)
+    """The ``api_key_version`` this row was created or last revoked at."""
+
+
+class ApiKeyVersionRow(Base):
+    """One row: bumped, in the same transaction, by every change to ``api_keys``; gateways poll it."""
+
+    __tablename__ = "api_key_version"
+
+    singleton: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    """Always 1."""
+    version: Mapped[int] = mapped_column(BigInteger)
