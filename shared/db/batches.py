@@ -6,11 +6,13 @@ by idempotency key (``batch_reused_turns``); counts and results take both, in re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
+from operator import itemgetter
 
 from sqlalchemy import Select, Table, func, insert, select, tuple_, union_all
 from sqlalchemy.exc import IntegrityError
@@ -216,24 +218,31 @@ class BatchRepository:
         return result
 
     def turns(self, batch_id: str, *, chunk: int = 500) -> Iterator[TurnRecord]:
-        """The batch's turns (reused ones included) in request order, read in chunks."""
-        positions = _positions(batch_id).subquery()
+        """The batch's turns (reused ones included) in request order, read ``chunk`` at a time.
+
+        Two keyset-paged reads merged by ``batch_index``: the turns the batch created (each page a range
+        of ``ix_turns_batch_order``: ``batch_index`` past the last one read, in order, ``LIMIT chunk``) and
+        its reused turns (a range of ``batch_reused_turns``' primary key). A page costs the same wherever it
+        is in the batch, so reading a batch is linear in its size. Each page is its own short query: no
+        transaction stays open between them.
+        """
+        own = self._pages(batch_id, _own_page, chunk=chunk)
+        reused = self._pages(batch_id, _reused_page, chunk=chunk)
+        for _index, record in heapq.merge(own, reused, key=itemgetter(0)):
+            yield record
+
+    def _pages(self, batch_id: str, page: _Page, *, chunk: int) -> Iterator[tuple[int, TurnRecord]]:
+        """``(batch_index, turn)`` of one of :meth:`turns`' two reads, a page of ``chunk`` at a time."""
         last = -1
         while True:
-            query = (
-                select(TurnRow, positions.c.batch_index)
-                .join(positions, positions.c.turn_id == TurnRow.turn_id)
-                .where(positions.c.batch_index > last)
-                .order_by(positions.c.batch_index)
-                .limit(chunk)
-            )
             with self._db() as orm:
-                rows = orm.execute(query).all()
-                records = [to_record(row) for row, _index in rows]
-            yield from records
-            if len(rows) < chunk:
+                found = orm.execute(page(batch_id, last, chunk)).all()
+                # (batch_index > last is never true of a NULL: every index read is an int)
+                rows = [(index, to_record(row)) for row, index in found if index is not None]
+            yield from rows
+            if len(found) < chunk:
                 return
-            last = rows[-1][1]
+            last = rows[-1][0]
 
     def page(self, org_id: str, *, limit: int, after: str | None = None) -> tuple[list[BatchRecord], bool]:
         """A page of the organisation's batches, newest first, and whether older ones follow.
@@ -271,14 +280,29 @@ def _taken(batch: BatchRecord, exc: IntegrityError) -> Exception:
     return SessionBusy("a session of this batch has a turn that is not finished")
 
 
-def _positions(batch_id: str) -> Select[tuple[int, str]]:
-    own = select(TurnRow.batch_index.label("batch_index"), TurnRow.turn_id.label("turn_id")).where(
-        TurnRow.batch_id == batch_id
+_Page = Callable[[str, int, int], Select[TurnRow, int | None]]
+"""A page query of :meth:`BatchRepository.turns`: (batch id, last ``batch_index`` read, page size)."""
+
+
+def _own_page(batch_id: str, last: int, chunk: int) -> Select[TurnRow, int | None]:
+    """The next ``chunk`` turns the batch created after request ``last`` (a range of ``ix_turns_batch_order``)."""
+    return (
+        select(TurnRow, TurnRow.batch_index)
+        .where(TurnRow.batch_id == batch_id, TurnRow.batch_index > last)
+        .order_by(TurnRow.batch_index)
+        .limit(chunk)
     )
-    reused = select(BatchReusedTurnRow.batch_index, BatchReusedTurnRow.turn_id).where(
-        BatchReusedTurnRow.batch_id == batch_id
+
+
+def _reused_page(batch_id: str, last: int, chunk: int) -> Select[TurnRow, int | None]:
+    """The next ``chunk`` earlier turns the batch reuses after request ``last`` (a range of their primary key)."""
+    return (
+        select(TurnRow, BatchReusedTurnRow.batch_index)
+        .join(TurnRow, TurnRow.turn_id == BatchReusedTurnRow.turn_id)
+        .where(BatchReusedTurnRow.batch_id == batch_id, BatchReusedTurnRow.batch_index > last)
+        .order_by(BatchReusedTurnRow.batch_index)
+        .limit(chunk)
     )
-    return union_all(own, reused)  # type: ignore[return-value]  # a compound select of the same columns
 
 
 def _record(row: BatchRow) -> BatchRecord:

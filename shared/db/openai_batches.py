@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, or_, select, tuple_, type_coerce, update
+from sqlalchemy import bindparam, func, or_, select, tuple_, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -108,6 +108,8 @@ _JOB_DUE = (
     or_(OpenAIBatchRow.in_progress_at.is_(None), OpenAIBatchRow.ended_at.is_not(None)),
 )
 """A batch with a job to run: it is validating, or it ended and its files are not written."""
+_IN_FLIGHT_LITERAL = TurnRow.status.in_(bindparam("in_flight", IN_FLIGHT, expanding=True, literal_execute=True))
+"""``status IN ('queued', 'running')`` as literal SQL: the predicate of ``ix_turns_batch_in_flight``."""
 
 
 class OpenAIBatchRepository:
@@ -265,10 +267,14 @@ class OpenAIBatchRepository:
             return bool(done.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
 
     def ended_unnoted(self, *, limit: int = 100) -> list[str]:
-        """Batches in progress none of whose turns is queued or running any more, their end not noted yet."""
-        moving = select(TurnRow.turn_id).where(
-            TurnRow.batch_id == OpenAIBatchRow.batch_id, TurnRow.status.in_(IN_FLIGHT)
-        )
+        """Batches in progress none of whose turns is queued or running any more, their end not noted yet.
+
+        Every gateway asks this every few seconds. Each batch in progress costs one probe of the partial
+        index ``ix_turns_batch_in_flight`` (its turns queued or running), however many of its turns ended
+        and however many other turns are in flight. The statuses are written into the statement as
+        literals: a prepared statement's generic plan with them as parameters could not use that index.
+        """
+        moving = select(TurnRow.turn_id).where(TurnRow.batch_id == OpenAIBatchRow.batch_id, _IN_FLIGHT_LITERAL)
         with self._db() as orm:
             return list(
                 orm.scalars(

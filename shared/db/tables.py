@@ -161,13 +161,22 @@ class TurnRow(Base):
             postgresql_where=text(IN_FLIGHT_SQL),
             sqlite_where=text(IN_FLIGHT_SQL),
         ),
+        # A batch's turns in request order: each page of BatchRepository.turns is a range of it.
+        Index("ix_turns_batch_order", "batch_id", "batch_index"),
+        # Whether a batch has a turn still queued or running (OpenAIBatchRepository.ended_unnoted): one probe.
+        Index(
+            "ix_turns_batch_in_flight",
+            "batch_id",
+            postgresql_where=text(IN_FLIGHT_SQL),
+            sqlite_where=text(IN_FLIGHT_SQL),
+        ),
     )
 
     turn_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(64))
     org_id: Mapped[str] = mapped_column(String(128), index=True)
     user_id: Mapped[str] = mapped_column(String(128))
-    batch_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    batch_id: Mapped[str | None] = mapped_column(String(64))
     batch_index: Mapped[int | None] = mapped_column(Integer)
     """The turn's position in its batch's requests."""
     status: Mapped[str] = mapped_column(String(32))

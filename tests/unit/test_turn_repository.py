@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db.batches import BatchKeyTaken, BatchRecord, BatchRepository, TurnKeyTaken
+from shared.db.batches import BatchKeyTaken, BatchRecord, BatchRepository, ReusedTurn, TurnKeyTaken
 from shared.db.records import IDENTITY_FIELDS, TurnRecord
 from shared.db.sessions import ModeHistoryRecord, SessionRecord
 from shared.db.tables import IN_FLIGHT_SQL, UNFINISHED_SQL, Base, BatchRow, TurnRow
@@ -168,6 +168,7 @@ def test_the_partial_indexes_keep_the_text_of_their_migrations() -> None:
     migrations = Path(__file__).resolve().parents[2] / "shared" / "db" / "migrations" / "versions"
     assert f'sa.text("{UNFINISHED_SQL}")' in (migrations / "0001_initial_schema.py").read_text()
     assert f'sa.text("{IN_FLIGHT_SQL}")' in (migrations / "0004_recovery.py").read_text()
+    assert f'sa.text("{IN_FLIGHT_SQL}")' in (migrations / "0010_batch_turn_order.py").read_text()
 
 
 def test_session_repository_returns_records_not_orm_rows() -> None:
@@ -204,6 +205,36 @@ def test_batch_repository_takes_and_returns_records() -> None:
     read = list(batches.turns("batch_1", chunk=1))
     assert [type(turn) for turn in read] == [TurnRecord, TurnRecord]
     assert [turn.turn_id for turn in read] == [turn.turn_id for turn in turns]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 500])
+def test_a_batchs_turns_come_in_request_order_page_after_page_with_its_reused_turns_in_their_places(
+    chunk: int,
+) -> None:
+    # Given earlier turns, and a batch of ten requests of which 0, 3, 4 and 9 named those turns by key:
+    # its own turns' batch_index has gaps (1, 2, 5, 6, 7, 8) that its reused turns fill
+    batches = BatchRepository(sqlite_db())
+    deadline = FIXED_NOW + timedelta(seconds=60)
+
+    def new_turn(batch_id: str, index: int) -> NewTurn:
+        return NewTurn(turn_id=f"turn_{batch_id}_{index:02d}", session_id=f"sess_{batch_id}_{index}", org_id="o",
+                       user_id="u", new_session=True, requested_mode=None, request={"input": "q"}, request_hash="h",
+                       batch_id=batch_id, batch_index=index)  # fmt: skip
+
+    earlier = [new_turn("b0", index) for index in range(4)]
+    batches.create(BatchRecord(batch_id="b0", org_id="o", user_id="u", total=4, created_at=FIXED_NOW), earlier,
+                   now=FIXED_NOW, deadline_at=deadline)  # fmt: skip
+    reused = [ReusedTurn(index, turn.turn_id) for index, turn in zip((0, 3, 4, 9), earlier, strict=True)]
+    own = [new_turn("b1", index) for index in (1, 2, 5, 6, 7, 8)]
+    batches.create(BatchRecord(batch_id="b1", org_id="o", user_id="u", total=10, created_at=FIXED_NOW, reused=4),
+                   own, now=FIXED_NOW, deadline_at=deadline, reused=reused)  # fmt: skip
+
+    # When its turns are read, chunk at a time
+    read = [turn.turn_id for turn in batches.turns("b1", chunk=chunk)]
+
+    # Then each request's turn comes once, in request order, wherever the pages of the two reads end
+    by_index = {turn.batch_index: turn.turn_id for turn in own} | {r.batch_index: r.turn_id for r in reused}
+    assert read == [by_index[index] for index in range(10)]
 
 
 def test_a_turn_recorded_with_stream_starts_with_its_state_streaming() -> None:
