@@ -1,16 +1,16 @@
 """a batch's turns in request order, and its turns still moving: ix_turns_batch_order on (batch_id, batch_index)
 replaces ix_turns_batch_id; ix_turns_batch_in_flight on batch_id, for turns queued or running
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-04
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
