@@ -48,6 +48,7 @@ from shared.modes import ModeCatalog, load_catalog
 from shared.settings import ApiKey, Settings
 from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
+from shared.state.cluster_client import async_cluster_client, cluster_client, is_cluster_url
 from shared.step_sender import Broker, CeleryBroker, StepSender
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
@@ -116,16 +117,22 @@ class GatewayPorts:
 def open_ports(settings: Settings) -> GatewayPorts:
     """The gateway's connections, opened lazily: nothing is contacted until a request needs it."""
     producer = create_producer(settings)
-    follower = aioredis.Redis.from_url(
-        settings.redis_url,
-        # Turn event streams and response streams each take up to events_max_streams connections.
-        max_connections=2 * settings.events_max_streams + 16,
-        socket_connect_timeout=2,
-        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
-    )
+    # Turn event streams and response streams each take up to events_max_streams connections.
+    streams = 2 * settings.events_max_streams + 16
+    follow_timeout = settings.events_keepalive_seconds + 10  # above the longest XREAD BLOCK
+    if is_cluster_url(settings.redis_url):
+        state = cluster_client(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        follower = async_cluster_client(
+            settings.redis_url, max_connections=streams, socket_connect_timeout=2, socket_timeout=follow_timeout
+        )
+    else:
+        state = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        follower = aioredis.Redis.from_url(
+            settings.redis_url, max_connections=streams, socket_connect_timeout=2, socket_timeout=follow_timeout
+        )
     return GatewayPorts(
         engine=engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname()),
-        redis=redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+        redis=state,
         follower=follower,
         producer=producer,
         # No publish retries: a refused send is a 503 at once, and the client tries again.

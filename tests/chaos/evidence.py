@@ -18,7 +18,8 @@ import redis
 
 from aptix_cli.batch_progress import IN_FLIGHT
 from scripted_llm.script import last_user_text
-from shared.state.keys import INFLIGHT_KEY, PREFIX, state_key, version_key
+from shared.state.keys import alive_key, claim_key, state_key, version_key
+from shared.state.redis_store import connect
 from tests.chaos.load import key_of
 from tests.chaos.system import ChaosSystem
 
@@ -91,15 +92,16 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
                 "SELECT turn_id, round, redrives, updated_at, deadline_at FROM turns WHERE turn_id = ANY(%s)",
                 (turn_ids,),
             ).fetchall()
-        client = redis.Redis.from_url(system.redis.url(0), socket_timeout=5)
+        client = connect(system.state_url, max_connections=4)
         now = time.time()
         for turn_id, round_, redrives, updated_at, deadline_at in rows:
             raw = client.get(state_key(turn_id))
             state = json.loads(raw) if raw else None
-            marker = client.zscore(INFLIGHT_KEY, turn_id)
+            raw_marker = client.get(alive_key(turn_id))
+            marker = None if raw_marker is None else float(raw_marker)
             leases = [
                 f"{key.decode().rsplit(':claim:', 1)[1]}(ttl {client.ttl(key)})"
-                for key in client.scan_iter(f"{PREFIX}:turn:{turn_id}:claim:*")
+                for key in client.scan_iter(claim_key(turn_id, "*"))
             ]
             found[turn_id] = (
                 f"round {round_}, redrives {redrives}, updated {updated_at:%H:%M:%S}, deadline "

@@ -74,6 +74,11 @@ class ChaosSystem:
         self._serial = 0
         self._ready: set[str] = set()
 
+    @property
+    def state_url(self) -> str:
+        """``APTIX_REDIS_URL``: the state store's Redis (database 0 of the fault's server)."""
+        return self.redis.url(0)
+
     def env(self) -> dict[str, str]:
         """The environment of every Aptix process (inherited ``APTIX_*`` variables are dropped)."""
         inherited = {key: value for key, value in os.environ.items() if not key.startswith("APTIX_")}
@@ -82,7 +87,7 @@ class ChaosSystem:
             **inherited,
             "PYTHONPATH": python_path,
             "APTIX_DATABASE_URL": self.database.url,
-            "APTIX_REDIS_URL": self.redis.url(0),
+            "APTIX_REDIS_URL": self.state_url,
             "APTIX_BROKER_URL": self.redis.url(1),
             "APTIX_LLM_BASE_URL": f"{self.model_url}/v1",
             "APTIX_LLM_API_KEY": "chaos",
