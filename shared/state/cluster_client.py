@@ -87,12 +87,13 @@ def cluster_client(
     socket_connect_timeout: float = 5,
 ) -> redis.Redis:
     """A ``RedisCluster`` client of the cluster ``url`` names, typed as the ``redis.Redis`` the state store's
-    users take: it answers every command they send (each script and atomic write on one slot).
+    users take: it answers every command they send (each script and atomic write on one slot). It asks a
+    named node for the cluster's slots at once: a process started while none answers fails to start.
 
     Args:
         url: a ``redis+cluster://`` URL.
-        max_connections: the most connections to each node; past it a command waits up to 10 s for a free
-            one (``APTIX_REDIS_MAX_CONNECTIONS``, as for a single Redis).
+        max_connections: the most connections to each node; past it a command waits for a free one (up to
+            20 s, redis-py's ``BlockingConnectionPool`` default; ``APTIX_REDIS_MAX_CONNECTIONS``).
         socket_timeout: seconds a reply may take.
         socket_connect_timeout: seconds a connection may take.
     """
@@ -104,7 +105,6 @@ def cluster_client(
         ssl=parsed.tls,
         max_connections=max_connections,
         connection_pool_class=redis.BlockingConnectionPool,
-        timeout=10,
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_connect_timeout,
         health_check_interval=30,
