@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Match
 
 from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
 from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+from shared.state.cluster_client import CLUSTER_TRANSIENT_ERRORS
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -47,6 +48,7 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
     BrokerError,
+    *CLUSTER_TRANSIENT_ERRORS,
 )
 """A dependency (database, Redis, broker) did not answer: 503 ``unavailable``, never 500."""
 RETRY_AFTER_SECONDS = 2

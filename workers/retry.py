@@ -72,6 +72,7 @@ from shared.errors import LlmError, StateConflict, StepBusy, TurnNotRecorded
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import ModelRetry
+from shared.state.cluster_client import CLUSTER_TRANSIENT_ERRORS
 
 __all__ = [
     "MAX_DELAY_SECONDS", "MODEL_DOWN", "POLICY", "Backoff", "Budget", "Decision", "Drop", "GiveUp", "Later", "Reason",
@@ -212,6 +213,7 @@ _INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (
     InterfaceError,
     PoolTimeout,
     StateConflict,
+    *CLUSTER_TRANSIENT_ERRORS,
 )
 """Errors after which a step runs again later: its work is either undone or recorded."""
 _RATE_LIMITED_CODE = "rate_limit_exceeded"

@@ -25,11 +25,20 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
 
 __all__ = [
-    "CLUSTER_SCHEMES", "ClusterUrl", "async_cluster_client", "cluster_client", "is_cluster_url", "parse_cluster_url",
+    "CLUSTER_SCHEMES", "CLUSTER_TRANSIENT_ERRORS", "ClusterUrl", "async_cluster_client", "cluster_client",
+    "is_cluster_url", "parse_cluster_url",
 ]  # fmt: skip
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 """The URL schemes that name a Redis Cluster (the second with TLS)."""
+
+CLUSTER_TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ClusterError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+)
+"""A cluster promoting a replica or moving slots (``CLUSTERDOWN``, ``TRYAGAIN``, a slot with no node yet):
+like a connection error, a reason to try again later, never a failure of the turn."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,16 @@ processes ready) and returns a :class:`FaultRun`; it does not wait for the turns
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
 
 from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
 from tests.chaos.poison import poison_step
@@ -203,6 +207,64 @@ def reconciler_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> Fau
     return run
 
 
+def redis_cluster_failover(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """The state store on a Redis Cluster (three primaries, a replica each): SIGKILL a primary at ~30 % done;
+    its replica takes over. Notes how long the promotion took and the stall (from the kill to completions again)."""
+    cluster = system.cluster
+    if cluster is None:
+        raise RuntimeError("redis_cluster_failover needs SystemOptions(state_cluster=True)")
+    run = FaultRun("state store on a Redis Cluster (3 primaries, 1 replica each; broker on a plain Redis): "
+                   "SIGKILL one primary at ~30 % terminal, its replica promoted")  # fmt: skip
+    _submit_all(system, plan, ledger, "cf")
+    reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
+    victim = random.Random(f"{plan.name}-{plan.seed}").choice(sorted(cluster.primary_ports()))
+    replica = cluster.replica_of(victim)
+    killed_at = datetime.now(UTC)
+    started = time.monotonic()
+    cluster.kill(victim)
+    logger.info("killed the cluster primary on port %d (its replica is on %d)", victim, replica)
+    promoted = cluster.wait_promoted(replica, timeout=60.0)
+    run.fault_seconds = time.monotonic() - started
+    run.notes.append(f"primary :{victim} killed with {reached:.0%} of the turns terminal; its replica :{replica} "
+                     f"served every slot {promoted:.1f} s after the kill")  # fmt: skip
+    run.notes.append(_stall(system.database.url, killed_at))
+    return run
+
+
+def _stall(database_url: str, killed_at: datetime, *, window: float = 60.0) -> str:
+    """The stall a kill caused, from the turns' completion times (the workers' clocks, this machine's): the
+    longest pause between completions from the kill to ``window`` seconds after it, and when it ended. (A
+    turn whose last step began before the kill may complete just after it: the first completion after
+    the kill says little, the pause says how long nothing moved.)"""
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline:  # until completions resume past the kill, or the window ends
+        times = _completions(database_url, after=killed_at)
+        if times and (times[-1] - killed_at).total_seconds() > 5.0 + _longest_pause(killed_at, times)[0]:
+            break
+        time.sleep(1.0)
+    times = _completions(database_url, after=killed_at)
+    if not times:
+        return f"stall: no turn completed within {window:.0f} s of the kill"
+    pause, ended = _longest_pause(killed_at, times)
+    return (f"stall: first completion {(times[0] - killed_at).total_seconds():.1f} s after the kill; longest pause "
+            f"in completions {pause:.1f} s, ending {ended:.1f} s after the kill")  # fmt: skip
+
+
+def _completions(database_url: str, *, after: datetime) -> list[datetime]:
+    with psycopg.connect(database_url, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT completed_at FROM turns WHERE completed_at > %s ORDER BY completed_at", (after,)
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _longest_pause(start: datetime, times: list[datetime]) -> tuple[float, float]:
+    """The longest gap (seconds) in ``start`` followed by ``times``, and when (seconds after ``start``) it ended."""
+    points = [start, *times]
+    gaps = [((b - a).total_seconds(), (b - start).total_seconds()) for a, b in itertools.pairwise(points)]
+    return max(gaps, default=(0.0, 0.0))
+
+
 FAULTS: dict[str, Fault] = {
     "worker_kill": Fault(worker_kill, SystemOptions(), turns=1000, small_turns=100),
     "openai_worker_kill": Fault(openai_worker_kill, SystemOptions(), turns=300, small_turns=60),
@@ -212,6 +274,9 @@ FAULTS: dict[str, Fault] = {
     "gateway_kill": Fault(gateway_kill, SystemOptions(), turns=200, small_turns=100),
     "reconciler_kill": Fault(reconciler_kill, SystemOptions(reconcilers=2), turns=300, small_turns=80),
     "poison_step": Fault(poison_step, SystemOptions(), turns=300, small_turns=60),
+    "redis_cluster_failover": Fault(
+        redis_cluster_failover, SystemOptions(state_cluster=True), turns=1000, small_turns=100
+    ),
 }
 """Every fault, in the order the matrix runs them."""
 

@@ -1,6 +1,7 @@
 """ChaosSystem: one fault's whole system under test, as plain child processes the harness owns.
 
-Its own Redis server and database (``tests.chaos.backing``), the scripted model, worker processes,
+Its own Redis server (and, for the cluster fault, a Redis Cluster for the state store) and database
+(``tests.chaos.backing``), the scripted model, worker processes,
 the gateway and, for the reconciler fault, reconciler processes. Each can be SIGKILLed (its process
 group) and started again: the model and the gateway on the same port. :meth:`close` ends every
 process it ever started and drops the database.
@@ -25,6 +26,7 @@ import psycopg
 from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
 from tests.chaos.backing import Database, RedisServer
 from tests.chaos.processes import REPO_ROOT, spawn
+from tests.support.redis_cluster import LocalRedisCluster
 
 __all__ = ["API_KEY", "MODEL", "ChaosSystem", "SystemOptions"]
 
@@ -50,6 +52,9 @@ class SystemOptions:
     reconcilers: int = 0
     """Standalone ``aptix reconciler`` processes; when above 0 the workers run with ``--no-reconciler``."""
     model_latency_ms: float = 100.0
+    state_cluster: bool = False
+    """Whether the state store runs on a Redis Cluster of its own (three primaries, a replica each;
+    ``tests.support.redis_cluster``); the broker stays on the fault's Redis server either way."""
 
 
 class ChaosSystem:
@@ -59,6 +64,7 @@ class ChaosSystem:
         self.dir = fault_dir
         self.options = options
         self.redis = RedisServer(log_dir=fault_dir)
+        self.cluster = LocalRedisCluster(fault_dir) if options.state_cluster else None
         self.database = Database()
         self.tool_log = fault_dir / "tool-runs.log"
         self.model_url = f"http://127.0.0.1:{free_port()}"
@@ -76,8 +82,8 @@ class ChaosSystem:
 
     @property
     def state_url(self) -> str:
-        """``APTIX_REDIS_URL``: the state store's Redis (database 0 of the fault's server)."""
-        return self.redis.url(0)
+        """``APTIX_REDIS_URL``: the state store's Redis (database 0 of the fault's server, or its cluster)."""
+        return self.cluster.url if self.cluster is not None else self.redis.url(0)
 
     def env(self) -> dict[str, str]:
         """The environment of every Aptix process (inherited ``APTIX_*`` variables are dropped)."""
@@ -110,6 +116,8 @@ class ChaosSystem:
         """Start everything: Redis, the database, the model, the workers, the gateway, the reconcilers."""
         self.tool_log.touch()
         self.redis.start()
+        if self.cluster is not None:
+            self.cluster.start()
         self.database.create()
         self.start_model()
         for worker in [self.spawn_worker() for _ in range(self.options.workers)]:
@@ -219,6 +227,8 @@ class ChaosSystem:
             logger.exception("could not drop database %s", self.database.name)
         finally:
             self.redis.stop()
+            if self.cluster is not None:
+                self.cluster.stop()
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
         process = spawn(name, argv, env=self.env(), log_dir=self.dir)
