@@ -23,6 +23,7 @@ from celery import Celery
 
 from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, celery_config
 from shared.settings import Settings
+from shared.state.redis_store import connect
 
 __all__ = ["DONE_KEY", "HOP_TASK", "create_app", "finished_chains", "send_chains"]
 
@@ -97,5 +98,5 @@ class _Redis:
 
     def client(self) -> redis.Redis:
         if self._client is None:
-            self._client = redis.Redis.from_url(self._url)
+            self._client = connect(self._url, max_connections=8)  # a single Redis or a cluster
         return self._client

@@ -51,9 +51,17 @@ def pipelined(client: redis.Redis, calls: Sequence[Call]) -> list[Any]:
         redis.RedisError: the first reply that was an error (the other calls ran).
     """
     pipe = client.pipeline(transaction=False)
+    cluster = is_cluster(client)
     for call in calls:
         if isinstance(call, ScriptCall):
-            pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)  # type: ignore[no-untyped-call]
+            words = ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+            if cluster and call.keys:
+                # Named node: redis-py's cluster pipeline would otherwise ask a node (COMMAND GETKEYS) where an
+                # EVALSHA's keys are, a round trip per script (after a MOVED it asks, and follows, by itself).
+                node = client.get_node_from_key(call.keys[0])  # type: ignore[attr-defined]
+                pipe.execute_command(*words, target_nodes=node)  # type: ignore[no-untyped-call]
+            else:
+                pipe.execute_command(*words)  # type: ignore[no-untyped-call]
         else:
             pipe.execute_command(*call)  # type: ignore[no-untyped-call]
     replies = pipe.execute(raise_on_error=False)
