@@ -51,5 +51,11 @@ demo: install
 chaos: install-test services
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
+# The network faults: the gateway and each worker on a host of its own (network namespaces, links cut,
+# slowed, made lossy; a clock ahead). Root only: elsewhere it says why and exits non-zero.
+.PHONY: chaos-net
+chaos-net: install-test services
+	$(BIN)/python -m tests.chaos --net $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -9,8 +9,9 @@ request then gets one line from logger ``api_gateway.access``, written when the 
 with the route's template (``/v1/turns/{turn_id}``: never an id; an unmatched request shows its path,
 escaped and cut to 200 characters), the status (500 when the app raised) and the duration, and as
 context fields the caller's org (when the key was valid), the turn (the path's, or the one
-``POST /v1/turns`` created) and the session (likewise). In JSON the line also has ``method``, ``route``, ``status`` and
-``duration_ms`` keys of its own.
+``POST /v1/turns`` created) and the session (likewise). In JSON the line also has ``method``, ``route``, ``status``,
+``duration_ms`` and ``key_id`` keys of its own: ``key_id`` names the key that was accepted (``key_…``, or ``env:<n>``
+for the n-th of ``APTIX_API_KEYS``; null when none was), never the key itself.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ access_logger = logging.getLogger("api_gateway.access")
 _ORG = "aptix.org_id"
 _TURN = "aptix.turn_id"
 _SESSION = "aptix.session_id"
+_KEY = "aptix.key_id"
 _MAX_PATH = 200
 
 
@@ -55,16 +57,18 @@ def log_start(settings: Settings, url: str) -> None:
         "tracing": settings.otel_enabled,
     }
     logger.info(
-        "aptix gateway %s listening on %s; database %s, redis %s, broker %s; %d API key(s); tracing %s",
+        "aptix gateway %s listening on %s; database %s, redis %s, broker %s; %d API key(s) in APTIX_API_KEYS "
+        "(and the database's); tracing %s",
         fields["version"], url, fields["database"], fields["redis"], fields["broker"], fields["api_keys"],
         "on" if settings.otel_enabled else "off",
         extra={"fields": fields},
     )  # fmt: skip
 
 
-def note_caller(request: Request, org_id: str) -> None:
-    """Record the authenticated caller's org for the request's access line."""
+def note_caller(request: Request, *, org_id: str, key_id: str) -> None:
+    """Record the authenticated caller's org and key id (never the key) for the request's access line."""
     request.scope[_ORG] = org_id
+    request.scope[_KEY] = key_id
 
 
 def note_turn(request: Request, turn_id: str, session_id: str) -> None:
@@ -94,7 +98,7 @@ def _log_access(scope: Scope, status: int, duration_ms: float) -> None:
         access_logger.info(
             "%s %s %d %.1fms", method, route, status, duration_ms,
             extra={"fields": {"method": method, "route": route, "status": status,
-                              "duration_ms": round(duration_ms, 1)}},
+                              "duration_ms": round(duration_ms, 1), "key_id": scope.get(_KEY)}},
         )  # fmt: skip
 
 

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import redis
 from fastapi import FastAPI
 
 from api_gateway.access_log import AccessLogMiddleware
@@ -21,12 +20,13 @@ from api_gateway.openai import batches as openai_batches
 from api_gateway.openai import conversations
 from api_gateway.openai import files as openai_files
 from api_gateway.openai import routes as openai_routes
-from api_gateway.openai.batch_sweep import sweep_batches_forever
+from api_gateway.openai.batch_sweep import run_batch_jobs_forever, sweep_batches_forever
 from api_gateway.openapi import install_openapi
-from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, webhooks
+from api_gateway.routes import batches, health, sessions, turn_actions, turn_events, turns, usage, webhooks
 from api_gateway.security_headers import SecurityHeadersMiddleware
 from api_gateway.services.expiry_sweep import sweep_forever
 from api_gateway.wiring import connect_gateway
+from shared.redis_clients import is_redis_url, redis_client
 from shared.settings import Settings, get_settings
 
 __all__ = ["create_app"]
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if listener is not None:
             listener.start()
         sweepers = [
+            asyncio.create_task(gateway.authenticator.refresh_forever()),
             asyncio.create_task(
                 sweep_forever(gateway.turn_service, timeout_seconds=settings.client_tool_timeout_seconds)
             ),
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     window_seconds=settings.openai_batch_window_seconds,
                 )
             ),
+            asyncio.create_task(run_batch_jobs_forever(gateway.openai_batch_service, gateway.openai_batch_jobs)),
         ]
         try:
             yield
@@ -88,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sessions.router)
     app.include_router(batches.router)
     app.include_router(webhooks.router)
+    app.include_router(usage.router)
     app.include_router(openai_routes.router)
     app.include_router(conversations.router)
     app.include_router(openai_files.router)
@@ -95,8 +98,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     install_openapi(app, settings)
     install_metrics(app, gateway.metrics, on_api_port=listener is None)
-    if settings.effective_broker_url.startswith("redis://"):
-        broker = redis.Redis.from_url(settings.effective_broker_url, socket_timeout=2, socket_connect_timeout=2)
+    if is_redis_url(settings.effective_broker_url):
+        broker = redis_client(
+            settings.effective_broker_url,
+            sentinel_password=settings.sentinel_password,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+        )
         gateway.metrics.registry.register(QueueDepthCollector(broker))
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_upload_bytes=settings.max_upload_bytes

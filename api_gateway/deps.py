@@ -9,7 +9,6 @@ the key before FastAPI reads the body, so a request without a valid key is a 401
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -31,9 +30,16 @@ __all__ = ["AuthenticatedRoute", "BatchId", "Caller", "Gateway", "SessionId", "S
 
 _BEARER = HTTPBearer(
     scheme_name="bearerAuth",
-    description="A key of `APTIX_API_KEYS`: `Authorization: Bearer <key>`. It stands for an organisation and a user.",
+    description=(
+        "An API key (`aptix keys create`, or one of `APTIX_API_KEYS`): `Authorization: Bearer <key>`. It stands for "
+        "an organisation and a user."
+    ),
     auto_error=False,
 )
+
+
+_CALLER = "aptix.caller"
+"""Where the request's scope keeps its authenticated caller."""
 
 
 def _gateway(request: Request) -> GatewayWiring:
@@ -41,26 +47,28 @@ def _gateway(request: Request) -> GatewayWiring:
     return gateway
 
 
-def _authenticate(gateway: GatewayWiring, request: Request) -> ApiKey:
+async def _authenticate(gateway: GatewayWiring, request: Request) -> ApiKey:
+    """The caller of ``request`` (``api_gateway.authenticator``); kept in its scope for :func:`_caller`."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", "missing bearer API key (Authorization: Bearer <key>)")
-    token = token.strip()
-    for key, identity in gateway.api_keys.items():
-        if hmac.compare_digest(key.encode(), token.encode()):
-            note_caller(request, identity.org_id)
-            return identity
-    raise ApiError(401, "unauthorized", "the API key is not valid")
+    identity = await gateway.authenticator.authenticate(token.strip())
+    note_caller(request, org_id=identity.org_id, key_id=identity.key_id)
+    request.scope[_CALLER] = identity
+    return identity
 
 
-def _caller(
+async def _caller(
     request: Request,
     gateway: Annotated[GatewayWiring, Depends(_gateway)],
     _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
 ) -> ApiKey:
-    # _bearer only declares the security scheme; _authenticate reads the header as AuthenticatedRoute did.
-    return _authenticate(gateway, request)
+    # _bearer only declares the security scheme; AuthenticatedRoute has authenticated the request already.
+    identity = request.scope.get(_CALLER)
+    if isinstance(identity, ApiKey):
+        return identity
+    return await _authenticate(gateway, request)
 
 
 class _StrictJsonRequest(Request):
@@ -73,7 +81,8 @@ class _StrictJsonRequest(Request):
 
 
 class AuthenticatedRoute(APIRoute):
-    """An APIRoute that answers 401 before the body is read, then 422 for a query parameter or header
+    """An APIRoute that answers 401 before the body is read, then 429 ``rate_limited`` for an organisation
+    over its requests per minute (``api_gateway.services.limits``), 422 for a query parameter or header
     holding NUL (``api_gateway.parameters``), and 422 for a body that is not JSON.
 
     Once the key is good, a JSON Lines upload is granted its longer body deadline (``api_gateway.uploads``).
@@ -89,7 +98,9 @@ class AuthenticatedRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def authenticated_handler(request: Request) -> Response:
-            _authenticate(_gateway(request), request)
+            gateway = _gateway(request)
+            caller = await _authenticate(gateway, request)
+            await gateway.limits.admit(caller.org_id)  # 429 rate_limited before anything is read or recorded
             check_parameters(request)
             if is_upload(request.scope):
                 grant_upload_time(request.scope)  # the server's long upload deadline, now that the key is good

@@ -23,8 +23,9 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 
 from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
-from api_gateway.services.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
-from shared.state.cluster_client import CLUSTER_TRANSIENT_ERRORS
+from api_gateway.services.errors import Conflict, InvalidRequest, Limited, NotFound, ServiceError, Unavailable
+from shared.redis_clients import is_refused_for_replicas
+from shared.redis_cluster import CLUSTER_TRANSIENT_ERRORS
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -47,6 +48,7 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,  # a primary demoted by a failover: the next try finds the new one
     BrokerError,
     *CLUSTER_TRANSIENT_ERRORS,
 )
@@ -59,6 +61,7 @@ SERVICE_ERROR_STATUS: dict[type[ServiceError], int] = {
     NotFound: 404,
     Conflict: 409,
     InvalidRequest: 422,
+    Limited: 429,
     Unavailable: 503,
 }
 """The HTTP status of each kind of service error."""
@@ -123,7 +126,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _refused(request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(service_error_status(exc), exc.code, exc.message, exc.details, path=request.url.path)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Limited) else None
+        return error_response(
+            service_error_status(exc), exc.code, exc.message, exc.details, headers, path=request.url.path
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -174,6 +180,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _programming(request: Request, exc: ProgrammingError) -> JSONResponse:
         if schema_missing(exc):
             return _schema_response(exc, path=request.url.path)
+        return await _unexpected(request, exc)
+
+    @app.exception_handler(redis.ResponseError)
+    async def _redis_reply(request: Request, exc: redis.ResponseError) -> JSONResponse:
+        if is_refused_for_replicas(exc):  # min-replicas-to-write: a replica is down or resyncing
+            return await _unavailable(request, exc)
         return await _unexpected(request, exc)
 
     @app.exception_handler(Exception)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway: requests by route and status, their latency, accepted turns,
+"""Prometheus metrics of the gateway: requests by route and status, their latency, API key checks, accepted turns,
 the turns it ends (cancels, client-tool timeouts), and each queue's backlog on the broker (what an
 autoscaler scales workers on).
 
@@ -56,6 +56,10 @@ class GatewayMetrics:
         self.turns_accepted = Counter(
             "aptix_turns_accepted", "Turns accepted, by kind (single or batch).", ["kind"], registry=self.registry
         )
+        self.api_key_checks = Counter(
+            "aptix_api_key_checks", "API key checks by outcome (api_gateway.authenticator.OUTCOMES); no key or key "
+            "id is a label.", ["outcome"], registry=self.registry,
+        )  # fmt: skip
         self.turns_finished = turns_finished_counter(self.registry)
         """The turns the gateway ends: cancelled by their client, or failed ``client_tool_timeout``."""
         self.turns_finished.labels(TurnStatus.CANCELLED.value, ErrorCode.CANCELLED.value)

@@ -21,7 +21,7 @@ from shared.models.error import ErrorBody
 from shared.models.turn import NUL_FREE_PATTERN
 from shared.settings import Settings
 
-__all__ = ["COMMON_ERRORS", "JSON_LINES", "error_responses", "install_openapi"]
+__all__ = ["COMMON_ERRORS", "JSON_LINES", "QUOTA_EXCEEDED", "error_responses", "install_openapi"]
 
 JSON_LINES = "application/jsonl"
 """The media type of a body of JSON Lines (one JSON value per line)."""
@@ -33,6 +33,10 @@ COMMON_ERRORS: dict[int, str] = {
         "`invalid_request`: the body, a query parameter or the JSON itself is not valid (a query parameter "
         "holding a NUL character included); `details` lists `{loc, msg, type}` per problem."
     ),
+    429: (
+        "`rate_limited`: the caller's organisation made more requests this minute than its limit (`aptix orgs "
+        "set --rpm`, every gateway together); nothing was read or recorded. Retry after `Retry-After` seconds."
+    ),
     503: (
         "`unavailable`: the database, Redis or the broker did not answer, or the database schema is not "
         "migrated (`aptix db upgrade`); nothing was recorded. Retry after `Retry-After` seconds."
@@ -40,9 +44,23 @@ COMMON_ERRORS: dict[int, str] = {
 }
 """What each status means on every operation that can answer it; :func:`error_responses` adds to it."""
 
+QUOTA_EXCEEDED = (
+    "`quota_exceeded`: the organisation's turns created this UTC day used its daily tokens (`aptix orgs set "
+    "--tokens-per-day`); nothing was recorded. `Retry-After`: the seconds to the next UTC day."
+)
+"""The 429 of an operation that starts turns (``specific={429: QUOTA_EXCEEDED}``)."""
+
 _ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}
 _HEADERS: dict[int, dict[str, Any]] = {
     401: {"WWW-Authenticate": {"description": "`Bearer`.", "required": True, "schema": {"type": "string"}}},
+    429: {
+        "Retry-After": {
+            "description": "Seconds until the organisation is under its limit again (the next minute, or the "
+            "next UTC day for `quota_exceeded`).",
+            "required": True,
+            "schema": {"type": "string"},
+        }
+    },
     503: {
         "Retry-After": {
             "description": f"Seconds to wait before retrying ({RETRY_AFTER_SECONDS}).",
@@ -65,6 +83,8 @@ def error_responses(*statuses: int, specific: Mapping[int, str] | None = None) -
         (whatever the operation's success media type) and the headers the gateway always sends with it.
     """
     meanings = {status: COMMON_ERRORS[status] for status in statuses}
+    if 401 in meanings:  # an operation that takes a key counts against its organisation's requests per minute
+        meanings[429] = COMMON_ERRORS[429]
     for status, text in (specific or {}).items():
         meanings[status] = f"{meanings[status]} {text}" if status in meanings else text
     return {
@@ -105,6 +125,7 @@ _TAGS = [
         "description": "Many turns at once (a JSON body or a JSON Lines upload), their progress, their results as "
         "JSON Lines, their cancel, and the organisation's list of batches.",
     },
+    {"name": "usage", "description": "The organisation's turns and tokens per day, and its daily token budget."},
     {"name": "health", "description": "Liveness and readiness, without a key."},
 ]
 
@@ -164,8 +185,12 @@ and write is scoped to the key's organisation: another organisation's session, t
 
 **Errors.** Every error answer has one body, `ErrorBody`:
 `{{"error": {{"code": "…", "message": "…", "details": …}}}}`. `code` is stable; `details` is a list of
-`{{loc, msg, type}}` for `invalid_request`. A 401 carries `WWW-Authenticate: Bearer`, a 503
+`{{loc, msg, type}}` for `invalid_request`. A 401 carries `WWW-Authenticate: Bearer`, a 429 and a 503
 `Retry-After`, a 405 `Allow`. Bad input and a dependency that is down are never a 500.
+
+**Limits.** An organisation may have limits of its own (`aptix orgs set`): requests per minute, every
+gateway together (past it, any operation is 429 `rate_limited`), and tokens per UTC day (past it, a new
+turn or batch is 429 `quota_exceeded`); `GET /v1/usage` shows its turns and tokens per day.
 
 **Request bodies** are JSON as RFC 8259 defines it: `NaN`, `Infinity`, `-Infinity` and numbers beyond a
 64-bit float (`1e999`) are 422, and so are NUL characters and lone surrogates (half a UTF-16 pair) in

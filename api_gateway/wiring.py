@@ -19,8 +19,12 @@ import redis.asyncio as aioredis
 from celery import Celery
 from sqlalchemy import Engine
 
+from api_gateway.authenticator import Authenticator
 from api_gateway.metrics import GatewayMetrics
+from api_gateway.openai.batch_files import BatchFiles
+from api_gateway.openai.batch_jobs import BatchJobs
 from api_gateway.openai.batch_service import OpenAIBatchService
+from api_gateway.openai.batch_validation import BatchValidation
 from api_gateway.openai.conversation_service import ConversationService
 from api_gateway.openai.file_service import FileService
 from api_gateway.openai.response_service import ResponseService
@@ -28,27 +32,35 @@ from api_gateway.openai.streams import ResponseStreams
 from api_gateway.services import (
     BatchService,
     EventStreams,
+    OrgLimitsService,
     SessionService,
     TurnService,
     WebhookService,
 )
 from shared.broker import create_producer, send_webhook
 from shared.db import session_factory
+from shared.db.api_keys import ApiKeyRepository
 from shared.db.batches import BatchRepository
 from shared.db.conversations import ConversationRepository
 from shared.db.engine import ProcessKind, engine_for
 from shared.db.openai_batches import OpenAIBatchRepository
 from shared.db.openai_files import OpenAIFileRepository
+from shared.db.org_settings import OrgSettingsRepository
 from shared.db.responses import ResponseRepository
 from shared.db.sessions import SessionRepository
 from shared.db.turns import TurnRepository
+from shared.db.usage import UsageRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
+from shared.db.webhook_endpoints import WebhookEndpointRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.db.webhook_secrets import stored_secrets
 from shared.modes import ModeCatalog, load_catalog
-from shared.settings import ApiKey, Settings
+from shared.redis_clients import async_redis_client, redis_client
+from shared.settings import Settings
 from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
-from shared.state.cluster_client import async_cluster_client, cluster_client, is_cluster_url
+from shared.state.request_rate import RequestRate
+from shared.state.token_usage import TokenUsage
 from shared.step_sender import Broker, CeleryBroker, StepSender
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
@@ -64,8 +76,8 @@ class GatewayWiring:
     """
 
     settings: Settings
-    api_keys: dict[str, ApiKey]
-    """Accepted bearer keys, each with its caller's identity."""
+    authenticator: Authenticator
+    """Which caller a bearer key stands for (``APTIX_API_KEYS``, then the database's keys)."""
     engine: Engine
     """The database engine (``/readyz`` pings it)."""
     catalog: ModeCatalog
@@ -91,6 +103,10 @@ class GatewayWiring:
     """The OpenAI face's files (``/openai/v1/files``)."""
     openai_batch_service: OpenAIBatchService
     """The OpenAI face's batches over Aptix batches (``/openai/v1/batches``)."""
+    openai_batch_jobs: BatchJobs
+    """Runs the OpenAI face's batch jobs (validation, writing the files of an ended batch) off the requests."""
+    limits: OrgLimitsService
+    """Each organisation's requests per minute and daily tokens (``aptix orgs set``), and its usage."""
 
 
 def utc_now() -> datetime:
@@ -117,22 +133,19 @@ class GatewayPorts:
 def open_ports(settings: Settings) -> GatewayPorts:
     """The gateway's connections, opened lazily: nothing is contacted until a request needs it."""
     producer = create_producer(settings)
-    # Turn event streams and response streams each take up to events_max_streams connections.
-    streams = 2 * settings.events_max_streams + 16
-    follow_timeout = settings.events_keepalive_seconds + 10  # above the longest XREAD BLOCK
-    if is_cluster_url(settings.redis_url):
-        state = cluster_client(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-        follower = async_cluster_client(
-            settings.redis_url, max_connections=streams, socket_connect_timeout=2, socket_timeout=follow_timeout
-        )
-    else:
-        state = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-        follower = aioredis.Redis.from_url(
-            settings.redis_url, max_connections=streams, socket_connect_timeout=2, socket_timeout=follow_timeout
-        )
+    follower = async_redis_client(
+        settings.redis_url,
+        sentinel_password=settings.sentinel_password,
+        # Turn event streams and response streams each take up to events_max_streams connections.
+        max_connections=2 * settings.events_max_streams + 16,
+        socket_connect_timeout=2,
+        socket_timeout=settings.events_keepalive_seconds + 10,  # above the longest XREAD BLOCK
+    )
     return GatewayPorts(
         engine=engine_for(settings, ProcessKind.GATEWAY, name=socket.gethostname()),
-        redis=state,
+        redis=redis_client(
+            settings.redis_url, sentinel_password=settings.sentinel_password, socket_timeout=2, socket_connect_timeout=2
+        ),
         follower=follower,
         producer=producer,
         # No publish retries: a refused send is a 503 at once, and the client tries again.
@@ -153,21 +166,26 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
     ports = ports or open_ports(settings)
     engine, client, producer, clock = ports.engine, ports.redis, ports.producer, ports.clock
     db = session_factory(engine)
-    webhooks = WebhookConfig.from_settings(settings)
+    webhooks = WebhookConfig.from_settings(settings, stored=stored_secrets(db))
     sessions = SessionRepository(db)
     outbox = WebhookOutbox(webhooks) if webhooks.enabled else None
     turns = TurnRepository(db, webhooks=outbox)
     batches = BatchRepository(db)
     catalog = load_catalog(settings.modes_file)
     webhook_service = WebhookService(
-        config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches
-    )
+        config=webhooks, deliveries=WebhookDeliveryRepository(db), turns=turns, batches=batches,
+        endpoints=WebhookEndpointRepository(db),
+    )  # fmt: skip
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
     # The gateway sends first steps and re-entries now, never after a countdown: nothing it sends is
     # parked (the waits the workers park are the retry policy's, ``workers.retry.park_after``).
     steps = StepSender(ports.broker, timers=store, park_after=math.inf)
     events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
+    limits = OrgLimitsService(
+        settings=OrgSettingsRepository(db), usage=UsageRepository(db), rate=RequestRate(ports.follower),
+        tokens=TokenUsage(client), clock=clock,
+    )  # fmt: skip
     turn_service = TurnService(
         settings=settings,
         turns=turns,
@@ -183,6 +201,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         webhooks=webhook_service,
         admission=AdmissionQueue(client),
         webhook_sender=_webhook_sender(webhooks, producer),
+        limits=limits,
     )
     event_streams = EventStreams(
         client=ports.follower,
@@ -205,15 +224,30 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         files=OpenAIFileRepository(db), max_bytes=settings.openai_max_file_bytes,
         max_lines=settings.openai_max_file_lines, clock=clock,
     )  # fmt: skip
+    openai_batches = OpenAIBatchRepository(db, outbox=outbox)
+    webhook_sender = _webhook_sender(webhooks, producer)
+    openai_batch_jobs = BatchJobs(
+        batches=openai_batches, threads=settings.openai_batch_job_threads,
+        lease_seconds=settings.openai_batch_job_lease_seconds, clock=clock,
+    )  # fmt: skip
     openai_batch_service = OpenAIBatchService(
-        batches=OpenAIBatchRepository(db, outbox=outbox), aptix=batch_service, aptix_batches=batches,
-        turns=turn_service, files=file_service, responses=response_service,
+        batches=openai_batches, aptix=batch_service, aptix_batches=batches, turns=turn_service, files=file_service,
+        jobs=openai_batch_jobs,
+        validation=BatchValidation(
+            batches=openai_batches, aptix=batch_service, aptix_batches=batches, files=file_service,
+            responses=response_service, clock=clock, webhook_sender=webhook_sender,
+        ),
+        batch_files=BatchFiles(batches=openai_batches, aptix=batch_service, clock=clock, webhook_sender=webhook_sender),
         window_seconds=settings.openai_batch_window_seconds, clock=clock,
-        webhook_sender=_webhook_sender(webhooks, producer),
+    )  # fmt: skip
+    authenticator = Authenticator(
+        env_keys=settings.accepted_api_keys, keys=ApiKeyRepository(db), cache_size=settings.api_key_cache_size,
+        verify_seconds=settings.api_key_verify_seconds, refresh_seconds=settings.api_key_refresh_seconds,
+        checks=metrics.api_key_checks, clock=clock,
     )  # fmt: skip
     return GatewayWiring(
         settings=settings,
-        api_keys=settings.accepted_api_keys,
+        authenticator=authenticator,
         engine=engine,
         catalog=catalog,
         producer=producer,
@@ -235,6 +269,8 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         ),
         file_service=file_service,
         openai_batch_service=openai_batch_service,
+        openai_batch_jobs=openai_batch_jobs,
+        limits=limits,
     )
 
 

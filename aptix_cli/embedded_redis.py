@@ -14,9 +14,10 @@ import socketserver
 import threading
 from types import TracebackType
 
-import redis
 from fakeredis import TcpFakeServer
 from fakeredis._clients._tcp_server import TCPFakeRequestHandler
+
+from shared.redis_clients import redis_client
 
 __all__ = ["EmbeddedRedis"]
 
@@ -77,7 +78,7 @@ class EmbeddedRedis:
     def start(self) -> EmbeddedRedis:
         """Serve in the background; returns once it answers PING."""
         self._thread.start()
-        redis.Redis.from_url(self.url()).ping()
+        redis_client(self.url()).ping()
         return self
 
     def stop(self) -> None:

@@ -1,5 +1,6 @@
 """``aptix``: the command line: the process commands (:mod:`aptix_cli.process_commands`), the dev
-stack, the demo, the bench and the HTTP client commands (:mod:`aptix_cli.client_commands`).
+stack, the demo, the bench, the API keys (:mod:`aptix_cli.key_commands`) and the HTTP client commands
+(:mod:`aptix_cli.client_commands`).
 
 Imports are deferred into each command: ``aptix worker --pool gevent`` must let gevent patch the
 standard library before psycopg or httpx are imported (FIELD-NOTES, "I/O-bound work").
@@ -167,6 +168,12 @@ def _parser() -> argparse.ArgumentParser:
         help="instead of the scenarios: two organisations' batches of --turns turns side by side (fair admission)",
     )
     bench.add_argument(
+        "--openai-batch",
+        action="store_true",
+        help="instead of the scenarios: a file of --turns requests through OpenAI's Files and Batch API, end to end "
+        "(with --two-orgs: two organisations' OpenAI batches side by side)",
+    )
+    bench.add_argument(
         "--rss", action="store_true", help="print the workers' summed RSS after the warm-up and each batch"
     )
     bench.add_argument(
@@ -181,10 +188,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(run=_bench)
 
+    # API keys in the database (aptix keys create|list|revoke); SQLAlchemy is imported only when one runs.
+    from aptix_cli.key_commands import add_key_commands
+
+    add_key_commands(commands)
+
     # HTTP client commands (turn, tool-results, trace, session, batch); they import httpx only when run.
     from aptix_cli.client_commands import add_client_commands
 
     add_client_commands(commands)
+
+    # Operator commands on the database (orgs, webhooks); they import SQLAlchemy only when run.
+    from aptix_cli.org_commands import add_org_commands
+    from aptix_cli.webhook_commands import add_webhook_commands
+
+    add_org_commands(commands)
+    add_webhook_commands(commands)
     return parser
 
 
@@ -253,6 +272,7 @@ def _bench(args: argparse.Namespace) -> int:
         database_url=args.database_url or DEFAULT_DATABASE_URL,
         interactive=args.interactive,
         two_orgs=args.two_orgs,
+        openai_batch=args.openai_batch,
         rss=args.rss,
         task_events=args.task_events,
     )

@@ -219,6 +219,7 @@ def reconciler(args: argparse.Namespace) -> int:
     from shared.db.engine import ProcessKind, engine_for
     from shared.db.turns import TurnRepository
     from shared.db.webhook_deliveries import WebhookDeliveryRepository
+    from shared.db.webhook_secrets import stored_secrets
     from shared.settings import get_settings
     from shared.state import RedisStateStore
     from shared.step_sender import CeleryBroker
@@ -240,7 +241,8 @@ def reconciler(args: argparse.Namespace) -> int:
     client = state_client(settings)
     owner = f"reconciler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
-    outbox = webhook_outbox(settings, send_attempt)
+    stored = stored_secrets(db)
+    outbox = webhook_outbox(settings, send_attempt, stored)
     reconciler = build_reconciler(
         settings,
         client=client,
@@ -249,7 +251,7 @@ def reconciler(args: argparse.Namespace) -> int:
         owner=owner,
         metrics=WorkerMetrics(),
         webhooks=None if outbox is None else WebhookSweeper(WebhookDeliveryRepository(db), send_attempt),
-        webhook_sender=webhook_sender(settings, send_attempt),
+        webhook_sender=webhook_sender(settings, send_attempt, stored),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -273,6 +275,7 @@ def scheduler(args: argparse.Namespace) -> int:
     from shared.broker import create_producer
     from shared.db import session_factory
     from shared.db.engine import ProcessKind, engine_for
+    from shared.db.org_settings import OrgSettingsRepository
     from shared.db.turns import TurnRepository
     from shared.settings import get_settings
     from shared.state import RedisStateStore
@@ -283,13 +286,14 @@ def scheduler(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     producer = create_producer(settings)
-    client = connect(settings.redis_url, max_connections=8)
+    client = connect(settings.redis_url, max_connections=8, sentinel_password=settings.sentinel_password)
     steps = build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings)
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     scheduler = build_scheduler(
-        settings, client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics()
-    )
+        settings, client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics(),
+        org_settings=OrgSettingsRepository(db),
+    )  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

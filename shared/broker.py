@@ -15,6 +15,7 @@ from kombu.entity import Exchange
 from kombu.entity import Queue as KombuQueue
 
 from shared.models.envelope import BATCH_PRIORITY, BATCH_START_PRIORITY, INTERACTIVE_PRIORITY
+from shared.redis_clients import broker_connection, parse_sentinel_url
 from shared.settings import Settings
 from shared.task_names import TASK_QUEUES, WEBHOOK_TASK, Queue
 
@@ -35,6 +36,7 @@ __all__ = [
 _PRIORITY_STEPS = (0, 3, 6, 9)
 _PRIORITY_SEPARATOR = "\x06\x16"
 _REDIS_TRANSPORT = "shared.broker_transport:Transport"
+_SENTINEL_TRANSPORT = "shared.broker_transport:SentinelTransport"
 # Messages a worker has taken but not acknowledged (acks_late: every task in progress) leave the
 # lists for this hash, field delivery tag, value ``[message, exchange, routing_key]``
 # (kombu.transport.redis.QoS.append). Our routing key is the queue's name.
@@ -42,9 +44,18 @@ _UNACKED_KEY = "unacked"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """The Celery settings of every Aptix process."""
+    """The Celery settings of every Aptix process.
+
+    A ``sentinel://`` broker URL (``shared.redis_clients``) becomes kombu's Sentinel transport: kombu's form
+    of the URL, and ``master_name`` (and the sentinels' password) among the transport options; every
+    channel then asks the sentinels for the primary whenever it connects, so a worker, the gateway and
+    Flower follow a failover on their own.
+    """
+    broker_url, sentinel_options = broker_connection(
+        settings.effective_broker_url, sentinel_password=settings.sentinel_password
+    )
     return {
-        "broker_url": settings.effective_broker_url,
+        "broker_url": broker_url,
         "broker_connection_retry_on_startup": True,
         # max_connections: above any pool's concurrency (Redis's default of 10 gave duplicate runs
         # under acks_late). visibility_timeout: a message whose worker died unacknowledged comes
@@ -57,11 +68,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": visibility_timeout(settings),
             "unacked_restore_interval": 2,
             "unacked_restore_throttle": 1,
+            **sentinel_options,
         },
         "broker_pool_limit": 64,
-        # kombu's Redis transport with one client per channel (shared.broker_transport); a URL of
-        # another scheme keeps its own transport.
-        "broker_transport": _REDIS_TRANSPORT if settings.effective_broker_url.startswith("redis://") else None,
+        # kombu's Redis (or Sentinel) transport with one client per channel (shared.broker_transport); a
+        # URL of another scheme keeps its own transport.
+        "broker_transport": _transport(settings.effective_broker_url),
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
@@ -87,6 +99,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_routes": {name: {"queue": queue.value} for name, queue in TASK_QUEUES.items()},
         "worker_hijack_root_logger": False,
     }
+
+
+def _transport(url: str) -> str | None:
+    if parse_sentinel_url(url) is not None:
+        return _SENTINEL_TRANSPORT
+    return _REDIS_TRANSPORT if url.startswith("redis://") else None
 
 
 def visibility_timeout(settings: Settings) -> int:
@@ -133,10 +151,24 @@ def unacked_depth(client: Any) -> dict[Queue, int]:
     return counts
 
 
+PRODUCER_TIMEOUT_SECONDS = 2.0
+"""How long the gateway waits for the broker to connect or answer a send before it answers 503 (as its Redis
+clients do): a broker cut off from it (packets dropped, no reset) otherwise held a request as long as the
+client waited."""
+
+
 def create_producer(settings: Settings) -> Celery:
-    """A Celery app that only sends tasks (the gateway's)."""
+    """A Celery app that only sends tasks (the gateway's); a broker that does not answer in
+    :data:`PRODUCER_TIMEOUT_SECONDS` is a refused send."""
     app = Celery("aptix-gateway", set_as_current=False)
-    app.conf.update(celery_config(settings))
+    config = celery_config(settings)
+    config["broker_transport_options"] = {
+        **config["broker_transport_options"],
+        "socket_timeout": PRODUCER_TIMEOUT_SECONDS,
+        "socket_connect_timeout": PRODUCER_TIMEOUT_SECONDS,
+    }
+    config["broker_connection_timeout"] = PRODUCER_TIMEOUT_SECONDS
+    app.conf.update(config)
     return app
 
 

@@ -24,8 +24,9 @@ _MIN_SECRET_LENGTH = 4
 """Shorter values (an empty key, "x") would redact ordinary words."""
 
 # Keys in the OpenAI style (sk-…, sk-proj-…) are secrets whoever they belong to; a provider's
-# message may name a key we were never configured with (an old one, a proxy's).
-_KEY_PATTERN = re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_\-*.]{6,}")
+# message may name a key we were never configured with (an old one, a proxy's). Aptix's own database
+# keys (aptix_ and 48 hex digits, shared.api_keys) are in no setting: their shape gives them away.
+_KEY_PATTERN = re.compile(r"\b(?:(?:sk|rk|pk)-[A-Za-z0-9_\-*.]{6,}|aptix_[0-9a-f]{16,})")
 
 
 def secrets_in(settings: Settings) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.redis_clients import check_redis_url, parse_sentinel_url
 from shared.webhooks.parsing import parse_default_urls, parse_retry_schedule, parse_secrets
 
 __all__ = [
@@ -31,12 +32,13 @@ _EMBEDDED_DATABASE_URL = "sqlite:///./aptix-dev.sqlite"
 
 
 class ApiKey:
-    """One accepted API key and the identity it stands for."""
+    """One accepted API key: the identity it stands for, and the id that names it (never the key itself)."""
 
-    __slots__ = ("key", "org_id", "user_id")
+    __slots__ = ("key_id", "org_id", "user_id")
 
-    def __init__(self, key: str, org_id: str, user_id: str) -> None:
-        self.key = key
+    def __init__(self, key_id: str, org_id: str, user_id: str) -> None:
+        self.key_id = key_id
+        """``env:<n>`` for the n-th key of ``APTIX_API_KEYS``; a database key's id (``key_…``)."""
         self.org_id = org_id
         self.user_id = user_id
 
@@ -48,20 +50,19 @@ def parse_api_keys(raw: str) -> dict[str, ApiKey]:
         raw: the value of ``APTIX_API_KEYS``.
 
     Returns:
-        The keys by their secret value.
+        The keys by their secret value; the n-th entry's id is ``env:<n>`` (from 1).
 
     Raises:
         ValueError: when an entry is not a triple of non-empty parts.
     """
     keys: dict[str, ApiKey] = {}
-    for entry in (part.strip() for part in raw.split(",")):
-        if not entry:
-            continue
+    entries = [entry for entry in (part.strip() for part in raw.split(",")) if entry]
+    for position, entry in enumerate(entries, start=1):
         parts = entry.split(":")
         if len(parts) != 3 or not all(p.strip() for p in parts):
             raise ValueError("APTIX_API_KEYS entries must be key:org_id:user_id triples")
         key, org_id, user_id = (p.strip() for p in parts)
-        keys[key] = ApiKey(key, org_id, user_id)
+        keys[key] = ApiKey(f"env:{position}", org_id, user_id)
     return keys
 
 
@@ -77,9 +78,13 @@ class Settings(BaseSettings):
     database_url: str = _EMBEDDED_DATABASE_URL
     """SQLAlchemy URL of the durable store."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis for turn state, locks and idempotency keys."""
+    """Redis for turn state, locks and idempotency keys: ``redis://``, ``rediss://``, ``unix://``, or
+    ``sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]`` for a Sentinel-managed primary
+    (``shared.redis_clients``)."""
     broker_url: str | None = None
-    """Celery broker; defaults to ``redis_url``."""
+    """Celery broker; defaults to ``redis_url``. A ``sentinel://`` URL as for ``redis_url``."""
+    redis_sentinel_password: SecretStr = SecretStr("")
+    """The sentinels' own password, for ``sentinel://`` URLs (a password in the URL is the Redis nodes')."""
     llm_base_url: str = "http://127.0.0.1:8900/v1"
     """Base URL of an OpenAI Responses API server (``…/v1``)."""
     llm_api_key: SecretStr = Field(
@@ -100,7 +105,18 @@ class Settings(BaseSettings):
     llm_breaker_open_seconds: Annotated[float, Field(gt=0)] = 5.0
     """How long an opened breaker lets no call through; doubles after each failed probe, up to 60 s."""
     api_keys: str = ""
-    """Comma-separated ``key:org_id:user_id`` triples the gateway accepts."""
+    """Comma-separated ``key:org_id:user_id`` triples the gateway accepts besides the database's keys (``aptix
+    keys``): for development and for bootstrapping; read at start."""
+    api_key_cache_size: PositiveInt = 10_000
+    """Database keys one gateway process remembers once verified (the least recently used go first), and as
+    many refused tokens; a remembered key is accepted without the database, during an outage too."""
+    api_key_refresh_seconds: Annotated[float, Field(gt=0, le=5)] = 1.0
+    """How often each gateway asks the database which keys were created or revoked since it last asked: a new
+    or revoked key applies on every gateway within about this long."""
+    api_key_verify_seconds: Annotated[float, Field(gt=0)] = 60.0
+    """A remembered database key is looked up again on its first use this long after it was verified, and
+    its ``last used`` written then (at most once per interval per gateway); when the database does not
+    answer, the remembered key is accepted."""
     modes_file: str | None = None
     """YAML mode catalog; the packaged default when unset."""
     max_iterations: PositiveInt = 10
@@ -212,6 +228,13 @@ class Settings(BaseSettings):
     """How long the completion window ``24h`` of ``POST /openai/v1/batches`` lasts: a batch's ``expires_at`` is
     its ``created_at`` plus this; requests not finished by then are cancelled (``batch_expired``). Shorten it
     only to test expiry."""
+    openai_batch_job_threads: Annotated[int, Field(ge=0, le=16)] = 1
+    """How many of the OpenAI face's batch jobs (validating an input file, writing the output and error files
+    of a batch that ended) one gateway runs at once, each on a thread of its own; 0: this gateway runs none
+    (the others do)."""
+    openai_batch_job_lease_seconds: Annotated[float, Field(ge=1, le=3600)] = 30.0
+    """How long a gateway holds a batch job without renewing it (it renews every third of this while it
+    works): a job whose gateway stopped is taken up by any gateway this long after its last renewal."""
     llm_stream_flush_ms: Annotated[float, Field(ge=0)] = 20.0
     """A turn that streams appends the model's text to its event log as it arrives, at most one
     ``output_text.delta`` per this many milliseconds: deltas arriving sooner are held and go out together
@@ -227,6 +250,18 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_sentinel_url(value)  # another broker's URL is kombu's to judge
+        return value
 
     @field_validator("api_keys")
     @classmethod
@@ -260,7 +295,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_cluster_urls(self) -> Settings:
         # The state store may be a Redis Cluster; the broker may not (kombu has no cluster transport).
-        from shared.state.cluster_client import is_cluster_url, parse_cluster_url
+        from shared.redis_cluster import is_cluster_url, parse_cluster_url
 
         if is_cluster_url(self.redis_url):
             parse_cluster_url(self.redis_url)
@@ -284,6 +319,11 @@ class Settings(BaseSettings):
     def effective_broker_url(self) -> str:
         """The broker URL, falling back to the Redis URL."""
         return self.broker_url or self.redis_url
+
+    @property
+    def sentinel_password(self) -> str | None:
+        """``APTIX_REDIS_SENTINEL_PASSWORD``, None when unset: what :mod:`shared.redis_clients` takes."""
+        return self.redis_sentinel_password.get_secret_value() or None
 
     @property
     def state_ttl_seconds(self) -> int:

@@ -104,12 +104,15 @@ def redis_client(connect_redis: ConnectRedis) -> redis.Redis:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say in the run's summary when the real-traffic fixture checks did not run (and how to run them)."""
+    """Say in the run's summary when the real-traffic fixture checks or the network faults did not run (and how
+    to run them)."""
+    from tests.chaos.net.hosts import NOT_RUN as NET_NOT_RUN
     from tests.responses_fixtures import NOT_RUN
 
-    skipped = [report for report in terminalreporter.stats.get("skipped", []) if NOT_RUN in str(report.longrepr)]
-    if skipped:
-        terminalreporter.write_line(f"{len(skipped)} tests skipped: {NOT_RUN}", yellow=True)
+    for marker in (NOT_RUN, NET_NOT_RUN):
+        skipped = [report for report in terminalreporter.stats.get("skipped", []) if marker in str(report.longrepr)]
+        if skipped:
+            terminalreporter.write_line(f"{len(skipped)} tests skipped: {marker}", yellow=True)
 
 
 def _claim_redis_databases(count: int, run_id: str) -> list[int]:

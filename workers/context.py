@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from shared.settings import Settings
 from shared.state import CancelFlags, InFlightMarkers, RedisStateStore, StepLeases, Timers, TurnStates
 from shared.state.admission import AdmissionQueue
 from shared.state.redis_store import connect
+from shared.state.token_usage import TokenUsage
 from shared.turn_ending import AdmissionSlots, TurnEnding
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from shared.webhooks import WebhookSender
@@ -39,6 +40,7 @@ __all__ = [
     "LimiterPort",
     "LlmPort",
     "StepContext",
+    "TokenUsagePort",
     "breakers_on",
     "build_context",
     "lease_renewer",
@@ -65,6 +67,13 @@ class LlmPort(Protocol):
         """Send one Responses API request with ``"stream": true``; ``on_text`` gets each text delta as it
         arrives, ``on_text_done`` the end of each text part, and the result is what :meth:`create`
         returns for the same answer."""
+
+
+class TokenUsagePort(Protocol):
+    """The organisations' daily token counts (``shared.state.token_usage``)."""
+
+    def record(self, org_id: str, day: date, turn_id: str, tokens: int) -> None:
+        """Merge a turn's tokens as committed into its organisation's count of the day it was created."""
 
 
 class BreakerPort(Protocol):
@@ -146,6 +155,8 @@ class StepContext:
     """The organisations' admission slots, which a turn ended outside ``persist`` leaves (none when not given)."""
     webhook_sender: WebhookSender | None = None
     """Sends the webhook deliveries a commit or an early end recorded (none when not given: the sweep does)."""
+    token_usage: TokenUsagePort | None = None
+    """Counts each committed turn's tokens for its organisation's daily budget (none when not given)."""
 
     @property
     def state_ttl_seconds(self) -> int:
@@ -274,12 +285,15 @@ def build_context(
         limiter=limiters_on(client, settings, catalog),
         admission=AdmissionQueue(client),
         webhook_sender=webhook_sender,
+        token_usage=TokenUsage(client),
     )
 
 
 def state_client(settings: Settings) -> redis.Redis:
     """A worker process's client of the state store's Redis (``APTIX_REDIS_URL``), on a pool of its own."""
-    return connect(settings.redis_url, max_connections=settings.redis_max_connections)
+    return connect(
+        settings.redis_url, max_connections=settings.redis_max_connections, sentinel_password=settings.sentinel_password
+    )
 
 
 def lease_renewer(leases: StepLeases, settings: Settings) -> LeaseRenewer:

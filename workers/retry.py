@@ -30,7 +30,8 @@ holds the step's lease)
 turn_not_recorded (driver, a step: the   10 ms x 2^attempt up to 0.5 s               20 s of waits    drop the message
 gateway's commit is not visible yet)
 infrastructure (Redis, the database,     0.5 s x 2^attempt up to 30 s, jittered      none             --
-a lost state race)
+a lost state race; Redis READONLY or
+NOREPLICAS)
 stalled (reconciler: past its deadline   at once (a re-drive)                        re-drives        internal_error
 with no live in-flight marker)
 =======================================  ==========================================  ===============  ================
@@ -69,10 +70,11 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared.broker import visibility_timeout
 from shared.errors import LlmError, StateConflict, StepBusy, TurnNotRecorded
+from shared.redis_clients import is_refused_for_replicas
+from shared.redis_cluster import CLUSTER_TRANSIENT_ERRORS
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import ModelRetry
-from shared.state.cluster_client import CLUSTER_TRANSIENT_ERRORS
 
 __all__ = [
     "MAX_DELAY_SECONDS", "MODEL_DOWN", "POLICY", "Backoff", "Budget", "Decision", "Drop", "GiveUp", "Later", "Reason",
@@ -209,6 +211,9 @@ _INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
+    # READONLY: a primary demoted by a failover still answered (over a plain redis:// URL; a Sentinel
+    # client turns it into a ConnectionError itself). The next try finds the new primary.
+    redis.exceptions.ReadOnlyError,
     OperationalError,
     InterfaceError,
     PoolTimeout,
@@ -317,7 +322,7 @@ def trouble_of(exc: Exception) -> Trouble | None:
         return Trouble.STEP_BUSY
     if isinstance(exc, TurnNotRecorded):
         return Trouble.TURN_NOT_RECORDED
-    if isinstance(exc, _INFRASTRUCTURE_ERRORS):
+    if isinstance(exc, _INFRASTRUCTURE_ERRORS) or is_refused_for_replicas(exc):
         return Trouble.INFRASTRUCTURE
     return None
 

@@ -22,9 +22,12 @@ import redis
 from sqlalchemy import Engine
 
 from shared.db import session_factory
+from shared.db.org_settings import OrgSettingsRepository
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.db.webhook_secrets import stored_secrets
+from shared.redis_clients import is_redis_url, redis_client
 from shared.settings import Settings
 from shared.state import RedisStateStore, Timers
 from shared.state.admission import AdmissionQueue
@@ -32,9 +35,11 @@ from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.state.legacy import retire_legacy_keys
 from shared.step_sender import Broker, StepSender
+from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
+from shared.webhooks.config import StoredSecrets
 from workers import retry
 from workers.broker_watch import RedisBrokerWatch
 from workers.context import StepContext, build_context, state_client, utc_now, worker_engine
@@ -113,14 +118,15 @@ class WorkerRuntime:
         self._metrics = self._metrics or WorkerMetrics()
         self._engine = worker_engine(self._settings, hostname=hostname)
         self._redis = state_client(self._settings)
+        stored = stored_secrets(session_factory(self._engine))
         self._ctx = build_context(
             self._settings,
             engine=self._engine,
             hostname=hostname,
             metrics=self._metrics,
             client=self._redis,
-            outbox=webhook_outbox(self._settings, self._send_webhook),
-            webhook_sender=webhook_sender(self._settings, self._send_webhook),
+            outbox=webhook_outbox(self._settings, self._send_webhook, stored),
+            webhook_sender=webhook_sender(self._settings, self._send_webhook, stored),
         )
         self._steps = build_step_sender(self._broker, self._ctx.timers, self._settings)
         if self._send_webhook is not None:
@@ -129,7 +135,7 @@ class WorkerRuntime:
             self._http = http_client()
             self._deliverer = WebhookDeliverer(
                 deliveries=WebhookDeliveryRepository(session_factory(self._engine)),
-                config=WebhookConfig.from_settings(self._settings),
+                config=WebhookConfig.from_settings(self._settings, stored=stored),
                 http=self._http,
                 send=self._send_webhook,
                 park_after=self._steps.park_after,
@@ -183,7 +189,10 @@ class WorkerRuntime:
         """Start this worker's copy of the admission scheduler in a daemon thread (unless turned off)."""
         if not self._with_scheduler or self._scheduler_thread is not None:
             return
-        scheduler = build_scheduler(self._settings, **self._leader_parts())
+        assert self._engine is not None  # built with the context
+        scheduler = build_scheduler(
+            self._settings, **self._leader_parts(), org_settings=OrgSettingsRepository(session_factory(self._engine))
+        )
         self._scheduler_thread = _daemon(scheduler.run, self._scheduler_stop, "aptix-scheduler")
         logger.info("admission scheduler started in worker %s", self.context.hostname)
 
@@ -202,8 +211,7 @@ class WorkerRuntime:
             thread.join(timeout=5)
 
     def _sweeper(self) -> WebhookSweeper | None:
-        enabled = WebhookConfig.from_settings(self._settings).enabled
-        if self._send_webhook is None or self._engine is None or not enabled:
+        if self._send_webhook is None or self._engine is None:
             return None
         return WebhookSweeper(WebhookDeliveryRepository(session_factory(self._engine)), self._send_webhook)
 
@@ -240,8 +248,12 @@ def build_reconciler(
         retire_legacy_keys(client)
     broker_url = settings.effective_broker_url
     broker = (
-        RedisBrokerWatch(redis.Redis.from_url(broker_url, socket_timeout=10), client, owner=owner)
-        if broker_url.startswith(("redis://", "rediss://"))
+        RedisBrokerWatch(
+            redis_client(broker_url, sentinel_password=settings.sentinel_password, socket_timeout=10),
+            client,
+            owner=owner,
+        )
+        if is_redis_url(broker_url)
         else None
     )
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
@@ -282,8 +294,10 @@ def build_scheduler(
     steps: StepSender,
     owner: str,
     metrics: WorkerMetrics | None = None,
+    org_settings: OrgSettingsRepository | None = None,
 ) -> AdmissionScheduler:
-    """An admission scheduler on the state store's Redis ``client`` and a process's ports."""
+    """An admission scheduler on the state store's Redis ``client`` and a process's ports; given
+    ``org_settings``, the organisations' own admission caps apply (read every few seconds)."""
     return AdmissionScheduler(
         settings=settings,
         admission=AdmissionQueue(client),
@@ -291,22 +305,39 @@ def build_scheduler(
         steps=steps,
         leader=LeaderLease(client, key=SCHEDULER_LEADER_KEY, owner=owner),
         metrics=metrics,
+        caps=None if org_settings is None else org_caps(org_settings),
     )
 
 
-def webhook_outbox(settings: Settings, send_webhook: SendAttempt | None) -> WebhookOutbox | None:
-    """The outbox that records turns' webhook events in their commits; None when no organisation has a
-    webhook secret or the process cannot send them (:func:`webhook_sender`)."""
-    config = WebhookConfig.from_settings(settings)
+def org_caps(org_settings: OrgSettingsRepository) -> Callable[[], dict[str, int]]:
+    """The organisations' own admission caps (``aptix orgs set --max-in-flight``), read at most every
+    ``shared.ttl_cache.REFRESH_SECONDS`` (the last ones known while the database does not answer)."""
+    limits = Cached(org_settings.all, what="the organisations' admission caps (org_settings)")
+
+    def caps() -> dict[str, int]:
+        return {org: own.max_in_flight for org, own in limits.get().items() if own.max_in_flight is not None}
+
+    return caps
+
+
+def webhook_outbox(
+    settings: Settings, send_webhook: SendAttempt | None, stored: StoredSecrets | None = None
+) -> WebhookOutbox | None:
+    """The outbox that records turns' webhook events in their commits; None when no organisation can have a
+    webhook secret (none in ``APTIX_WEBHOOK_SECRETS``, and none ``stored``) or the process cannot send them
+    (:func:`webhook_sender`)."""
+    config = WebhookConfig.from_settings(settings, stored=stored)
     if send_webhook is None or not config.enabled:
         return None
     return WebhookOutbox(config)
 
 
-def webhook_sender(settings: Settings, send_webhook: SendAttempt | None) -> WebhookSender | None:
+def webhook_sender(
+    settings: Settings, send_webhook: SendAttempt | None, stored: StoredSecrets | None = None
+) -> WebhookSender | None:
     """What sends the first attempt of the deliveries the outbox recorded (:func:`webhook_outbox`), once
     committed; None when the process records none."""
-    if send_webhook is None or not WebhookConfig.from_settings(settings).enabled:
+    if send_webhook is None or not WebhookConfig.from_settings(settings, stored=stored).enabled:
         return None
     send = send_webhook
 

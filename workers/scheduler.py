@@ -2,7 +2,8 @@
 
 The gateway holds a batch's turns in their organisation's admission queue
 (``shared.state.admission``). The active scheduler releases them, one turn per organisation per
-round, while each organisation has fewer than ``APTIX_ORG_MAX_IN_FLIGHT`` turns in flight, and sends
+round, while each organisation has fewer than its cap of turns in flight (``APTIX_ORG_MAX_IN_FLIGHT``, or
+its own from ``org_settings``, read every few seconds: ``aptix orgs set --max-in-flight``), and sends
 their first messages (``BATCH_START_PRIORITY``, :func:`~shared.models.envelope.first_step`, the
 message the gateway sends an interactive turn). It wakes when turns are held or a turn in flight
 ends (a Redis nudge the gateway and the worker's last state save push), and at least twice a second.
@@ -27,7 +28,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import redis
 from sqlalchemy.exc import SQLAlchemyError
@@ -74,6 +75,7 @@ class AdmissionScheduler:
         leader: Leader,
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        caps: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """Build one copy.
 
@@ -85,7 +87,10 @@ class AdmissionScheduler:
             leader: the leader lease (``SCHEDULER_LEADER_KEY``): only its holder releases turns.
             metrics: counts releases and shows the sets (a private set when None).
             clock: the wall clock (Unix time).
+            caps: the organisations with an admission cap of their own (``org_settings``, cached), each
+                with its cap; every other organisation's is ``APTIX_ORG_MAX_IN_FLIGHT``.
         """
+        self._caps = caps
         self._settings = settings
         self._admission = admission
         self._turns = turns
@@ -149,9 +154,12 @@ class AdmissionScheduler:
 
     def release(self, now: float) -> int:
         """Release held turns until no organisation may have more in flight; how many."""
+        caps = self._caps() if self._caps is not None else None
         released = 0
         while True:
-            release = self._admission.release(cap=self._settings.org_max_in_flight, limit=_RELEASE_BATCH, now=now)
+            release = self._admission.release(
+                cap=self._settings.org_max_in_flight, limit=_RELEASE_BATCH, now=now, caps=caps
+            )
             if release is None:
                 return released
             self._send(release)

@@ -1,4 +1,4 @@
-"""A batch's output and error files, rendered from its turns when read (nothing is written while it runs).
+"""A batch's output and error files, rendered from its turns once it ended (``batch_files`` writes them).
 
 Every request of a batch of the OpenAI face is a turn whose extras carry its line's ``custom_id`` and
 the fields its ``Response`` echoes. Once the batch ended, each turn is in exactly one of two files:
@@ -7,17 +7,19 @@ the fields its ``Response`` echoes. Once the batch ended, each turn is in exactl
   that paused for client tools (its output ends in ``function_call`` items):
   ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body": <Response>}, "error": null}``;
 - the error file otherwise: a failed turn as ``{"response": {"status_code", "request_id", "body":
-  {"error": {...}}}, "error": null}``; a cancelled one (the batch's cancel or its expiry) as
-  ``{"response": null, "error": {"code": "batch_cancelled" | "batch_expired", "message"}}``.
+  {"error": {...}}}, "error": null}``; a cancelled one as ``{"response": null, "error": {"code", "message"}}``,
+  the code saying by what: ``batch_cancelled`` (the batch's cancel), ``batch_expired`` (its window ran
+  out) or ``cancelled`` (the request alone, by ``DELETE /v1/turns/{turn_id}`` or the cancel of its
+  response, before its batch was cancelled or expired).
 
-Lines come in request order, read from the database 500 turns at a time: memory stays bounded
-whatever the batch's size.
+The caller (``batch_files``) reads the turns in request order, 500 at a time, and writes each line to its
+file: memory stays bounded whatever the batch's size.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from datetime import datetime
 from typing import Any, Literal
 
 from api_gateway.openai.errors import openai_error_body
@@ -27,7 +29,7 @@ from shared.db.responses import ResponseRecord
 from shared.models.turn import TurnStatus
 from shared.openai import TurnExtras, response_id
 
-__all__ = ["Part", "line_part", "render_lines"]
+__all__ = ["Part", "line_part", "render_line"]
 
 Part = Literal["output", "error"]
 """Which file of a batch: its output file or its error file."""
@@ -46,22 +48,23 @@ def line_part(turn: TurnRecord) -> Part | None:
     return "error"
 
 
-def render_lines(turns: Iterable[TurnRecord], *, part: Part, expired: bool) -> Iterator[bytes]:
-    """The lines of one of a batch's files.
+def render_line(turn: TurnRecord, *, expired: bool, cancelled_at: datetime | None) -> tuple[Part, bytes] | None:
+    """A request's line and the file it goes to; None while its turn is queued or running.
 
     Args:
-        turns: the batch's turns, in request order.
-        part: which file.
-        expired: whether the batch expired (its cancelled requests are ``batch_expired``, else ``batch_cancelled``).
+        turn: one of the batch's turns.
+        expired: whether the batch expired (the requests it cancelled are ``batch_expired``, else ``batch_cancelled``).
+        cancelled_at: when the batch was cancelled (its expiry cancels it too), None if it was not: a request
+            cancelled before that was cancelled on its own (``cancelled``).
 
-    Yields:
-        One JSON line (with its line break) per request that belongs in the file.
+    Returns:
+        The file and one JSON line (with its line break).
     """
-    for turn in turns:
-        if line_part(turn) != part:
-            continue
-        line = _output_line(turn) if part == "output" else _error_line(turn, expired=expired)
-        yield json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    part = line_part(turn)
+    if part is None:
+        return None
+    line = _output_line(turn) if part == "output" else _error_line(turn, expired=expired, cancelled_at=cancelled_at)
+    return part, json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
 def _output_line(turn: TurnRecord) -> dict[str, Any]:
@@ -79,10 +82,13 @@ def _output_line(turn: TurnRecord) -> dict[str, Any]:
     }
 
 
-def _error_line(turn: TurnRecord, *, expired: bool) -> dict[str, Any]:
+def _error_line(turn: TurnRecord, *, expired: bool, cancelled_at: datetime | None) -> dict[str, Any]:
     custom_id = TurnExtras.of(turn.request).custom_id
     if TurnStatus(turn.status) is TurnStatus.CANCELLED:
-        if expired:
+        ended = turn.completed_at or turn.updated_at
+        if cancelled_at is None or ended < cancelled_at:
+            error = {"code": "cancelled", "message": "This request was cancelled on its own, before its batch ended."}
+        elif expired:
             error = {"code": "batch_expired",
                      "message": "This request could not be executed before the completion window expired."}  # fmt: skip
         else:

@@ -1,18 +1,15 @@
 """OpenAIBatchService: OpenAI's Batch API over Aptix batches (``/openai/v1/batches``).
 
-Creating a batch records its row (``validating``), then reads its input file line by line
-(``batch_lines``): a file with a bad line makes the batch ``failed`` with every bad line in
-``errors.data``, and nothing runs; a valid one is staged line by line as turns of the face (each
-turn's extras carry its ``custom_id``) and recorded as the Aptix batch of the same id through
-``BatchService``, so its turns go through fair admission, the model rate limits and the batch
-priority like any batch turn. Validation runs inside the create request: the answer is the batch
-``in_progress`` or ``failed``.
+Creating a batch records its row (``validating``) and answers at once; the batch's job (``batch_jobs``,
+run by this gateway at once if it has a free thread, else by the next poll of any gateway) then
+validates its input file and records its turns as the Aptix batch of the same id (``batch_validation``):
+``in_progress``, or ``failed`` naming its bad lines.
 
-Everything after is read from the turns (``batch_view``). The first read that finds the batch ended
-writes when it ended and its output and error files (rendered from the turns when downloaded:
-``batch_output``). A batch past its ``expires_at`` with requests still queued or running is noted
-expired and those requests are cancelled, on the next read or by the gateways' sweep, whichever
-comes first.
+Everything after is read from the turns (``batch_view``). The first read (or sweep) that finds its
+last request ended notes it (``finalizing``), and the batch's job writes its output and error files
+(``batch_files``): then it is ``completed``, ``cancelled`` or ``expired``. A batch past its
+``expires_at`` with requests still queued or running is noted expired and those requests are
+cancelled, on the next read or by the gateways' sweep, whichever comes first.
 """
 
 from __future__ import annotations
@@ -21,22 +18,20 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from api_gateway.ids import is_batch_id, new_batch_id
-from api_gateway.openai.batch_lines import BatchLine, LineError, check_line
-from api_gateway.openai.batch_output import Part, render_lines
-from api_gateway.openai.batch_view import ENDED, batch_object, batch_status
-from api_gateway.openai.errors import invalid, param_of
-from api_gateway.openai.file_service import DEFAULT_EXPIRY_SECONDS, FileService, check_expires_after, new_file_id
+from api_gateway.openai.batch_files import BatchFiles
+from api_gateway.openai.batch_jobs import BatchJobs, Lease
+from api_gateway.openai.batch_validation import ENDPOINT, BatchValidation
+from api_gateway.openai.batch_view import batch_object
+from api_gateway.openai.errors import invalid
+from api_gateway.openai.file_service import FileService, check_expires_after
 from api_gateway.openai.requests import check_metadata
-from api_gateway.openai.response_service import ResponseService
-from api_gateway.openai.turn_requests import turn_parts
 from api_gateway.services.batch_service import BatchService
-from api_gateway.services.batch_staging import StagedBatch
-from api_gateway.services.errors import Conflict, NotFound, ServiceError
+from api_gateway.services.errors import Conflict, NotFound
 from api_gateway.services.turn_service import TurnService
 from shared.db.batches import BatchRepository
 from shared.db.openai_batches import (
@@ -45,25 +40,17 @@ from shared.db.openai_batches import (
     OpenAIBatchRepository,
     UnknownBatchCursor,
 )
-from shared.db.openai_files import FileRecord
 from shared.models.turn import TurnStatus
-from shared.webhooks import WebhookSender
 
-__all__ = ["ENDPOINT", "MAX_ERRORS", "OpenAIBatchService"]
+__all__ = ["OpenAIBatchService"]
 
 logger = logging.getLogger(__name__)
 
-ENDPOINT = "/v1/responses"
-"""The one endpoint a batch here may name."""
 COMPLETION_WINDOW = "24h"
-MAX_ERRORS = 1000
-"""The most bad lines a failed batch's ``errors.data`` lists (the first ones)."""
 _KNOWN = frozenset(
     {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after", "webhook_url"}
 )
 _MAX_KEY = 255
-_STALE_VALIDATION = timedelta(hours=1)
-"""A batch still ``validating`` this long after its creation lost its gateway: it is made ``failed``."""
 
 
 class OpenAIBatchService:
@@ -77,23 +64,26 @@ class OpenAIBatchService:
         aptix_batches: BatchRepository,
         turns: TurnService,
         files: FileService,
-        responses: ResponseService,
+        jobs: BatchJobs,
+        validation: BatchValidation,
+        batch_files: BatchFiles,
         window_seconds: float,
         clock: Callable[[], datetime],
-        webhook_sender: WebhookSender | None = None,
     ) -> None:
         self._batches = batches
         self._aptix = aptix
         self._aptix_batches = aptix_batches
         self._turns = turns
         self._files = files
-        self._responses = responses
+        self._jobs = jobs
+        self._validation = validation
+        self._batch_files = batch_files
         self._window = timedelta(seconds=window_seconds)
         self._clock = clock
-        self._webhook_sender = webhook_sender
+        jobs.bind(self.run_job)
 
     def create(self, body: object, *, org_id: str, user_id: str, idempotency_key: str | None) -> dict[str, Any]:
-        """Create a batch on an uploaded file: validate every line, then run them all, or fail it.
+        """Create a batch on an uploaded file: record it ``validating`` and start its validation.
 
         Args:
             body: the decoded JSON body.
@@ -102,15 +92,14 @@ class OpenAIBatchService:
             idempotency_key: the ``Idempotency-Key`` header, if any.
 
         Returns:
-            The ``Batch``: ``in_progress`` (every line became a queued turn) or ``failed`` (``errors``); for
-            a repeated key with the same body, the first one as it stands.
+            The ``Batch``, ``validating`` (its job validates it and records its turns: ``batch_validation``);
+            for a repeated key with the same body, the first one as it stands.
 
         Raises:
             InvalidRequest: the body (400 naming the field): an endpoint other than ``/v1/responses``, a
-                completion window other than ``24h``, a file not uploaded for ``batch``.
+                completion window other than ``24h``, a file not uploaded for ``batch``, a webhook URL refused.
             NotFound: ``input_file_id`` names no file of the organisation.
             Conflict: ``idempotency_key_reused``.
-            Unavailable: the broker or the state store refused; nothing was recorded.
         """
         fields = _check_body(body)
         if idempotency_key is not None:
@@ -128,6 +117,7 @@ class OpenAIBatchService:
             ) from exc  # fmt: skip
         if source.purpose != "batch":
             raise invalid(f"file {source.file_id!r} was not uploaded for purpose 'batch'", ("input_file_id",))
+        self._aptix.check_webhook_url(fields["webhook_url"], org_id=org_id)
         batch_id = new_batch_id()
         now = self._clock()
         record = OpenAIBatchRecord(
@@ -137,32 +127,17 @@ class OpenAIBatchService:
             idempotency_key=idempotency_key, request_hash=fields["request_hash"], created_at=now,
             expires_at=now + self._window,
         )  # fmt: skip
-        webhook_url = fields["webhook_url"]
-        with self._aptix.stage(batch_id, org_id=org_id, user_id=user_id, webhook_url=webhook_url) as staged:
-            try:
-                self._batches.add(record)
-            except OpenAIBatchKeyTaken:
-                winner = self._batches.by_idempotency_key(org_id, str(idempotency_key))
-                if winner is None:
-                    raise Conflict(
-                        "idempotency_key_reused", "a concurrent request with this Idempotency-Key failed; retry"
-                    ) from None
-                return self._replay(winner, fields["request_hash"])
-            errors, count = self._stage_lines(source, staged)
-            if errors or count == 0:
-                if count == 0:
-                    errors = [LineError(0, "empty_file", "The input file holds no request.", "input_file_id")]
-                self._fail(batch_id, errors=errors, total=count)
-                return self._view(self._require(batch_id, org_id=org_id))
-            try:
-                self._aptix.commit(staged, batch_id=batch_id, org_id=org_id, user_id=user_id,
-                                   webhook_url=webhook_url, idempotency_key=None)  # fmt: skip
-            except ServiceError:
-                self._batches.remove(batch_id)
-                raise
-        self._batches.start(batch_id, total=count, at=self._clock())
-        logger.info("openai batch %s: %d requests", batch_id, count)
-        return self._view(self._require(batch_id, org_id=org_id))
+        try:
+            self._batches.add(record)
+        except OpenAIBatchKeyTaken:
+            winner = self._batches.by_idempotency_key(org_id, str(idempotency_key))
+            if winner is None:
+                raise Conflict(
+                    "idempotency_key_reused", "a concurrent request with this Idempotency-Key failed; retry"
+                ) from None
+            return self._replay(winner, fields["request_hash"])
+        self._jobs.submit(batch_id)
+        return batch_object(record, None, None)
 
     def get(self, batch_id: str, *, org_id: str) -> dict[str, Any]:
         """The caller's batch as it stands (``Batch``).
@@ -175,16 +150,20 @@ class OpenAIBatchService:
     def cancel(self, batch_id: str, *, org_id: str) -> dict[str, Any]:
         """Cancel the batch: its requests not started are cancelled at once, running ones finish.
 
-        A batch that ended (or failed) is returned as it is; a second cancel answers the batch as it stands.
+        A batch still validating records no turn (``cancelling``, then ``cancelled``); one that ended (or
+        failed) is returned as it is; a second cancel answers the batch as it stands.
 
         Raises:
             NotFound: no such batch of the caller's organisation.
         """
         record = self._settle(self._require(batch_id, org_id=org_id))
-        if record.in_progress_at is not None and record.failed_at is None and record.finished_at is None:
+        if record.in_progress_at is None:
+            if self._batches.request_cancel(batch_id, at=self._clock()):
+                self._jobs.submit(batch_id)  # its validation, if it runs here, records nothing
+        elif record.failed_at is None and record.ended_at is None:
             with contextlib.suppress(Conflict):  # every request had ended meanwhile
                 self._aptix.cancel(batch_id, org_id=org_id, running="finish")
-        return self._view(record)
+        return self._view(self._reread(record))
 
     def page(self, *, org_id: str, after: str | None, limit: int) -> dict[str, Any]:
         """A page of the caller's batches, newest first (OpenAI's list shape).
@@ -205,29 +184,31 @@ class OpenAIBatchService:
             "has_more": has_more,
         }
 
-    def file_content(self, file: FileRecord) -> Iterator[bytes]:
-        """The lines of a batch's output or error file, rendered from its turns (check the caller first)."""
-        assert file.batch_id is not None and file.batch_part in ("output", "error")
-        batch = self._batches.get(file.batch_id, org_id=file.org_id)
-        expired = batch is not None and batch.expired_at is not None
-        part: Part = "output" if file.batch_part == "output" else "error"
-        return render_lines(self._aptix.turns(file.batch_id), part=part, expired=expired)
+    def run_job(self, record: OpenAIBatchRecord, lease: Lease) -> None:
+        """The batch's job (``BatchJobs`` runs it under ``lease``): validate it, or write its files once it ended."""
+        if record.in_progress_at is None:
+            self._validation.run(record, lease)
+        else:
+            self._batch_files.run(record, lease)
 
     def sweep(self) -> int:
-        """Expire the batches past their window and fail those whose validation was interrupted.
+        """Expire the batches past their window.
 
         Returns:
             How many batches it settled.
         """
-        now = self._clock()
         settled = 0
-        for record in self._batches.overdue(now=now):
-            self._settle(record)
-            settled += 1
-        for record in self._batches.stale_validating(older_than=now - _STALE_VALIDATION):
+        for record in self._batches.overdue(now=self._clock()):
             self._settle(record)
             settled += 1
         return settled
+
+    def poll_jobs(self) -> None:
+        """Note the end of the batches whose last request ended (their files are to be written), then take
+        up the batch jobs nobody holds (``BatchJobs.run_due``)."""
+        for batch_id in self._batches.ended_unnoted():
+            self._settle(self._batches.get_any(batch_id))
+        self._jobs.run_due()
 
     def _require(self, batch_id: str, *, org_id: str) -> OpenAIBatchRecord:
         found = self._batches.get(batch_id, org_id=org_id) if is_batch_id(batch_id) else None
@@ -240,70 +221,22 @@ class OpenAIBatchService:
             raise Conflict("idempotency_key_reused", "this Idempotency-Key was used before with a different request")
         return self._view(earlier)
 
-    def _stage_lines(self, source: FileRecord, staged: StagedBatch) -> tuple[list[LineError], int]:
-        """Check every line of ``source``; stage the valid ones while none was bad.
-
-        Returns:
-            The bad lines (the first :data:`MAX_ERRORS`) and how many requests the file holds.
-        """
-        errors: list[LineError] = []
-        seen: set[str] = set()
-        count = 0
-        for number, raw in enumerate(self._files.lines(source), start=1):
-            if not raw.strip():
-                continue
-            count += 1
-            checked = check_line(raw, number, endpoint=ENDPOINT, seen=seen, check_request=self._responses.check_model)
-            if isinstance(checked, LineError):
-                if len(errors) < MAX_ERRORS:
-                    errors.append(checked)
-                continue
-            if errors:
-                continue  # the batch fails: what is left is only checked
-            try:
-                self._stage(checked, staged)
-            except ServiceError as exc:
-                if len(errors) < MAX_ERRORS:
-                    errors.append(LineError(number, exc.code, exc.message, _param(exc.details)))
-        return errors, count
-
-    def _stage(self, line: BatchLine, staged: StagedBatch) -> None:
-        request = line.request
-        echo = request.echoed(self._responses.model_for(request, mode=request.mode))
-        turn_request, extras = turn_parts(
-            request, session_id=None, idempotency_key=None, custom_id=line.custom_id, echo=echo
-        )
-        staged.add(turn_request, loc=("line", line.number), extras=extras)
-
-    def _fail(self, batch_id: str, *, errors: list[LineError], total: int) -> None:
-        deliveries = self._batches.fail(batch_id, errors=[error.as_json() for error in errors], total=total,
-                                        at=self._clock())  # fmt: skip
-        if deliveries and self._webhook_sender is not None:
-            self._webhook_sender.send(deliveries)
-
     def _settle(self, record: OpenAIBatchRecord) -> OpenAIBatchRecord:
-        """Bring the batch's record up to what its turns say: started, expired (its requests cancelled), ended."""
-        if record.failed_at is not None or record.finished_at is not None:
+        """Bring the batch's record up to what its turns say: expired (its requests cancelled), ended."""
+        if record.in_progress_at is None or record.ended_at is not None or record.failed_at is not None:
             return record
         now = self._clock()
-        if record.in_progress_at is None:
-            aptix = self._aptix_batches.get(record.batch_id, org_id=record.org_id)
-            if aptix is not None:  # its gateway stopped between the Aptix batch and noting it
-                self._batches.start(record.batch_id, total=aptix.total, at=aptix.created_at)
-            elif record.created_at <= now - _STALE_VALIDATION:
-                message = "The batch's validation was interrupted (its gateway stopped); create it again."
-                self._fail(record.batch_id, errors=[LineError(0, "validation_interrupted", message)], total=0)
-            return self._reread(record)
         counts = self._aptix_batches.counts(record.batch_id)
         moving = any(counts[status] for status in TurnStatus.in_flight())
         if moving and record.expired_at is None and record.expires_at <= now:
             self._expire(record)
             record = self._reread(record)
             counts = self._aptix_batches.counts(record.batch_id)
-        totals = self._batches.totals(record.batch_id)
-        status = batch_status(record, counts, cancelling=totals.cancel_requested_at is not None)
-        if status in ENDED:
-            self._finish(record, ended_at=totals.last_end or now)
+            moving = any(counts[status] for status in TurnStatus.in_flight())
+        if not moving:
+            ended_at = self._batches.totals(record.batch_id).last_end or now
+            if self._batches.note_ended(record.batch_id, at=ended_at):
+                self._jobs.submit(record.batch_id)
             record = self._reread(record)
         return record
 
@@ -322,26 +255,6 @@ class OpenAIBatchService:
             except Conflict:
                 continue  # it ended meanwhile
 
-    def _finish(self, record: OpenAIBatchRecord, *, ended_at: datetime) -> None:
-        """Write the batch's end and its output and error files (their sizes counted by rendering them once)."""
-        now = self._clock()
-        seconds = record.output_expires_seconds or DEFAULT_EXPIRY_SECONDS
-        expired = record.expired_at is not None
-        files = []
-        parts: tuple[Part, ...] = ("output", "error")
-        for part in parts:
-            size = lines = 0
-            for line in render_lines(self._aptix.turns(record.batch_id), part=part, expired=expired):
-                size += len(line)
-                lines += 1
-            if lines:
-                files.append(FileRecord(
-                    file_id=new_file_id(), org_id=record.org_id, purpose="batch_output",
-                    filename=f"{record.batch_id}_{part}.jsonl", bytes=size, lines=lines, created_at=now,
-                    expires_at=now + timedelta(seconds=seconds), batch_id=record.batch_id, batch_part=part,
-                ))  # fmt: skip
-        self._batches.finish(record.batch_id, at=ended_at, files=files)
-
     def _reread(self, record: OpenAIBatchRecord) -> OpenAIBatchRecord:
         found = self._batches.get(record.batch_id, org_id=record.org_id)
         assert found is not None
@@ -349,8 +262,9 @@ class OpenAIBatchService:
 
     def _view(self, record: OpenAIBatchRecord) -> dict[str, Any]:
         record = self._settle(record)
-        if record.in_progress_at is None:
-            return batch_object(record, None, None)
+        if record.in_progress_at is None or record.finished_at is not None:
+            totals = None if record.in_progress_at is None else self._batches.totals(record.batch_id)
+            return batch_object(record, None, totals)
         counts = self._aptix_batches.counts(record.batch_id)
         return batch_object(record, counts, self._batches.totals(record.batch_id))
 
@@ -392,13 +306,3 @@ def _check_body(body: object) -> dict[str, Any]:
         "webhook_url": webhook_url,
         "request_hash": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest(),
     }
-
-
-def _param(details: Any) -> str | None:
-    """``body.<param>`` of a line a staging check refused (``loc`` ``["line", n, field, ...]``)."""
-    if isinstance(details, list) and details and isinstance(details[0], dict):
-        loc = details[0].get("loc")
-        if isinstance(loc, list | tuple) and len(loc) > 2:
-            inner = param_of(list(loc[2:]))
-            return None if inner is None else f"body.{inner}"
-    return None

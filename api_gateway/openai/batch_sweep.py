@@ -1,7 +1,9 @@
-"""The OpenAI face's sweep: batches past their window expire, and files past their ``expires_at`` go,
-even when nobody reads them (a read of a batch settles it too: ``OpenAIBatchService``).
+"""The OpenAI face's sweeps: batches past their window expire and files past their ``expires_at`` go,
+even when nobody reads them (a read of a batch settles it too: ``OpenAIBatchService``); and, more
+often (every few seconds), batches whose last request ended are noted ``finalizing`` and the batch
+jobs nobody holds are taken up.
 
-Every gateway runs it; each step is safe to run twice at once (the writes are conditional).
+Every gateway runs them; each step is safe to run twice at once (the writes are conditional).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import logging
 
 from starlette.concurrency import run_in_threadpool
 
+from api_gateway.openai.batch_jobs import BatchJobs
 from api_gateway.openai.batch_service import OpenAIBatchService
 from api_gateway.openai.file_service import FileService
 
-__all__ = ["sweep_batches_forever", "sweep_interval"]
+__all__ = ["run_batch_jobs_forever", "sweep_batches_forever", "sweep_interval"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,3 +43,22 @@ async def sweep_batches_forever(batches: OpenAIBatchService, files: FileService,
             await run_in_threadpool(files.delete_expired)
         except Exception:  # a database blip must not end the sweep
             logger.warning("openai batch sweep failed", exc_info=True)
+
+
+async def run_batch_jobs_forever(batches: OpenAIBatchService, jobs: BatchJobs) -> None:
+    """Note the batches that ended and take up the batch jobs nobody holds, every :attr:`BatchJobs.poll_seconds`;
+    stop the jobs when cancelled.
+
+    Args:
+        batches: the service that notes them (``OpenAIBatchService.poll_jobs``).
+        jobs: this gateway's batch jobs.
+    """
+    try:
+        while True:
+            try:
+                await run_in_threadpool(batches.poll_jobs)
+            except Exception:  # a database blip must not end the polling
+                logger.warning("openai batch jobs: polling failed", exc_info=True)
+            await asyncio.sleep(jobs.poll_seconds)
+    finally:
+        await run_in_threadpool(jobs.stop)

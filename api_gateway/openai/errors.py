@@ -32,6 +32,8 @@ _TYPES = {
     429: "rate_limit_error",
 }
 _CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded"}
+_OUR_CODES = {"quota_exceeded": ("insufficient_quota", "insufficient_quota")}
+"""Our codes OpenAI has a (type, code) of its own for: a spent daily token budget is its out-of-quota 429."""
 
 
 def is_openai_path(path: str) -> bool:
@@ -61,14 +63,10 @@ def openai_error_body(status_code: int, code: str, message: str, details: Any = 
         ``{"error": {"message", "type", "param", "code"}}``.
     """
     kind = _TYPES.get(status_code, "server_error" if status_code >= 500 else "invalid_request_error")
-    return {
-        "error": {
-            "message": message,
-            "type": kind,
-            "param": _first_param(details),
-            "code": _CODES.get(status_code, code),
-        }
-    }
+    theirs = _CODES.get(status_code, code)
+    if code in _OUR_CODES:
+        kind, theirs = _OUR_CODES[code]
+    return {"error": {"message": message, "type": kind, "param": _first_param(details), "code": theirs}}
 
 
 def invalid(message: str, param: Sequence[str | int], *, code: str = "invalid_request") -> InvalidRequest:

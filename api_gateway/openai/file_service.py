@@ -141,7 +141,7 @@ class FileService:
         return found
 
     def content(self, record: FileRecord) -> Iterator[bytes]:
-        """An upload's bytes, a chunk at a time (a batch's file is rendered by its batch service instead)."""
+        """The file's bytes (an upload, or a batch's output or error file), a chunk at a time."""
         return self._files.chunks(record.file_id)
 
     def lines(self, record: FileRecord) -> Iterator[bytes]:

@@ -2,14 +2,13 @@
 
 An upload is ``multipart/form-data`` (``file``, ``purpose``, ``expires_after[anchor]``,
 ``expires_after[seconds]``): Starlette spools the file part to disk past a mebibyte, and the service
-stores it chunk by chunk from there. A batch's output and error files are rendered from its turns when
-downloaded (``OpenAIBatchService.file_content``). Left out of ``/openapi.json``, as the rest of the face.
+stores it chunk by chunk from there. A batch's output and error files are stored the same way, written
+when the batch ended (``batch_files``). Left out of ``/openapi.json``, as the rest of the face.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -20,8 +19,6 @@ from starlette.datastructures import UploadFile
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.openai.errors import OPENAI_PREFIX, invalid
 from api_gateway.openai.file_service import file_object
-from api_gateway.wiring import GatewayWiring
-from shared.db.openai_files import FileRecord
 
 __all__ = ["router"]
 
@@ -82,16 +79,11 @@ async def retrieve_file(file_id: str, caller: Caller, gateway: Gateway) -> JSONR
 async def file_content(file_id: str, caller: Caller, gateway: Gateway) -> StreamingResponse:
     """The file's bytes, streamed (a batch's output and error files rendered from its turns)."""
     record = await run_in_threadpool(gateway.file_service.get, file_id, org_id=caller.org_id)
-    return StreamingResponse(iterate_in_threadpool(_content(gateway, record)), media_type="application/octet-stream")
+    content = gateway.file_service.content(record)
+    return StreamingResponse(iterate_in_threadpool(content), media_type="application/octet-stream")
 
 
 @router.delete("/{file_id}")
 async def delete_file(file_id: str, caller: Caller, gateway: Gateway) -> JSONResponse:
     """Delete the file (``FileDeleted``)."""
     return JSONResponse(await run_in_threadpool(gateway.file_service.delete, file_id, org_id=caller.org_id))
-
-
-def _content(gateway: GatewayWiring, record: FileRecord) -> Iterator[bytes]:
-    if record.batch_id is not None:
-        return gateway.openai_batch_service.file_content(record)
-    return gateway.file_service.content(record)

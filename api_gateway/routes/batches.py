@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, BatchId, Caller, Gateway
 from api_gateway.errors import ApiError
-from api_gateway.openapi import JSON_LINES, error_responses
+from api_gateway.openapi import JSON_LINES, QUOTA_EXCEEDED, error_responses
 from api_gateway.services import BatchService
 from api_gateway.services.batch_upload import record_upload
 from api_gateway.upload_lines import spool_lines
@@ -88,6 +88,7 @@ class _JsonLinesResponse(StreamingResponse):
         503,
         specific={
             404: "`session_not_found`: a request's `session_id` names no session of the caller's organisation.",
+            429: QUOTA_EXCEEDED,
             409: (
                 "`session_busy`: a request's session has a turn that is not finished. `idempotency_key_reused`: "
                 "the batch's key was used with another body, or a request's key by an earlier turn with another "

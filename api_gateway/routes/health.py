@@ -1,5 +1,6 @@
 """``/healthz`` (liveness) and ``/readyz`` (database at the schema this code needs, Redis and broker
-answer, and at least one API key is configured: a gateway that answers every request 401 is not ready)."""
+answer, and at least one API key can be accepted, from ``APTIX_API_KEYS`` or the database: a gateway
+that answers every request 401 is not ready)."""
 
 from __future__ import annotations
 
@@ -60,18 +61,22 @@ async def readyz(gateway: Gateway) -> JSONResponse:
     if checks["database"] and not checks["schema"]:
         message += f" (database at revision {revision}, this gateway needs {head_revision()}: run `aptix db upgrade`)"
     if not checks["api_keys"]:
-        message += " (no API keys: set APTIX_API_KEYS to key:org_id:user_id triples, or every request is a 401)"
+        message += (
+            " (no API keys: create one with `aptix keys create --org ORG`, or set APTIX_API_KEYS to "
+            "key:org_id:user_id triples; else every request is a 401)"
+        )
     return error_response(503, "unavailable", message, details=body["checks"])
 
 
 def _check_all(gateway: GatewayWiring) -> tuple[str | None, dict[str, bool]]:
     revision, database = _database(gateway)
+    schema = database and revision == head_revision()
     checks = {
         "database": database,
-        "schema": database and revision == head_revision(),
+        "schema": schema,
         "redis": _redis(gateway),
         "broker": _broker(gateway),
-        "api_keys": bool(gateway.api_keys),
+        "api_keys": _api_keys(gateway, schema=schema),
     }
     return revision, checks
 
@@ -82,6 +87,16 @@ def _database(gateway: GatewayWiring) -> tuple[str | None, bool]:
     except Exception:  # any driver error means "not ready"; the reason goes to the log
         logger.warning("readiness: database check failed", exc_info=True)
         return None, False
+
+
+def _api_keys(gateway: GatewayWiring, *, schema: bool) -> bool:
+    if gateway.authenticator.has_env_keys or not schema:
+        return gateway.authenticator.has_env_keys
+    try:
+        return gateway.authenticator.accepts_some_key()
+    except Exception:
+        logger.warning("readiness: the API key check failed", exc_info=True)
+        return False
 
 
 def _redis(gateway: GatewayWiring) -> bool:

@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.access_log import note_turn
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway, StreamFlag, TurnId, WaitSeconds
-from api_gateway.openapi import error_responses
+from api_gateway.openapi import QUOTA_EXCEEDED, error_responses
 from api_gateway.routes.turn_events import round_responses
 from api_gateway.services import InvalidRequest, TurnService
 from api_gateway.telemetry import reserved_turn_id
@@ -42,6 +42,7 @@ router = APIRouter(prefix="/v1/turns", tags=["turns"], route_class=Authenticated
                 "Also a client tool named like a server tool, an unknown `mode` for a new session, or `stream` "
                 "with `wait`."
             ),
+            429: QUOTA_EXCEEDED,
         },
     ),
 )

@@ -1,4 +1,5 @@
-"""``/v1/webhook-deliveries``: the webhook deliveries of a turn or a batch, with each attempt's status code."""
+"""``/v1/webhook-deliveries``: the webhook deliveries of a turn or a batch, with each attempt's status code;
+``/v1/webhook-endpoints``: the organisation's endpoints and whether each is enabled."""
 
 from __future__ import annotations
 
@@ -9,15 +10,28 @@ from starlette.concurrency import run_in_threadpool
 
 from api_gateway.deps import AuthenticatedRoute, Caller, Gateway
 from api_gateway.openapi import error_responses
-from shared.models.webhook import WebhookDeliveryList
+from shared.models.webhook import WebhookDeliveryList, WebhookEndpointList
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/webhook-deliveries", tags=["webhooks"], route_class=AuthenticatedRoute)
+router = APIRouter(prefix="/v1", tags=["webhooks"], route_class=AuthenticatedRoute)
 
 
 @router.get(
-    "",
+    "/webhook-endpoints",
+    response_model=WebhookEndpointList,
+    operation_id="listWebhookEndpoints",
+    summary="List the organisation's webhook endpoints",
+    response_description="Each endpoint, enabled or disabled (after a 410 Gone), by URL.",
+    responses=error_responses(401, 503),
+)
+async def list_endpoints(caller: Caller, gateway: Gateway) -> WebhookEndpointList:
+    """The endpoints of the caller's organisation: those its deliveries named, the disabled ones, its default."""
+    return await run_in_threadpool(gateway.webhook_service.endpoints, org_id=caller.org_id)
+
+
+@router.get(
+    "/webhook-deliveries",
     response_model=WebhookDeliveryList,
     operation_id="listWebhookDeliveries",
     summary="List a turn's or a batch's webhook deliveries",

@@ -75,8 +75,10 @@ class BatchService:
         """An empty staged batch whose requests are checked as turns of ``batch_id``.
 
         Raises:
+            Limited: ``quota_exceeded``: the organisation's turns used its tokens for today.
             InvalidRequest: the batch's ``webhook_url`` is refused.
         """
+        self._turns.check_quota(org_id)
 
         def check_request(request: TurnRequest, loc: Loc, index: int, extras: TurnExtras | None) -> NewTurn:
             return self._turns.check_request(
@@ -89,6 +91,15 @@ class BatchService:
                 self._webhooks.check_url(url, org_id=org_id, loc=loc)
 
         return StagedBatch(check_request=check_request, check_url=check_url, webhook_url=webhook_url)
+
+    def check_webhook_url(self, url: str | None, *, org_id: str) -> None:
+        """Refuse a batch's ``webhook_url`` the organisation may not use, as staging the batch would.
+
+        Raises:
+            InvalidRequest: the URL is refused.
+        """
+        if self._webhooks is not None:
+            self._webhooks.check_url(url, org_id=org_id, loc=("body",))
 
     def commit(
         self,

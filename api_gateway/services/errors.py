@@ -5,6 +5,7 @@ AptixError
     ├── NotFound            no such turn, session or batch for this caller (404)
     ├── Conflict            the request does not fit the current state (409)
     ├── InvalidRequest      the request breaks a rule of the catalog or the limits (422)
+    ├── Limited             the organisation is over a limit of its own, for ``retry_after`` seconds (429)
     └── Unavailable         the broker or the state store refused; nothing was recorded (503)
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from shared.errors import AptixError
 
-__all__ = ["Conflict", "InvalidRequest", "NotFound", "ServiceError", "Unavailable"]
+__all__ = ["Conflict", "InvalidRequest", "Limited", "NotFound", "ServiceError", "Unavailable"]
 
 
 class ServiceError(AptixError):
@@ -46,6 +47,15 @@ class InvalidRequest(ServiceError):
 
     def __init__(self, message: str, details: Any = None, *, code: str = "invalid_request") -> None:
         super().__init__(code, message, details)
+
+
+class Limited(ServiceError):
+    """The caller's organisation is over one of its limits (``rate_limited``, ``quota_exceeded``); nothing
+    was recorded. ``retry_after``: whole seconds until it may be under it again (the ``Retry-After``)."""
+
+    def __init__(self, code: str, message: str, *, retry_after: int) -> None:
+        super().__init__(code, message, {"retry_after": retry_after})
+        self.retry_after = retry_after
 
 
 class Unavailable(ServiceError):

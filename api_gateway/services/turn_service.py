@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from api_gateway.ids import is_turn_id
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.services.errors import Conflict, NotFound
+from api_gateway.services.limits import OrgLimitsService
 from api_gateway.services.turn_checks import check_turn_request
 from api_gateway.services.turn_sender import TurnSender
 from api_gateway.services.webhook_service import WebhookService
@@ -70,8 +71,10 @@ class TurnService:
         webhooks: WebhookService | None = None,
         admission: AdmissionQueue | None = None,
         webhook_sender: WebhookSender | None = None,
+        limits: OrgLimitsService | None = None,
     ) -> None:
         self._settings = settings
+        self._limits = limits
         self._webhooks = webhooks
         self._turns = turns
         self._sessions = sessions
@@ -111,8 +114,10 @@ class TurnService:
             InvalidRequest: see :func:`~api_gateway.services.turn_checks.check_turn_request`.
             NotFound: ``session_not_found``.
             Conflict: ``session_busy`` (the session has an unfinished turn) or ``idempotency_key_reused``.
+            Limited: ``quota_exceeded`` (:meth:`check_quota`).
             Unavailable: the broker or the state store refused; nothing was recorded.
         """
+        self.check_quota(org_id)
         turn = self.check_request(body, org_id=org_id, user_id=user_id, turn_id=turn_id, extras=extras)
         try:
             with self._turns.creating(turn, now=self._clock(), deadline_at=self.deadline()) as created:
@@ -164,6 +169,15 @@ class TurnService:
         if not turn.new_session:
             self.expire_overdue(session_id=turn.session_id)
         return turn
+
+    def check_quota(self, org_id: str) -> None:
+        """Refuse a new turn (or batch) of an organisation whose turns used its tokens for today.
+
+        Raises:
+            Limited: ``quota_exceeded`` (:meth:`~api_gateway.services.limits.OrgLimitsService.check_quota`).
+        """
+        if self._limits is not None:
+            self._limits.check_quota(org_id)
 
     @property
     def records(self) -> TurnRepository:

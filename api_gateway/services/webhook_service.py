@@ -15,7 +15,8 @@ from api_gateway.services.errors import InvalidRequest, NotFound
 from shared.db.batches import BatchRepository
 from shared.db.turns import TurnRepository
 from shared.db.webhook_deliveries import WebhookDeliveryRepository
-from shared.models.webhook import WebhookDeliveryList
+from shared.db.webhook_endpoints import WebhookEndpointRepository
+from shared.models.webhook import WebhookDeliveryList, WebhookEndpoint, WebhookEndpointList
 from shared.webhooks import WebhookConfig, WebhookUrlError, check_endpoint
 from shared.webhooks.addresses import Resolver
 
@@ -32,8 +33,10 @@ class WebhookService:
         deliveries: WebhookDeliveryRepository,
         turns: TurnRepository,
         batches: BatchRepository,
+        endpoints: WebhookEndpointRepository | None = None,
         resolve: Resolver | None = None,
     ) -> None:
+        self._endpoints = endpoints
         self._config = config
         self._deliveries = deliveries
         self._turns = turns
@@ -54,10 +57,11 @@ class WebhookService:
         if url is None:
             return
         where = [*loc, "webhook_url"]
-        if self._config.secret_for(org_id) is None:
+        if not self._config.keys_for(org_id):
             raise InvalidRequest(
                 f"webhook_url: organisation {org_id!r} has no webhook secret, so it gets no webhooks "
-                "(the operator sets one in APTIX_WEBHOOK_SECRETS as org_id:whsec_…)",
+                "(the operator sets one in APTIX_WEBHOOK_SECRETS as org_id:whsec_…, or adds one with "
+                "`aptix webhooks secret add`)",
                 [{"loc": where, "msg": "no webhook secret for this organisation", "type": "webhook_not_configured"}],
                 code="webhook_not_configured",
             )
@@ -88,3 +92,26 @@ class WebhookService:
             raise NotFound("not_found", f"batch {batch_id!r} does not exist")
         found, more = self._deliveries.listing(org_id=org_id, turn_id=turn_id, batch_id=batch_id, limit=limit)
         return WebhookDeliveryList(deliveries=found, has_more=more)
+
+    def endpoints(self, *, org_id: str) -> WebhookEndpointList:
+        """The caller's organisation's endpoints (those its deliveries named, the disabled ones, its default),
+        each ``enabled`` or ``disabled`` (it answered 410 Gone; ``aptix webhooks enable`` enables it again)."""
+        if self._endpoints is None:
+            return WebhookEndpointList(endpoints=[], signed=bool(self._config.keys_for(org_id)))
+        default = self._config.default_urls.get(org_id)
+        found = self._endpoints.listing(org_id, also=(default,) if default else ())
+        return WebhookEndpointList(
+            endpoints=[
+                WebhookEndpoint(
+                    url=record.url,
+                    state="disabled" if record.disabled_at is not None else "enabled",
+                    disabled_at=record.disabled_at,
+                    disabled_reason=record.reason,
+                    default=record.url == default,
+                    deliveries=record.deliveries,
+                    last_event_at=record.last_event_at,
+                )
+                for record in found
+            ],
+            signed=bool(self._config.keys_for(org_id)),
+        )

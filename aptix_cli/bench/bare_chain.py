@@ -22,8 +22,8 @@ import redis
 from celery import Celery
 
 from shared.broker import BATCH_PRIORITY, BATCH_START_PRIORITY, celery_config
+from shared.redis_clients import redis_client
 from shared.settings import Settings
-from shared.state.redis_store import connect
 
 __all__ = ["DONE_KEY", "HOP_TASK", "create_app", "finished_chains", "send_chains"]
 
@@ -98,5 +98,5 @@ class _Redis:
 
     def client(self) -> redis.Redis:
         if self._client is None:
-            self._client = connect(self._url, max_connections=8)  # a single Redis or a cluster
+            self._client = redis_client(self._url)
         return self._client

@@ -40,5 +40,8 @@ class BenchOptions:
     """Print the workers' summed RSS after the warm-up and after each run."""
     two_orgs: bool = False
     """Two organisations' batches of ``turns`` side by side, instead of the scenarios (fair admission)."""
+    openai_batch: bool = False
+    """A file of ``turns`` requests through ``/openai/v1/files`` and ``/openai/v1/batches``, end to end, instead of
+    the scenarios; with ``two_orgs``, two organisations' OpenAI batches side by side."""
     task_events: bool = False
     """Turn the workers' Celery task events on, as Flower does when it watches (they start off)."""

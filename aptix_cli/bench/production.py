@@ -10,7 +10,8 @@ A run, all on a scratch PostgreSQL database and two scratch Redis databases (:mo
    many chains as turns over each scenario's hops, queue for queue (:mod:`.bare_chain`);
 4. print the comparison. With ``--interactive``, steps 2-4 are replaced by the p95 latency of
    single turns on the idle system and under a batch of ``--turns`` turns; with ``--two-orgs``, by
-   two organisations' batches side by side (:mod:`.two_orgs`).
+   two organisations' batches side by side (:mod:`.two_orgs`); with ``--openai-batch``, by a file of
+   ``--turns`` requests through OpenAI's Files and Batch API (:mod:`.openai_batch`).
 
 Every process is stopped by its pid and the scratch data is removed at the end, also after Ctrl-C,
 SIGTERM or a failure (the processes' logs are kept then, and their folder is printed).
@@ -36,6 +37,7 @@ from aptix_cli.bench.cpu import CpuMeter, Group, ProcessTable, descendants, read
 from aptix_cli.bench.interactive import InteractiveSample, interactive_latencies
 from aptix_cli.bench.machine import describe_machine
 from aptix_cli.bench.measure import ChainResult, TurnResult, measure_chains, measure_turns
+from aptix_cli.bench.openai_batch import run_openai_batch, run_openai_two_orgs
 from aptix_cli.bench.options import BenchOptions
 from aptix_cli.bench.processes import BenchProcesses, WorkerPlan, worker_plan
 from aptix_cli.bench.report import Report, chain_lines, comparison_table, ratio, turn_lines
@@ -48,8 +50,8 @@ from aptix_cli.bench.two_orgs import run_two_orgs
 from aptix_cli.client import ApiClient, ClientError
 from aptix_cli.launcher import ManagedProcess, free_port
 from shared.models.turn import TurnStatus
+from shared.redis_clients import redis_client
 from shared.settings import Settings
-from shared.state.redis_store import connect
 
 __all__ = ["run_production_bench"]
 
@@ -121,7 +123,7 @@ class _Run:
         self.processes = processes
         self.report = report
         self.control = bare_chain.create_app(Settings(redis_url=scratch.state_url, broker_url=scratch.broker_url))
-        self.state = connect(scratch.state_url, max_connections=8)
+        self.state = redis_client(scratch.state_url, max_connections=8)
         self.servers = ServerStats(
             [RedisServer(role, client) for role, client in services.redis_servers()],
             pg_commits(scratch.dsn, scratch.database_name),
@@ -141,6 +143,9 @@ class _Run:
             if self.options.interactive:
                 self._interactive(api)
                 return self.ok
+            if self.options.openai_batch:
+                self.ok = self._openai_batch(url, api_key, gateway) and self.ok
+                return self.ok
             if self.options.two_orgs:
                 with ApiClient(url, key=f"{api_key}-b", timeout=900) as api_b:
                     self.ok = run_two_orgs(api, api_b, turns=self.options.turns, dsn=self.scratch.dsn,
@@ -151,11 +156,24 @@ class _Run:
         self._bare_chains(results)
         return self.ok
 
+    def _openai_batch(self, url: str, api_key: str, gateway: ManagedProcess) -> bool:
+        if self.options.two_orgs:
+            return run_openai_two_orgs(url, api_key, f"{api_key}-b", turns=self.options.turns, dsn=self.scratch.dsn,
+                                       report=self.report)  # fmt: skip
+        return run_openai_batch(url, api_key, turns=self.options.turns, gateway_pid=gateway.pid, dsn=self.scratch.dsn,
+                                report=self.report)  # fmt: skip
+
     def _header(self) -> None:
         options = self.options
         what = "interactive latency" if options.interactive else f"{options.turns} turns per scenario"
         if options.two_orgs:
             what = f"two organisations' batches of {options.turns} turns"
+        if options.openai_batch:
+            what = (
+                f"an OpenAI batch of {options.turns} requests"
+                if not options.two_orgs
+                else (f"two organisations' OpenAI batches of {options.turns} requests")
+            )
         args = " " + " ".join(self.worker.args) if self.worker.args else " (no flags)"
         self.report.line(f"aptix bench: the production shape, {what}, model latency {options.llm_latency_ms:g} ms")
         self.report.field("machine", describe_machine())

@@ -24,8 +24,8 @@ from sqlalchemy.engine import make_url
 
 from aptix_cli.bench.cpu import ProcessTable
 from shared.db.engine import normalise_database_url
-from shared.state.cluster_client import is_cluster_url
-from shared.state.redis_store import connect
+from shared.redis_clients import redis_client
+from shared.redis_cluster import is_cluster_url
 from shared.state.scripts import is_cluster
 
 __all__ = ["FIRST_REDIS_DB", "Scratch", "ScratchServices", "redis_db_url"]
@@ -96,10 +96,10 @@ class ScratchServices:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self._database)))
             self._database = None
         for server, index in self._claims:
-            redis.Redis.from_url(redis_db_url(server, index)).flushdb()
+            redis_client(redis_db_url(server, index)).flushdb()
         self._claims = []
         if self.scratch is not None and is_cluster_url(self.scratch.state_url):
-            client = connect(self.scratch.state_url, max_connections=4)
+            client = redis_client(self.scratch.state_url, max_connections=4)
             keys = list(client.scan_iter(match="aptix:*", count=1000))
             for start in range(0, len(keys), 1000):
                 pipe = client.pipeline(transaction=False)
@@ -111,14 +111,14 @@ class ScratchServices:
     def describe(self) -> str:
         """The servers' versions and what the bench uses on them."""
         assert self.scratch is not None, "describe() is for a started ScratchServices"
-        info = redis.Redis.from_url(self.scratch.broker_url).info("server")
+        info = redis_client(self.scratch.broker_url).info("server")
         version = self._admin_query("SHOW server_version")
         broker_db = urlsplit(self.scratch.broker_url).path.strip("/")
         if self._state_server is None:
             state_db = urlsplit(self.scratch.state_url).path.strip("/")
             where = f"at {_host_port(self._redis_url)} (db {state_db} state, db {broker_db} broker)"
         elif is_cluster_url(self.scratch.state_url):
-            nodes = len(connect(self.scratch.state_url, max_connections=2).get_nodes())  # type: ignore[attr-defined]
+            nodes = len(redis_client(self.scratch.state_url, max_connections=2).get_nodes())  # type: ignore[attr-defined]
             where = (
                 f"state on a Redis Cluster of {nodes} nodes ({self.scratch.state_url}), broker at "
                 f"{_host_port(self._redis_url)} db {broker_db}"
@@ -138,11 +138,11 @@ class ScratchServices:
         """The Redis servers to count, by role: ``state+broker`` when one server holds both, else each."""
         assert self.scratch is not None
         if self._servers is None:
-            broker = redis.Redis.from_url(self.scratch.broker_url)
+            broker = redis_client(self.scratch.broker_url)
             if self._state_server is None:
                 self._servers = [("state+broker", broker)]
             else:
-                self._servers = [("state", connect(self.scratch.state_url, max_connections=4)), ("broker", broker)]
+                self._servers = [("state", redis_client(self.scratch.state_url, max_connections=4)), ("broker", broker)]
         return self._servers
 
     def redis_members(self, table: ProcessTable) -> Collection[int]:
@@ -201,7 +201,7 @@ class ScratchServices:
     def _claim_redis_databases(self, server: str, count: int) -> list[int]:
         claimed: list[int] = []
         for index in range(FIRST_REDIS_DB, _LAST_REDIS_DB + 1):
-            client = redis.Redis.from_url(redis_db_url(server, index))
+            client = redis_client(redis_db_url(server, index))
             try:
                 empty = client.dbsize() == 0
             except redis.ResponseError:  # the server has fewer databases

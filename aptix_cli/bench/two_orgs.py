@@ -24,7 +24,7 @@ from aptix_cli.bench.scenarios import SCENARIOS
 from aptix_cli.bench.stats import percentile
 from aptix_cli.client import ApiClient
 
-__all__ = ["OrgFigures", "run_two_orgs"]
+__all__ = ["OrgFigures", "batch_figures", "completed_between", "overlap", "run_two_orgs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +59,10 @@ def run_two_orgs(api_a: ApiClient, api_b: ApiClient, *, turns: int, dsn: str, re
     for thread in threads:
         thread.join()
     with psycopg.connect(dsn, autocommit=True) as db:
-        a, b = _figures(db, submitted_a.batch_id), _figures(db, submitted_b.batch_id)
-        window = _window(a, b)
+        a, b = batch_figures(db, submitted_a.batch_id), batch_figures(db, submitted_b.batch_id)
+        window = overlap(a, b)
         in_window = {
-            name: _completed_between(db, batch_id, *window) if window else 0
+            name: completed_between(db, batch_id, *window) if window else 0
             for name, batch_id in (("a", submitted_a.batch_id), ("b", submitted_b.batch_id))
         }
     report.line()
@@ -83,7 +83,8 @@ def run_two_orgs(api_a: ApiClient, api_b: ApiClient, *, turns: int, dsn: str, re
     return a.completed == turns and b.completed == turns and interactive.all_completed
 
 
-def _figures(db: psycopg.Connection[tuple[object, ...]], batch_id: str) -> OrgFigures:
+def batch_figures(db: psycopg.Connection[tuple[object, ...]], batch_id: str) -> OrgFigures:
+    """One batch's figures from its turns' timestamps."""
     row = db.execute(
         "SELECT min(created_at), min(completed_at), max(completed_at), count(*) FILTER (WHERE status = 'completed') "
         "FROM turns WHERE batch_id = %s",
@@ -96,7 +97,7 @@ def _figures(db: psycopg.Connection[tuple[object, ...]], batch_id: str) -> OrgFi
                       last if isinstance(last, datetime) else None, int(str(completed)))  # fmt: skip
 
 
-def _window(a: OrgFigures, b: OrgFigures) -> tuple[datetime, datetime] | None:
+def overlap(a: OrgFigures, b: OrgFigures) -> tuple[datetime, datetime] | None:
     """From the later batch's acceptance to the earlier batch's last completion (None if they never overlapped)."""
     if a.last_done is None or b.last_done is None:
         return None
@@ -104,9 +105,8 @@ def _window(a: OrgFigures, b: OrgFigures) -> tuple[datetime, datetime] | None:
     return (start, end) if end > start else None
 
 
-def _completed_between(
-    db: psycopg.Connection[tuple[object, ...]], batch_id: str, start: datetime, end: datetime
-) -> int:
+def completed_between(db: psycopg.Connection[tuple[object, ...]], batch_id: str, start: datetime, end: datetime) -> int:
+    """How many of the batch's turns completed in ``(start, end]``."""
     row = db.execute(
         "SELECT count(*) FROM turns WHERE batch_id = %s AND completed_at > %s AND completed_at <= %s",
         (batch_id, start, end),

@@ -4,25 +4,40 @@ A batch's row is written first (``validating``), before its input file is read. 
 becomes the Aptix batch of the same id (``shared.db.batches``), whose turns carry its progress; an
 invalid one makes the row ``failed`` with the bad lines, with its ``batch.failed`` event (the webhook
 outbox) in the same transaction. The row also keeps what the turns cannot say: when the window ran
-out (``expired_at``) and, once every request ended, when (``finished_at``) and the output and error files.
+out (``expired_at``), when its last request ended (``ended_at``) and, once its output and error files
+were written, when (``finished_at``) and which.
+
+Two pieces of work on a batch take long: validating its input file, and writing its files once it
+ended. Each is a job any gateway may run, held by a lease on the row (``job_token``,
+``job_lease_until``): :meth:`OpenAIBatchRepository.due` lists the batches whose job nobody holds,
+:meth:`claim` takes one, :meth:`renew` keeps it; a holder that stops leaves it to be claimed again
+once its lease ran out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, tuple_, type_coerce, update
+from sqlalchemy import func, or_, select, tuple_, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.db.openai_files import FileRecord
-from shared.db.tables import BatchRow, OpenAIBatchRow, OpenAIFileRow, TurnRow, UTCDateTime
+from shared.db.openai_files import FileRecord, write_file
+from shared.db.tables import BatchRow, OpenAIBatchRow, TurnRow, UTCDateTime
+from shared.db.turn_sql import IN_FLIGHT
 from shared.db.webhook_outbox import WebhookOutbox
 
-__all__ = ["BatchTotals", "OpenAIBatchKeyTaken", "OpenAIBatchRecord", "OpenAIBatchRepository", "UnknownBatchCursor"]
+__all__ = [
+    "BatchTotals",
+    "FinishedFile",
+    "OpenAIBatchKeyTaken",
+    "OpenAIBatchRecord",
+    "OpenAIBatchRepository",
+    "UnknownBatchCursor",
+]
 
 
 class OpenAIBatchKeyTaken(Exception):
@@ -58,6 +73,11 @@ class OpenAIBatchRecord:
     finished_at: datetime | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
+    ended_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    job_attempts: int = 0
+    completed_count: int = 0
+    failed_count: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +92,22 @@ class BatchTotals:
     """When the Aptix batch was asked to cancel, else None."""
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedFile:
+    """One of a batch's files to write: its record and its bytes (chunks of at most a mebibyte)."""
+
+    record: FileRecord
+    chunks: Iterable[bytes]
+
+
 _FIELDS = tuple(field.name for field in fields(OpenAIBatchRecord))
+_UNSETTLED = (OpenAIBatchRow.finished_at.is_(None), OpenAIBatchRow.failed_at.is_(None))
+"""A batch with work left: neither its files written nor failed."""
+_JOB_DUE = (
+    *_UNSETTLED,
+    or_(OpenAIBatchRow.in_progress_at.is_(None), OpenAIBatchRow.ended_at.is_not(None)),
+)
+"""A batch with a job to run: it is validating, or it ended and its files are not written."""
 
 
 class OpenAIBatchRepository:
@@ -100,6 +135,13 @@ class OpenAIBatchRepository:
             row = orm.get(OpenAIBatchRow, batch_id)
         return None if row is None or row.org_id != org_id else _record(row)
 
+    def get_any(self, batch_id: str) -> OpenAIBatchRecord:
+        """The batch, whoever's it is (for the sweep; it exists)."""
+        with self._db() as orm:
+            row = orm.get(OpenAIBatchRow, batch_id)
+        assert row is not None
+        return _record(row)
+
     def by_idempotency_key(self, org_id: str, key: str) -> OpenAIBatchRecord | None:
         """The organisation's batch created with ``key``."""
         with self._db() as orm:
@@ -108,25 +150,138 @@ class OpenAIBatchRepository:
             )
         return None if row is None else _record(row)
 
-    def remove(self, batch_id: str) -> None:
-        """Forget a batch whose Aptix batch could not be recorded (the broker refused): a retry starts afresh."""
+    def start(self, batch_id: str, *, total: int, at: datetime) -> datetime | None:
+        """Note that the batch's Aptix batch (``total`` requests) was recorded at ``at``: it is in progress.
+
+        Returns:
+            When it was cancelled while validating, if it was (its Aptix batch is to be cancelled now).
+        """
         with self._db.begin() as orm:
-            row = orm.get(OpenAIBatchRow, batch_id)
-            if row is not None and row.in_progress_at is None and row.failed_at is None:
-                orm.delete(row)
+            row = orm.get(OpenAIBatchRow, batch_id, with_for_update=True)
+            if row is None:
+                return None
+            if row.in_progress_at is None:
+                row.in_progress_at, row.total = at, total
+            return row.cancel_requested_at
 
-    def has_aptix_batch(self, batch_id: str) -> datetime | None:
-        """When the Aptix batch of this id was created, if it was."""
+    def request_cancel(self, batch_id: str, *, at: datetime) -> bool:
+        """Note a cancel of a batch still validating (its validation then records nothing).
+
+        Returns:
+            Whether the batch was validating (False: it is in progress, or failed, or ended).
+        """
+        with self._db.begin() as orm:
+            done = orm.execute(
+                update(OpenAIBatchRow)
+                .where(
+                    OpenAIBatchRow.batch_id == batch_id,
+                    OpenAIBatchRow.in_progress_at.is_(None),
+                    *_UNSETTLED,
+                )
+                .values(cancel_requested_at=func.coalesce(OpenAIBatchRow.cancel_requested_at, at))
+            )
+            return bool(done.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
+
+    def due(self, *, now: datetime, limit: int = 100) -> list[str]:
+        """Batches whose job (validation, or writing the files of one that ended) nobody holds, oldest first."""
         with self._db() as orm:
-            return orm.scalar(select(BatchRow.created_at).where(BatchRow.batch_id == batch_id))
+            return list(
+                orm.scalars(
+                    select(OpenAIBatchRow.batch_id)
+                    .where(
+                        *_JOB_DUE,
+                        or_(OpenAIBatchRow.job_lease_until.is_(None), OpenAIBatchRow.job_lease_until <= now),
+                    )
+                    .order_by(OpenAIBatchRow.created_at)
+                    .limit(limit)
+                )
+            )
 
-    def start(self, batch_id: str, *, total: int, at: datetime) -> None:
-        """Note that the batch's Aptix batch (``total`` requests) was recorded at ``at``: it is in progress."""
+    def claim(self, batch_id: str, *, token: str, now: datetime, until: datetime) -> OpenAIBatchRecord | None:
+        """Take the batch's job until ``until`` if it is due and nobody holds it (counting the attempt).
+
+        Returns:
+            The batch as it stands, or None: no job, or held by another.
+        """
+        with self._db.begin() as orm:
+            row = orm.get(OpenAIBatchRow, batch_id, with_for_update=True)
+            if row is None or row.finished_at is not None or row.failed_at is not None:
+                return None
+            if row.in_progress_at is not None and row.ended_at is None:
+                return None
+            if row.job_lease_until is not None and row.job_lease_until > now:
+                return None
+            row.job_token, row.job_lease_until = token, until
+            row.job_attempts = (row.job_attempts or 0) + 1
+            orm.flush()
+            return _record(row)
+
+    def renew(self, batch_id: str, *, token: str, until: datetime) -> bool:
+        """Extend the lease of the job ``token`` holds; False: it lost it (another took the job up) or it is done."""
+        with self._db.begin() as orm:
+            done = orm.execute(
+                update(OpenAIBatchRow)
+                .where(OpenAIBatchRow.batch_id == batch_id, OpenAIBatchRow.job_token == token, *_UNSETTLED)
+                .values(job_lease_until=until)
+            )
+            return bool(done.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
+
+    def release(self, batch_id: str, *, token: str, retry_at: datetime, counted: bool) -> None:
+        """Give the job ``token`` holds back, to be claimed again from ``retry_at``.
+
+        Args:
+            batch_id: the batch.
+            token: its holder.
+            retry_at: when it is due again.
+            counted: whether the attempt counts (False: its gateway stopped in good order).
+        """
+        values: dict[str, Any] = {"job_token": None, "job_lease_until": retry_at}
+        if not counted:
+            values["job_attempts"] = OpenAIBatchRow.job_attempts - 1
         with self._db.begin() as orm:
             orm.execute(
                 update(OpenAIBatchRow)
-                .where(OpenAIBatchRow.batch_id == batch_id, OpenAIBatchRow.in_progress_at.is_(None))
-                .values(in_progress_at=at, total=total)
+                .where(OpenAIBatchRow.batch_id == batch_id, OpenAIBatchRow.job_token == token)
+                .values(**values)
+            )
+
+    def note_ended(self, batch_id: str, *, at: datetime) -> bool:
+        """Note that the last request of the batch ended at ``at``: its files are to be written (``finalizing``).
+
+        Returns:
+            Whether this call noted it.
+        """
+        with self._db.begin() as orm:
+            done = orm.execute(
+                update(OpenAIBatchRow)
+                .where(
+                    OpenAIBatchRow.batch_id == batch_id,
+                    OpenAIBatchRow.ended_at.is_(None),
+                    OpenAIBatchRow.in_progress_at.is_not(None),
+                    *_UNSETTLED,
+                )
+                .values(ended_at=at, job_token=None, job_lease_until=None)
+            )
+            return bool(done.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
+
+    def ended_unnoted(self, *, limit: int = 100) -> list[str]:
+        """Batches in progress none of whose turns is queued or running any more, their end not noted yet."""
+        moving = select(TurnRow.turn_id).where(
+            TurnRow.batch_id == OpenAIBatchRow.batch_id, TurnRow.status.in_(IN_FLIGHT)
+        )
+        with self._db() as orm:
+            return list(
+                orm.scalars(
+                    select(OpenAIBatchRow.batch_id)
+                    .where(
+                        OpenAIBatchRow.in_progress_at.is_not(None),
+                        OpenAIBatchRow.ended_at.is_(None),
+                        *_UNSETTLED,
+                        ~moving.exists(),
+                    )
+                    .order_by(OpenAIBatchRow.created_at)
+                    .limit(limit)
+                )
             )
 
     def fail(self, batch_id: str, *, errors: list[dict[str, Any]], total: int, at: datetime) -> list[str]:
@@ -135,11 +290,14 @@ class OpenAIBatchRepository:
         Returns:
             The ids of the webhook deliveries recorded (to send once this committed).
         """
+        if self._outbox is not None:
+            self._outbox.prepare()
         with self._db.begin() as orm:
             row = orm.get(OpenAIBatchRow, batch_id, with_for_update=True)
             if row is None or row.failed_at is not None or row.in_progress_at is not None:
                 return []
             row.failed_at, row.errors, row.total = at, errors, total
+            row.job_token = row.job_lease_until = None
             orm.flush()
             if self._outbox is None:
                 return []
@@ -166,24 +324,42 @@ class OpenAIBatchRepository:
             )
             return bool(done.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
 
-    def finish(self, batch_id: str, *, at: datetime, files: list[FileRecord]) -> bool:
-        """Note the batch's end and its output and error files, unless another reader did first.
+    def finish(
+        self, batch_id: str, *, at: datetime, files: Iterable[FinishedFile], event: str | None
+    ) -> list[str] | None:
+        """Write the batch's output and error files and note it finished at ``at``, with its event, in one
+        transaction, unless another holder did first.
+
+        Args:
+            batch_id: the batch.
+            at: when its files were written (``finished_at``).
+            files: its files (each with at least a line).
+            event: its webhook event (``batch.completed``, ``cancelled``, ``expired``), None for none.
 
         Returns:
-            Whether this call wrote them.
+            The ids of the webhook deliveries recorded (to send once this committed); None: another did it.
         """
+        if self._outbox is not None:
+            self._outbox.prepare()
         with self._db.begin() as orm:
             row = orm.get(OpenAIBatchRow, batch_id, with_for_update=True)
-            if row is None or row.finished_at is not None:
-                return False
+            if row is None or row.finished_at is not None or row.failed_at is not None:
+                return None
             row.finished_at = at
+            row.ended_at = row.ended_at or at
+            row.job_token = row.job_lease_until = None
             for file in files:
-                orm.add(OpenAIFileRow(**{name: getattr(file, name) for name in _FILE_FIELDS}))
-                if file.batch_part == "output":
-                    row.output_file_id = file.file_id
+                written = write_file(orm, file.record, file.chunks)
+                if file.record.batch_part == "output":
+                    row.output_file_id, row.completed_count = written.file_id, written.lines
                 else:
-                    row.error_file_id = file.file_id
-            return True
+                    row.error_file_id, row.failed_count = written.file_id, written.lines
+            orm.flush()
+            if event is None or self._outbox is None:
+                return []
+            return self._outbox.record_openai_batch(
+                orm, batch_id, event=event, org_id=row.org_id, webhook_url=row.webhook_url, now=at
+            )
 
     def overdue(self, *, now: datetime, limit: int = 100) -> list[OpenAIBatchRecord]:
         """Batches in progress past their ``expires_at`` whose expiry was not noted yet."""
@@ -194,26 +370,12 @@ class OpenAIBatchRepository:
                     OpenAIBatchRow.expires_at <= now,
                     OpenAIBatchRow.in_progress_at.is_not(None),
                     OpenAIBatchRow.expired_at.is_(None),
+                    OpenAIBatchRow.ended_at.is_(None),
                     OpenAIBatchRow.finished_at.is_(None),
                 )
                 .limit(limit)
             )
             return [_record(row) for row in rows]
-
-    def stale_validating(self, *, older_than: datetime, limit: int = 100) -> Iterator[OpenAIBatchRecord]:
-        """Batches still ``validating`` that were created before ``older_than`` (their gateway stopped)."""
-        with self._db() as orm:
-            rows = orm.scalars(
-                select(OpenAIBatchRow)
-                .where(
-                    OpenAIBatchRow.created_at < older_than,
-                    OpenAIBatchRow.in_progress_at.is_(None),
-                    OpenAIBatchRow.failed_at.is_(None),
-                )
-                .limit(limit)
-            )
-            found = [_record(row) for row in rows]
-        yield from found
 
     def totals(self, batch_id: str) -> BatchTotals:
         """The tokens the batch's turns used, when the last of them ended, and its cancel (one query each)."""
@@ -249,9 +411,6 @@ class OpenAIBatchRepository:
             query = query.order_by(OpenAIBatchRow.created_at.desc(), OpenAIBatchRow.batch_id.desc())
             rows = list(orm.scalars(query.limit(limit + 1)))
         return [_record(row) for row in rows[:limit]], len(rows) > limit
-
-
-_FILE_FIELDS = tuple(field.name for field in fields(FileRecord))
 
 
 def _record(row: OpenAIBatchRow) -> OpenAIBatchRecord:

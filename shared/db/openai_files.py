@@ -3,7 +3,7 @@
 An upload is written as it is read (:meth:`OpenAIFileRepository.create` takes an iterator of chunks and
 inserts each as it comes, all in one transaction), and read back the same way (:meth:`chunks`, one
 short query per chunk): no file is ever whole in a process's memory. A batch's output and error files
-have a row and no chunks: their content is rendered from the batch's turns when read.
+are written the same way (:func:`write_file`), in the transaction that notes the batch finished.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.tables import OpenAIFileChunkRow, OpenAIFileRow
 
-__all__ = ["FileRecord", "OpenAIFileRepository", "UnknownFileCursor"]
+__all__ = ["FileRecord", "OpenAIFileRepository", "UnknownFileCursor", "write_file"]
 
 
 class UnknownFileCursor(Exception):
@@ -37,7 +37,7 @@ class FileRecord:
     created_at: datetime
     expires_at: datetime | None
     batch_id: str | None = None
-    """The batch whose output or error file this is (rendered from its turns), else None (an upload)."""
+    """The batch whose output or error file this is (written when the batch ended), else None (an upload)."""
     batch_part: str | None = None
     """``output`` or ``error`` for a batch's file."""
 
@@ -63,31 +63,8 @@ class OpenAIFileRepository:
         Returns:
             The record as written (with its size and lines).
         """
-        size = lines = 0
-        open_line = False
         with self._db.begin() as orm:
-            orm.add(OpenAIFileRow(**{**_values(record), "bytes": 0, "lines": 0}))
-            orm.flush()
-            for seq, chunk in enumerate(chunks):
-                size += len(chunk)
-                counted, open_line = _count_lines(chunk, open_line=open_line)
-                lines += counted
-                check(size, lines)
-                orm.add(OpenAIFileChunkRow(file_id=record.file_id, seq=seq, data=chunk))
-                orm.flush()
-            if open_line:
-                lines += 1
-                check(size, lines)
-            row = orm.get(OpenAIFileRow, record.file_id)
-            assert row is not None
-            row.bytes, row.lines = size, lines
-        return _record(row)
-
-    def add(self, record: FileRecord) -> FileRecord:
-        """Record a file without chunks (a batch's output or error file)."""
-        with self._db.begin() as orm:
-            orm.add(OpenAIFileRow(**_values(record)))
-        return record
+            return write_file(orm, record, chunks, check=check)
 
     def get(self, file_id: str, *, org_id: str, now: datetime) -> FileRecord | None:
         """The file, if it belongs to ``org_id`` and has not expired."""
@@ -166,6 +143,43 @@ class OpenAIFileRepository:
                 query = query.order_by(OpenAIFileRow.created_at.desc(), OpenAIFileRow.file_id.desc())
             rows = list(orm.scalars(query.limit(limit + 1)))
         return [_record(row) for row in rows[:limit]], len(rows) > limit
+
+
+def write_file(
+    orm: Session, record: FileRecord, chunks: Iterable[bytes], *, check: Callable[[int, int], None] | None = None
+) -> FileRecord:
+    """Write a file's row and each of its chunks as it comes, in the caller's transaction.
+
+    Args:
+        orm: the open transaction.
+        record: the file (its ``bytes`` and ``lines`` are counted here).
+        chunks: the file's bytes in order, each at most what one row should hold.
+        check: called after each chunk with the bytes and the non-blank lines so far; raises to refuse
+            the file (the caller's transaction then rolls back).
+
+    Returns:
+        The record as written (with its size and lines).
+    """
+    size = lines = 0
+    open_line = False
+    orm.add(OpenAIFileRow(**{**_values(record), "bytes": 0, "lines": 0}))
+    orm.flush()
+    for seq, chunk in enumerate(chunks):
+        size += len(chunk)
+        counted, open_line = _count_lines(chunk, open_line=open_line)
+        lines += counted
+        if check is not None:
+            check(size, lines)
+        orm.add(OpenAIFileChunkRow(file_id=record.file_id, seq=seq, data=chunk))
+        orm.flush()
+    if open_line:
+        lines += 1
+        if check is not None:
+            check(size, lines)
+    row = orm.get(OpenAIFileRow, record.file_id)
+    assert row is not None
+    row.bytes, row.lines = size, lines
+    return _record(row)
 
 
 def _count_lines(chunk: bytes, *, open_line: bool) -> tuple[int, bool]:

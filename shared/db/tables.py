@@ -1,5 +1,5 @@
 """SQLAlchemy tables: sessions, mode history, turns, transcript items, provider-state snapshots, batches
-(and the earlier turns they reuse), tool runs and webhook deliveries.
+(and the earlier turns they reuse), tool runs, webhook deliveries and API keys.
 
 Portable between PostgreSQL and SQLite (plain JSON, no dialect-only types). API models live in
 ``shared.models``; the repositories convert between the two.
@@ -32,6 +32,8 @@ from sqlalchemy.types import TypeDecorator
 from shared.models.turn import TurnStatus
 
 __all__ = [
+    "ApiKeyRow",
+    "ApiKeyVersionRow",
     "Base",
     "BatchReusedTurnRow",
     "BatchRow",
@@ -39,6 +41,7 @@ __all__ = [
     "OpenAIBatchRow",
     "OpenAIFileChunkRow",
     "OpenAIFileRow",
+    "OrgSettingsRow",
     "ProviderSnapshotRow",
     "ResponseRow",
     "SessionRow",
@@ -48,6 +51,7 @@ __all__ = [
     "WebhookAttemptRow",
     "WebhookDeliveryRow",
     "WebhookEndpointRow",
+    "WebhookSecretRow",
 ]
 
 
@@ -148,6 +152,8 @@ class TurnRow(Base):
             sqlite_where=text(UNFINISHED_SQL),
         ),
         Index("ix_turns_session_created", "session_id", "created_at"),
+        # GET /v1/usage and the token budget's count: an organisation's turns by day.
+        Index("ix_turns_org_created", "org_id", "created_at"),
         # The reconciler's scan: turns in flight, by deadline.
         Index(
             "ix_turns_in_flight_deadline",
@@ -343,6 +349,12 @@ class OpenAIBatchRow(Base):
     __table_args__ = (
         UniqueConstraint("org_id", "idempotency_key", name="uq_openai_batches_org_idempotency_key"),
         Index("ix_openai_batches_org_created", "org_id", "created_at", "batch_id"),
+        Index(
+            "ix_openai_batches_jobs",
+            "job_lease_until",
+            postgresql_where=text("finished_at IS NULL AND failed_at IS NULL"),
+            sqlite_where=text("finished_at IS NULL AND failed_at IS NULL"),
+        ),
     )
 
     batch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -368,9 +380,24 @@ class OpenAIBatchRow(Base):
     expired_at: Mapped[datetime | None]
     """When its window ran out with requests unfinished (they were cancelled then)."""
     finished_at: Mapped[datetime | None]
-    """When its last request ended: written, with its output and error files, the first time it is read ended."""
+    """When its output and error files were written (it is ``completed``, ``cancelled`` or ``expired`` from then)."""
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
+    ended_at: Mapped[datetime | None]
+    """When its last request ended (noted by the first reader or sweep that saw it): ``finalizing`` until
+    ``finished_at``."""
+    cancel_requested_at: Mapped[datetime | None]
+    """When it was cancelled while ``validating`` (a cancel later on is its Aptix batch's)."""
+    job_token: Mapped[str | None] = mapped_column(String(32))
+    """Who holds its job (validating it, or writing its files once it ended): a token of the gateway's thread."""
+    job_lease_until: Mapped[datetime | None]
+    """Until when that holder's lease runs; any gateway may take the job up after it (None: not held yet)."""
+    job_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times its job was taken up."""
+    completed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The lines of its output file, once written (its ``request_counts.completed`` from then on)."""
+    failed_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The lines of its error file, once written (its ``request_counts.failed`` from then on)."""
 
 
 class ToolRunRow(Base):
@@ -411,6 +438,8 @@ class WebhookDeliveryRow(Base):
             postgresql_where=text(PENDING_DELIVERY_SQL),
             sqlite_where=text(PENDING_DELIVERY_SQL),
         ),
+        # GET /v1/webhook-endpoints: the URLs an organisation's events went to.
+        Index("ix_webhook_deliveries_org_url", "org_id", "url"),
     )
 
     delivery_id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -460,3 +489,73 @@ class WebhookEndpointRow(Base):
     url: Mapped[str] = mapped_column(String(2048), primary_key=True)
     disabled_at: Mapped[datetime]
     reason: Mapped[str] = mapped_column(Text)
+
+
+class WebhookSecretRow(Base):
+    """A webhook signing secret of an organisation kept in the database (``aptix webhooks secret``): every
+    active one signs each delivery (besides the organisation's ``APTIX_WEBHOOK_SECRETS`` one, if any)."""
+
+    __tablename__ = "webhook_secrets"
+
+    secret_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """``whs_`` and 16 hex digits: how the CLI names it (never the secret)."""
+    org_id: Mapped[str] = mapped_column(String(128), index=True)
+    secret: Mapped[str] = mapped_column(Text)
+    """``whsec_<base64>``, as a receiver configures it (the deliveries are signed with it: it cannot be hashed)."""
+    created_at: Mapped[datetime]
+    retired_at: Mapped[datetime | None]
+    """When it stopped signing (None: it signs)."""
+
+
+class OrgSettingsRow(Base):
+    """An organisation's own limits (``aptix orgs set``); a limit left None is the default (or none)."""
+
+    __tablename__ = "org_settings"
+
+    org_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    max_in_flight: Mapped[int | None] = mapped_column(Integer)
+    """Its batch turns in flight at once (None: ``APTIX_ORG_MAX_IN_FLIGHT``)."""
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    """Requests per minute its keys may make, every gateway together (None: no limit)."""
+    tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    """Tokens (input + output) its turns created in one UTC day may use before new turns are refused (None:
+    no limit)."""
+    updated_at: Mapped[datetime]
+
+
+class ApiKeyRow(Base):
+    """An API key of an organisation (``aptix keys``): its hash, never the key (``shared.api_keys``)."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
+        # aptix keys list --org: an organisation's keys in creation order.
+        Index("ix_api_keys_org_created", "org_id", "created_at"),
+        # A gateway's refresh: the keys changed since the version it saw.
+        Index("ix_api_keys_version", "version"),
+    )
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str | None] = mapped_column(String(255))
+    prefix: Mapped[str] = mapped_column(String(32))
+    """The key's first characters (``aptix_`` and 8 digits), to tell keys apart in a listing."""
+    key_hash: Mapped[str] = mapped_column(String(64))
+    """The key's SHA-256 in hexadecimal: what a gateway looks a presented key up by."""
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+    """When a gateway last verified the key for a request (written at most once a verification interval)."""
+    version: Mapped[int] = mapped_column(BigInteger)
+    """The ``api_key_version`` this row was created or last revoked at."""
+
+
+class ApiKeyVersionRow(Base):
+    """One row: bumped, in the same transaction, by every change to ``api_keys``; gateways poll it."""
+
+    __tablename__ = "api_key_version"
+
+    singleton: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    """Always 1."""
+    version: Mapped[int] = mapped_column(BigInteger)

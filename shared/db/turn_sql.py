@@ -10,7 +10,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Table, bindparam, delete, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert, ReturningUpdate, Update
@@ -96,7 +96,12 @@ TOUCH_SESSION = (
 """A turn's commit is its session's last use."""
 CLEAR_TRANSCRIPT = delete(_TRANSCRIPT).where(_TRANSCRIPT.c.turn_id == bindparam("p_turn_id"))
 ADD_TRANSCRIPT = insert(_TRANSCRIPT)
-_UPSERT_SNAPSHOT: dict[str, Insert] = {}
+_UPSERT_SNAPSHOT: dict[tuple[str, bool], Insert] = {}
+_STORED_PROGRESS = {
+    "postgresql": "(SELECT count(*) FROM json_object_keys(provider_snapshots.state -> 'steps_done'))",
+    "sqlite": "(SELECT count(*) FROM json_each(provider_snapshots.state, '$.steps_done'))",
+}
+"""How far the stored checkpoint got: the number of its ``steps_done`` (a plain JSON column on both)."""
 _NEW_TURN_FIELDS = tuple(field.name for field in fields(NewTurn))
 _RECORD_FIELDS = tuple(field.name for field in fields(TurnRecord))
 
@@ -139,10 +144,18 @@ def to_record(row: TurnRow) -> TurnRecord:
     return TurnRecord(**values)
 
 
-def upsert_snapshot(orm: Session, turn_id: str, state: dict[str, Any], *, now: datetime) -> None:
-    """Insert or replace the turn's checkpoint in one statement, in ``orm``'s transaction."""
+def upsert_snapshot(
+    orm: Session, turn_id: str, state: dict[str, Any], *, now: datetime, only_if_newer: bool = False
+) -> None:
+    """Insert or replace the turn's checkpoint in one statement, in ``orm``'s transaction.
+
+    With ``only_if_newer`` a stored checkpoint that got further (more ``steps_done``: steps only ever
+    add to it) is left as it is: a worker that lost its step's lease (cut off from Redis and
+    PostgreSQL, say) and comes back with the step's result never puts the turn back behind what the
+    worker that took the step over recorded since.
+    """
     name = orm.get_bind().dialect.name
-    statement = _UPSERT_SNAPSHOT.get(name)
+    statement = _UPSERT_SNAPSHOT.get((name, only_if_newer))
     if statement is None:
         dialect = postgresql if name == "postgresql" else sqlite
         insert = dialect.insert(_SNAPSHOTS).values(
@@ -151,5 +164,10 @@ def upsert_snapshot(orm: Session, turn_id: str, state: dict[str, Any], *, now: d
         # The state goes over the wire (and through the JSON encoder) once: the update takes the
         # row the insert proposed.
         replace = {"state": insert.excluded.state, "updated_at": insert.excluded.updated_at}
-        statement = _UPSERT_SNAPSHOT[name] = insert.on_conflict_do_update(index_elements=["turn_id"], set_=replace)
-    orm.execute(statement, {"p_turn_id": turn_id, "p_state": state, "p_now": now})
+        where = text(f"{_STORED_PROGRESS[name]} <= :p_progress") if only_if_newer else None
+        statement = insert.on_conflict_do_update(index_elements=["turn_id"], set_=replace, where=where)
+        _UPSERT_SNAPSHOT[(name, only_if_newer)] = statement
+    values = {"p_turn_id": turn_id, "p_state": state, "p_now": now}
+    if only_if_newer:
+        values["p_progress"] = len(state.get("steps_done") or {})
+    orm.execute(statement, values)

@@ -152,9 +152,13 @@ class TurnRepository:
         return bool(result.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
 
     def checkpoint(self, turn_id: str, state: dict[str, Any], *, now: datetime, deadline_at: datetime) -> None:
-        """Keep ``state`` as the turn's newest durable checkpoint and push its deadline (one transaction)."""
+        """Keep ``state`` as the turn's newest durable checkpoint and push its deadline (one transaction).
+
+        A stored checkpoint that got further (a worker that took the step over and moved on, or the
+        commit point) stays: a stale worker's late checkpoint never puts the turn back.
+        """
         with self._db.begin() as orm:
-            sql.upsert_snapshot(orm, turn_id, state, now=now)
+            sql.upsert_snapshot(orm, turn_id, state, now=now, only_if_newer=True)
             orm.execute(sql.PUSH_DEADLINE, {"p_turn_id": turn_id, "p_deadline": deadline_at, "p_now": now})
 
     def statuses(self, turn_ids: list[str]) -> dict[str, TurnStatus]:
@@ -209,6 +213,7 @@ class TurnRepository:
         """
         statement = sql.FINISH_IN_FLIGHT if outcome.status.is_in_flight else sql.FINISH
         deliveries: list[str] = []
+        self._prepare_webhooks()
         with self._db.begin() as orm:
             # The UPDATE locks the row until the commit, as SELECT ... FOR UPDATE did; it changes
             # nothing when the turn is unknown or already ended otherwise (cancelled, say).
@@ -292,6 +297,7 @@ class TurnRepository:
             was not in one of those statuses.
         """
         deliveries: list[str] = []
+        self._prepare_webhooks()
         with self._db.begin() as orm:
             row = orm.get(TurnRow, turn_id, with_for_update=True)
             if row is None or row.status not in only_if:
@@ -334,6 +340,7 @@ class TurnRepository:
         }  # fmt: skip
         cancelled: list[TurnRow] = []
         deliveries: list[str] = []
+        self._prepare_webhooks()
         with self._db.begin() as orm:
             for start in range(0, len(turn_ids), _CANCEL_CHUNK):
                 chunk = list(turn_ids[start : start + _CANCEL_CHUNK])
@@ -399,6 +406,10 @@ class TurnRepository:
         )
         with self._db() as orm:
             return [(role, content) for role, content in orm.execute(query).all()]
+
+    def _prepare_webhooks(self) -> None:
+        if self._webhooks is not None:
+            self._webhooks.prepare()
 
     def _by_idempotency_key(self, org_id: str, key: str) -> TurnRecord | None:
         with self._db() as orm:

@@ -18,8 +18,9 @@ A turn created through the OpenAI face (``TurnExtras.face``) raises OpenAI's eve
 (``response.completed`` / ``failed`` / ``cancelled``: ``shared.webhooks.events``), in the same rows,
 under the same keys, signed the same way; every other turn raises ours. A batch of the OpenAI face
 (an ``openai_batches`` row) raises OpenAI's ``batch.completed`` / ``cancelled`` / ``expired`` instead of
-ours (and ``batch.failed`` when its file fails validation: :meth:`WebhookOutbox.record_openai_batch`);
-its requests raise no event of their own, as OpenAI's do not.
+ours, once its output and error files are written (and ``batch.failed`` when its file fails validation:
+:meth:`WebhookOutbox.record_openai_batch`, called by ``OpenAIBatchRepository``); its requests raise no
+event of their own, as OpenAI's do not.
 """
 
 from __future__ import annotations
@@ -69,9 +70,16 @@ class WebhookOutbox:
         """Build the outbox on ``config``: which organisations get webhooks, and where."""
         self._config = config
 
+    def prepare(self) -> None:
+        """Read the organisations' stored secrets now if they are due (``WebhookConfig.stored``), before the
+        caller opens the transaction the outbox writes in: a read inside it would hold one connection while
+        it waits for another."""
+        if self._config.stored is not None:
+            self._config.stored.get()
+
     def applies_to(self, org_id: str) -> bool:
         """Whether events of ``org_id`` may be recorded at all (it has a secret): else nothing to do."""
-        return self._config.secret_for(org_id) is not None
+        return bool(self._config.keys_for(org_id))
 
     def record_turn(self, orm: Session, row: TurnRow, *, now: datetime) -> list[str]:
         """Record the event of ``row``'s new status (and its batch's, if this turn was its last in flight).
@@ -168,15 +176,8 @@ class WebhookOutbox:
         )
         if moving is not None:
             return []
-        openai = orm.get(OpenAIBatchRow, batch_id)
-        if openai is not None:
-            event = EventType.BATCH_COMPLETED
-            if openai.expired_at is not None:
-                event = EventType.BATCH_EXPIRED
-            elif batch.cancel_requested_at is not None:
-                event = EventType.BATCH_CANCELLED
-            return self.record_openai_batch(orm, batch_id, event=event, org_id=org_id, webhook_url=batch.webhook_url,
-                                            now=now)  # fmt: skip
+        if orm.get(OpenAIBatchRow, batch_id) is not None:
+            return []  # its event goes with its output and error files, once written (OpenAIBatchRepository.finish)
         counts = dict.fromkeys(TurnStatus, 0)
         for status, count in orm.execute(
             select(TurnRow.status, func.count()).where(TurnRow.batch_id == batch_id).group_by(TurnRow.status)

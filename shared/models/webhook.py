@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DeliveryStatus", "WebhookAttempt", "WebhookDelivery", "WebhookDeliveryList"]
+__all__ = [
+    "DeliveryStatus",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookDeliveryList",
+    "WebhookEndpoint",
+    "WebhookEndpointList",
+]
 
 
 class DeliveryStatus(StrEnum):
@@ -78,3 +86,36 @@ class WebhookDeliveryList(BaseModel):
     """The deliveries, oldest first (at most `limit`)."""
     has_more: bool = False
     """More deliveries match than ``limit`` allowed."""
+
+
+class WebhookEndpoint(BaseModel):
+    """An endpoint the organisation's events go to, and whether Aptix sends to it."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    url: str
+    """The endpoint."""
+    state: Literal["enabled", "disabled"]
+    """`disabled`: it answered 410 Gone; its events are recorded `endpoint_disabled` and not sent, until the
+    operator runs `aptix webhooks enable --org ORG URL`."""
+    disabled_at: datetime | None = None
+    """When it was disabled (null while enabled)."""
+    disabled_reason: str | None = None
+    """Why (which delivery got the 410), while disabled."""
+    default: bool = False
+    """Whether it is the organisation's default endpoint (`APTIX_WEBHOOK_DEFAULT_URLS`)."""
+    deliveries: int = 0
+    """Deliveries recorded for it, of any status."""
+    last_event_at: datetime | None = None
+    """When the newest of them was recorded."""
+
+
+class WebhookEndpointList(BaseModel):
+    """The organisation's webhook endpoints (``GET /v1/webhook-endpoints``), by URL."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    endpoints: list[WebhookEndpoint]
+    """The URLs its deliveries named, the disabled ones and its default, each once."""
+    signed: bool
+    """Whether the organisation has a signing secret now (without one it gets no webhooks)."""

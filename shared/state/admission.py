@@ -3,7 +3,8 @@
 A batch's turns are not sent to the broker when they are accepted: the gateway *holds* them in their
 organisation's held set (sorted by acceptance). The admission scheduler (``workers.scheduler``)
 *releases* them round-robin across organisations, one turn per organisation per round, skipping an
-organisation with nothing held or with ``APTIX_ORG_MAX_IN_FLIGHT`` turns in flight. A turn is in
+organisation with nothing held or with its cap of turns in flight (``APTIX_ORG_MAX_IN_FLIGHT``, or its own:
+``aptix orgs set --max-in-flight``). A turn is in
 flight from its release (or, for an interactive turn or a re-entry, which are never held, from its
 acceptance) until it ends or pauses: the worker driver's last state save removes it, in the same
 round trip (``TurnStates.save(leave_admission=True)`` pipelines :func:`leave_calls`, what
@@ -34,7 +35,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -187,8 +188,9 @@ class AdmissionQueue:
             pipe.zadd(in_flight_key(org_id), dict.fromkeys(turn_ids, now))
             pipe.execute()
 
-    def release(self, *, cap: int, limit: int, now: float) -> Release | None:
-        """Move up to ``limit`` held turns to in flight, round-robin across organisations, none past ``cap``.
+    def release(self, *, cap: int, limit: int, now: float, caps: Mapping[str, int] | None = None) -> Release | None:
+        """Move up to ``limit`` held turns to in flight, round-robin across organisations, none past its cap:
+        ``caps[org]`` for an organisation with a cap of its own (``aptix orgs set --max-in-flight``), else ``cap``.
 
         Three round trips: the organisations and the cursor; each one's counts; the moves (one script
         per organisation, each writing its releasing note in the same atomic step), the cursor, and the
@@ -199,12 +201,15 @@ class AdmissionQueue:
         if not orgs:
             return None
         counts = self._counts(orgs, with_releasing=True)
-        room = {org: min(held, max(0, cap - flying)) for org, (held, flying, _) in counts.items()}
+        limits = {org: int((caps or {}).get(org, cap)) for org in orgs}
+        room = {org: min(held, max(0, limits[org] - flying)) for org, (held, flying, _) in counts.items()}
         plan, last = _round_robin(sorted(orgs), cursor, room, limit)
         release_id = uuid.uuid4().hex
         calls: list[Call] = [
             ScriptCall(
-                self._take, [held_key(org), in_flight_key(org), org_releasing_key(org)], [n, cap, repr(now), release_id]
+                self._take,
+                [held_key(org), in_flight_key(org), org_releasing_key(org)],
+                [n, limits[org], repr(now), release_id],
             )
             for org, n in plan.items()
         ]

@@ -46,6 +46,8 @@ __all__ = [
     "model_key",
     "org_releasing_key",
     "org_sequence_key",
+    "org_tokens_key",
+    "request_window_key",
     "state_key",
     "tag",
     "timer_shard",
@@ -188,3 +190,15 @@ def timers_keys() -> list[str]:
 def timer_shard(envelope_json: str) -> str:
     """The shard that parks ``envelope_json`` (by CRC-32: the same in every process)."""
     return timers_key(zlib.crc32(envelope_json.encode()) % TIMER_SHARDS)
+
+
+def request_window_key(org_id: str, window: int) -> str:
+    """Counter: an organisation's requests in one minute (``window``: Unix minutes), every gateway together."""
+    return f"{PREFIX}:org:{tag(org_id)}:requests:{window}"
+
+
+def org_tokens_key(org_id: str, day: str) -> str:
+    """Hash: the tokens of an organisation's turns created on one UTC day (``YYYY-MM-DD``): a field per turn
+    (``t:<turn id>``, its tokens as last committed), their sum (``total``) and ``seeded`` once the turns the
+    database had are in (``shared.state.token_usage``)."""
+    return f"{PREFIX}:org:{tag(org_id)}:tokens:{day}"

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 import redis
 
 from shared.errors import StateConflict
+from shared.redis_clients import redis_client
 from shared.state.admission import leave_calls
-from shared.state.cluster_client import cluster_client, is_cluster_url
 from shared.state.keys import (
     MARKER_KEPT_SECONDS,
     TIMER_SHARDS,
@@ -143,10 +143,14 @@ class RedisStateStore:
         self._leave = leave_calls(client)
 
     @classmethod
-    def from_url(cls, url: str, *, max_connections: int = 100, max_events: int = 10000) -> RedisStateStore:
-        """A store on a new connection pool to ``url`` (:func:`connect`, with ``max_connections``); a turn's
-        event log keeps about ``max_events`` events (``APTIX_EVENTS_MAX_PER_TURN``)."""
-        return cls(connect(url, max_connections=max_connections), max_events=max_events)
+    def from_url(
+        cls, url: str, *, max_connections: int = 100, max_events: int = 10000, sentinel_password: str | None = None
+    ) -> RedisStateStore:
+        """A store on a new connection pool to ``url`` (:func:`connect`, with ``max_connections`` and
+        ``sentinel_password``); a turn's event log keeps about ``max_events`` events (``APTIX_EVENTS_MAX_PER_TURN``)."""
+        return cls(
+            connect(url, max_connections=max_connections, sentinel_password=sentinel_password), max_events=max_events
+        )
 
     def load(self, turn_id: str) -> TurnState | None:
         raw = self.client.get(state_key(turn_id))
@@ -310,27 +314,24 @@ class RedisStateStore:
             pipe.execute()
 
 
-def connect(url: str, *, max_connections: int = 100) -> redis.Redis:
+def connect(url: str, *, max_connections: int = 100, sentinel_password: str | None = None) -> redis.Redis:
     """A client on a new connection pool to the state store's Redis at ``url``.
 
     Args:
-        url: the Redis URL; a ``redis+cluster://`` one names a Redis Cluster
-            (``shared.state.cluster_client``: a pool of ``max_connections`` to each node).
+        url: the Redis URL: a server's, a Sentinel-managed primary's, or a Redis Cluster's
+            (``redis+cluster://``: a pool of ``max_connections`` to each node; ``shared.redis_clients``).
         max_connections: the most connections the pool opens (``APTIX_REDIS_MAX_CONNECTIONS``).
             Past it a command waits up to 10 s for a free one, then raises ``redis.ConnectionError``
             (a step's "later"): an unbounded pool would open one connection per greenlet of a
             2,000-slot ``llm`` worker.
+        sentinel_password: the sentinels' password (``APTIX_REDIS_SENTINEL_PASSWORD``), for a ``sentinel://`` URL.
     """
-    if is_cluster_url(url):
-        return cluster_client(url, max_connections=max_connections)
-    pool = redis.BlockingConnectionPool.from_url(
+    return redis_client(
         url,
+        sentinel_password=sentinel_password,
         max_connections=max_connections,
-        timeout=10,
+        wait_seconds=10,
         health_check_interval=30,
         socket_timeout=10,
         socket_connect_timeout=5,
     )
-    client = redis.Redis(connection_pool=pool)
-    client.auto_close_connection_pool = True
-    return client

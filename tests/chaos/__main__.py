@@ -13,6 +13,8 @@ from pathlib import Path
 from types import FrameType
 
 from tests.chaos.faults import FAULTS
+from tests.chaos.net.faults import NET_FAULTS
+from tests.chaos.net.hosts import NetworkUnavailable, require_network
 from tests.chaos.report import render_summary
 from tests.chaos.runner import RETRY_BUDGET_SECONDS, plans, run_matrix
 
@@ -23,18 +25,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the matrix the arguments ask for.
 
     Returns:
-        0 when every fault passes, 1 when any fails, 2 on a usage error.
+        0 when every fault passes, 1 when any fails, 2 on a usage error, 3 when network faults were asked
+        for on a machine that cannot run them (no root, no ``ip netns`` or no ``iptables``).
     """
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    names = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else list(FAULTS)
+    default = list(NET_FAULTS if args.net else FAULTS)
+    names = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else default
     try:
         fault_plans = plans(names, small=args.small, turns=args.turns, seed=args.seed)
     except KeyError as exc:
         sys.stderr.write(f"{exc.args[0]}\n")
         return 2
+    if set(names) & set(NET_FAULTS):
+        try:
+            require_network()
+        except NetworkUnavailable as exc:
+            asked = ", ".join(sorted(set(names) & set(NET_FAULTS)))
+            sys.stderr.write(f"cannot run the network faults ({asked}): {exc}\n")
+            return 3
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="aptix-chaos-"))
     settle = args.settle if args.settle is not None else (60.0 if args.small else 90.0)
     # SIGTERM ends the run like Ctrl-C, so every child process is still ended on the way out.
@@ -58,8 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--turns", type=_positive, default=None, metavar="N", help="turns per fault")
     parser.add_argument(
-        "--only", default=None, metavar="FAULT[,FAULT]", help=f"run only these faults ({', '.join(FAULTS)})"
-    )
+        "--only", default=None, metavar="FAULT[,FAULT]",
+        help=f"run only these faults ({', '.join([*FAULTS, *NET_FAULTS])})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--net", action="store_true",
+        help=f"run the network faults instead (hosts apart, root only: {', '.join(NET_FAULTS)})",
+    )  # fmt: skip
     parser.add_argument("--small", action="store_true", help="the small matrix: fewer turns, shorter faults")
     parser.add_argument(
         "--settle", type=float, default=None, metavar="S",

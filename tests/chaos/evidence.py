@@ -11,6 +11,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -18,8 +19,9 @@ import redis
 
 from aptix_cli.batch_progress import IN_FLIGHT
 from scripted_llm.script import last_user_text
-from shared.state.keys import alive_key, claim_key, state_key, version_key
-from shared.state.redis_store import connect
+from shared.redis_clients import redis_client
+from shared.state.keys import alive_key, claim_key, events_key, state_key, version_key
+from shared.turn_events import PAUSE_EVENT
 from tests.chaos.load import key_of
 from tests.chaos.system import ChaosSystem
 
@@ -38,6 +40,10 @@ class TurnRecord:
     output_text: str | None
     redrives: int
     """How often the reconciler sent the stalled turn on again."""
+    created_at: float
+    """When the gateway recorded it (POSIX seconds)."""
+    completed_at: float | None = None
+    """When the turn completed (Unix time), if it did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,13 @@ class Evidence:
     """Model requests whose last user text carries no chaos key."""
     post_mortem: dict[str, str]
     """Turn id -> what the database and Redis held about it, for each turn not yet ended."""
+    snapshots_behind: list[str]
+    """Keys of ended turns whose database checkpoint says a status other than their row's: a late write from
+    a stale worker put the turn's checkpoint back behind its commit point."""
+    stalls: dict[str, float]
+    """Turn key -> the longest its clients saw nothing happen: the longest gap from its creation to its
+    first event or between two of its events (Redis stamps them with its own clock), a wait for the
+    client's tool results aside."""
 
 
 def collect(system: ChaosSystem) -> Evidence:
@@ -78,7 +91,47 @@ def collect(system: ChaosSystem) -> Evidence:
         model_calls=model_calls,
         other_model_calls=other,
         post_mortem=_post_mortem(system, [turn.turn_id for turn in turns if turn.status in IN_FLIGHT]),
+        snapshots_behind=_snapshots_behind(system.database.url, turns),
+        stalls=_stalls(system, turns),
     )
+
+
+def _snapshots_behind(database_url: str, turns: list[TurnRecord]) -> list[str]:
+    """The keys of settled turns whose checkpoint's status is not their row's (the commit writes both)."""
+    with psycopg.connect(database_url, connect_timeout=5) as conn:
+        rows = conn.execute("SELECT turn_id, state ->> 'status' FROM provider_snapshots").fetchall()
+    snapshot_status = {str(turn_id): status for turn_id, status in rows}
+    return sorted(
+        turn.key or turn.turn_id
+        for turn in turns
+        if turn.status in {"completed", "failed", "requires_client_tools"}
+        and turn.turn_id in snapshot_status
+        and snapshot_status[turn.turn_id] != turn.status
+    )
+
+
+def _stalls(system: ChaosSystem, turns: list[TurnRecord]) -> dict[str, float]:
+    """Each keyed turn's longest gap in its event log (best effort: {} when Redis does not answer)."""
+    client = redis_client(system.state_url, socket_timeout=10)
+    found: dict[str, float] = {}
+    try:
+        for turn in turns:
+            if turn.key is None:
+                continue
+            since, longest, paused = turn.created_at, 0.0, False
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(events_key(turn.turn_id))  # type: ignore[assignment]
+            for entry_id, fields in entries:
+                stamp = int(entry_id.split(b"-")[0]) / 1000.0
+                if not paused:  # the wait for the client's tool results is the client's, not a stall
+                    longest = max(longest, stamp - since)
+                paused = fields.get(b"event") == PAUSE_EVENT.encode()
+                since = stamp
+            found[turn.key] = longest
+    except redis.RedisError:
+        return found
+    finally:
+        client.close()
+    return found
 
 
 def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
@@ -92,7 +145,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
                 "SELECT turn_id, round, redrives, updated_at, deadline_at FROM turns WHERE turn_id = ANY(%s)",
                 (turn_ids,),
             ).fetchall()
-        client = connect(system.state_url, max_connections=4)
+        client = redis_client(system.state_url, socket_timeout=5)
         now = time.time()
         for turn_id, round_, redrives, updated_at, deadline_at in rows:
             raw = client.get(state_key(turn_id))
@@ -117,7 +170,7 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
 
 
 def _turn_rows(database_url: str) -> list[TurnRecord]:
-    query = "SELECT turn_id, status, error, request, output_text, redrives FROM turns"
+    query = "SELECT turn_id, status, error, request, output_text, redrives, created_at, completed_at FROM turns"
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -136,9 +189,17 @@ def _turn_rows(database_url: str) -> list[TurnRecord]:
             error_code=_code(error),
             output_text=output_text,
             redrives=int(redrives),
+            created_at=created_at.timestamp(),
+            completed_at=_unix(completed_at),
         )
-        for turn_id, status, error, request, output_text, redrives in rows
+        for turn_id, status, error, request, output_text, redrives, created_at, completed_at in rows
     ]
+
+
+def _unix(moment: datetime | None) -> float | None:
+    if moment is None:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _input(request: Any) -> str:

@@ -7,24 +7,22 @@ processes ready) and returns a :class:`FaultRun`; it does not wait for the turns
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
-import psycopg
-
+from tests.chaos.backing import RedisServer, SentinelRedis
+from tests.chaos.batch_load import BatchLoad
 from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
 from tests.chaos.poison import poison_step
 from tests.chaos.report import FaultRun
 from tests.chaos.responses_load import ResponseLoad
 from tests.chaos.system import ChaosSystem, SystemOptions
 
-__all__ = ["FAULTS", "Fault", "FaultPlan"]
+__all__ = ["FAULTS", "Fault", "FaultPlan", "SystemFactory"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +31,8 @@ _BATCH = 250
 _TRIGGER_TIMEOUT = 120.0
 """How long a fault waits for its trigger (a share of terminal turns) before it strikes anyway."""
 _STREAMS_TIMEOUT = 90.0
+_BATCHES_TIMEOUT = 180.0
+"""How long after the faults the OpenAI batches may take to end (their files written)."""
 """How long after the kills the stream readers may take to reach their responses' terminal events."""
 
 
@@ -47,6 +47,8 @@ class FaultPlan:
 
 
 FaultFunction = Callable[[ChaosSystem, FaultPlan, Ledger], FaultRun]
+SystemFactory = Callable[..., ChaosSystem]
+"""Builds a fault's system from ``fault_dir``, ``catalog`` and ``options`` (keywords)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,8 @@ class Fault:
     options: SystemOptions
     turns: int
     small_turns: int
+    system: SystemFactory = ChaosSystem
+    """The system it runs on: processes on this host, or hosts apart (``tests.chaos.net.system.NetSystem``)."""
 
 
 def worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
@@ -105,17 +109,87 @@ def openai_worker_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> 
     return run
 
 
+def openai_batch_faults(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """Batches created through ``/openai/v1`` (files, batches; openai SDK) over a window of worker kills with a
+    Redis restart in its middle; then every request must be in exactly one of its batch's two files, once."""
+    period, window = _kill_timings(plan)
+    rounds = int(window // period)
+    restart_at = rounds // 2 + 1
+    run = FaultRun(
+        f"OpenAI batches (files.create + batches.create, openai SDK) created over {window:.0f} s; SIGKILL a random "
+        f"worker every {period:.0f} s (a replacement each time) but at {restart_at * period:.0f} s: SHUTDOWN NOSAVE "
+        "of Redis (state + broker), started again 3 s later; then each batch's output and error files are read"
+    )
+    keys = _keys("ob", plan.turns)
+    load = BatchLoad(system.gateway_url, ledger=ledger, tag=f"{plan.name}-{plan.seed}")
+    try:
+        creator = _Background(lambda: load.create(keys, batches=max(2, rounds // 2), spread=window * 0.7))
+        rng = random.Random(f"{plan.name}-{plan.seed}")
+        started = time.monotonic()
+        for index in range(1, rounds + 1):
+            time.sleep(max(0.0, started + index * period - time.monotonic()))
+            if index == restart_at:
+                system.redis.shutdown_nosave()
+                time.sleep(3.0)
+                system.redis.start()
+                run.notes.append(f"Redis restarted at {time.monotonic() - started:.0f} s")
+                continue
+            try:
+                system.kill_worker(rng)
+            except LookupError:
+                run.notes.append(f"no ready worker to kill at {index * period:.0f} s")
+                continue
+            run.workers_killed += 1
+            system.spawn_worker()
+        creator.join()
+        for worker in list(system.workers):
+            system.wait_worker(worker)
+        run.fault_seconds = time.monotonic() - started
+        problems, notes = load.check_files(timeout=_BATCHES_TIMEOUT)
+    finally:
+        load.close()
+    run.batch_files = len(load.batches)
+    run.broken_batch_files = problems
+    run.notes += notes
+    return run
+
+
 def redis_restart(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
     """``SHUTDOWN NOSAVE`` the Redis server (state and broker) at ~30 % done; start it 3 s later."""
     run = FaultRun("SHUTDOWN NOSAVE of Redis (state + broker) at ~30 % terminal, started again 3 s later")
     _submit_all(system, plan, ledger, "rr")
     reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
     started = time.monotonic()
+    assert isinstance(system.redis, RedisServer), "this fault restarts a single Redis server"
     system.redis.shutdown_nosave()
     time.sleep(3.0)
     system.redis.start()
     run.fault_seconds = time.monotonic() - started
     run.notes.append(f"Redis shut down with {reached:.0%} of the turns terminal")
+    return run
+
+
+def sentinel_failover(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """SIGKILL the Sentinel-managed primary (state and broker) at ~30 % done; once the sentinels promoted the
+    replica, start the old primary again, empty, as the new primary's replica (the setup whole again)."""
+    run = FaultRun(
+        "SIGKILL of the Redis primary (state + broker; 1 replica, 3 sentinels, down-after 2 s) at ~30 % terminal; "
+        "the old primary back as a replica once the sentinels promoted its replica"
+    )
+    sentinels = system.redis
+    assert isinstance(sentinels, SentinelRedis), "sentinel_failover runs on SystemOptions(sentinel=True)"
+    _submit_all(system, plan, ledger, "sf")
+    reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
+    started = time.monotonic()
+    run.struck_at = time.time()
+    old = sentinels.kill_primary()
+    new = sentinels.wait_promoted(old)
+    promoted = time.monotonic() - started
+    sentinels.restart_as_replica(old, primary=new)
+    run.fault_seconds = time.monotonic() - started
+    run.notes.append(
+        f"primary killed with {reached:.0%} of the turns terminal; the replica promoted {promoted:.1f} s later"
+    )
     return run
 
 
@@ -209,7 +283,7 @@ def reconciler_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> Fau
 
 def redis_cluster_failover(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
     """The state store on a Redis Cluster (three primaries, a replica each): SIGKILL a primary at ~30 % done;
-    its replica takes over. Notes how long the promotion took and the stall (from the kill to completions again)."""
+    its replica takes over. The report measures the stall from the kill (``FaultRun.struck_at``)."""
     cluster = system.cluster
     if cluster is None:
         raise RuntimeError("redis_cluster_failover needs SystemOptions(state_cluster=True)")
@@ -219,56 +293,23 @@ def redis_cluster_failover(system: ChaosSystem, plan: FaultPlan, ledger: Ledger)
     reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
     victim = random.Random(f"{plan.name}-{plan.seed}").choice(sorted(cluster.primary_ports()))
     replica = cluster.replica_of(victim)
-    killed_at = datetime.now(UTC)
     started = time.monotonic()
+    run.struck_at = time.time()
     cluster.kill(victim)
     logger.info("killed the cluster primary on port %d (its replica is on %d)", victim, replica)
     promoted = cluster.wait_promoted(replica, timeout=60.0)
     run.fault_seconds = time.monotonic() - started
     run.notes.append(f"primary :{victim} killed with {reached:.0%} of the turns terminal; its replica :{replica} "
                      f"served every slot {promoted:.1f} s after the kill")  # fmt: skip
-    run.notes.append(_stall(system.database.url, killed_at))
     return run
-
-
-def _stall(database_url: str, killed_at: datetime, *, window: float = 60.0) -> str:
-    """The stall a kill caused, from the turns' completion times (the workers' clocks, this machine's): the
-    longest pause between completions from the kill to ``window`` seconds after it, and when it ended. (A
-    turn whose last step began before the kill may complete just after it: the first completion after
-    the kill says little, the pause says how long nothing moved.)"""
-    deadline = time.monotonic() + window
-    while time.monotonic() < deadline:  # until completions resume past the kill, or the window ends
-        times = _completions(database_url, after=killed_at)
-        if times and (times[-1] - killed_at).total_seconds() > 5.0 + _longest_pause(killed_at, times)[0]:
-            break
-        time.sleep(1.0)
-    times = _completions(database_url, after=killed_at)
-    if not times:
-        return f"stall: no turn completed within {window:.0f} s of the kill"
-    pause, ended = _longest_pause(killed_at, times)
-    return (f"stall: first completion {(times[0] - killed_at).total_seconds():.1f} s after the kill; longest pause "
-            f"in completions {pause:.1f} s, ending {ended:.1f} s after the kill")  # fmt: skip
-
-
-def _completions(database_url: str, *, after: datetime) -> list[datetime]:
-    with psycopg.connect(database_url, connect_timeout=5) as conn:
-        rows = conn.execute(
-            "SELECT completed_at FROM turns WHERE completed_at > %s ORDER BY completed_at", (after,)
-        ).fetchall()
-    return [row[0] for row in rows]
-
-
-def _longest_pause(start: datetime, times: list[datetime]) -> tuple[float, float]:
-    """The longest gap (seconds) in ``start`` followed by ``times``, and when (seconds after ``start``) it ended."""
-    points = [start, *times]
-    gaps = [((b - a).total_seconds(), (b - start).total_seconds()) for a, b in itertools.pairwise(points)]
-    return max(gaps, default=(0.0, 0.0))
 
 
 FAULTS: dict[str, Fault] = {
     "worker_kill": Fault(worker_kill, SystemOptions(), turns=1000, small_turns=100),
     "openai_worker_kill": Fault(openai_worker_kill, SystemOptions(), turns=300, small_turns=60),
+    "openai_batch_faults": Fault(openai_batch_faults, SystemOptions(), turns=400, small_turns=60),
     "redis_restart": Fault(redis_restart, SystemOptions(), turns=500, small_turns=80),
+    "sentinel_failover": Fault(sentinel_failover, SystemOptions(sentinel=True), turns=1000, small_turns=100),
     "model_outage": Fault(model_outage, SystemOptions(), turns=200, small_turns=60),
     "pg_terminate": Fault(pg_terminate, SystemOptions(), turns=500, small_turns=80),
     "gateway_kill": Fault(gateway_kill, SystemOptions(), turns=200, small_turns=100),

@@ -1,9 +1,11 @@
 """The load of a chaos fault: turns submitted to the gateway, and waiting on the database for them.
 
 Every turn calls the ``count_run`` server tool once and then answers, so it makes two model
-calls. The turn's key is in its input; the report finds it again in the database row, the tool
-log and the model journal. :class:`Ledger` keeps what the gateway answered (the only thing the
-report takes from the harness side: which keys were accepted).
+calls; a client-tool turn (:func:`client_tool_turns`) instead calls ``client_echo``, a tool the
+client declares, pauses until the harness posts its result, and then answers. The turn's key is in
+its input; the report finds it again in the database row, the tool log and the model journal.
+:class:`Ledger` keeps what the gateway answered (the only thing the report takes from the harness
+side: which keys were accepted).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import psycopg
@@ -24,8 +27,11 @@ from shared.models.turn import TurnStatus
 from tests.chaos.system import API_KEY
 
 __all__ = [
+    "CLIENT_TOOL",
     "SETTLED_STATUSES",
     "Ledger",
+    "client_tool_input",
+    "client_tool_turns",
     "key_of",
     "post_turns",
     "status_counts",
@@ -43,11 +49,24 @@ never posts, so such a turn stays put). Anything else (queued, running) is unfin
 
 _KEY = re.compile(r"\] chaos (\S+)\s*$")
 _HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+CLIENT_TOOL = {
+    "type": "function",
+    "name": "client_echo",
+    "description": "Run on the client: answers 'ran <key>'.",
+    "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+}
+"""The tool a client-tool turn declares and calls; the harness answers each call with ``ran <key>``."""
+_TERMINAL = {status.value for status in TurnStatus.terminal()}
 
 
 def turn_input(key: str) -> str:
     """The input of turn ``key``: call ``count_run`` with the key, then answer."""
     return f"[[call:count_run {json.dumps({'key': key})}]] chaos {key}"
+
+
+def client_tool_input(key: str) -> str:
+    """The input of client-tool turn ``key``: call ``client_echo`` with the key, then answer."""
+    return f"[[call:{CLIENT_TOOL['name']} {json.dumps({'key': key})}]] chaos {key}"
 
 
 def key_of(text: str) -> str | None:
@@ -64,12 +83,36 @@ class Ledger:
         self.rejected: set[str] = set()
         self.errors: Counter[str] = Counter()
         """Non-2xx answers by status ("500", "503", ...) and transport errors ("connection")."""
+        self.unavailable_without_retry_after = 0
+        """503 answers (among those whose headers were seen) without a ``Retry-After`` header."""
+        self.slowest_answer_seconds = 0.0
+        """The longest any timed request took to be answered (or to fail)."""
+        self.slowest_error_seconds = 0.0
+        """The longest a non-2xx answer (or a transport error) took, among those timed: a 503 must come at once."""
         self._answered = 0
         self._changed = threading.Condition()
 
-    def answer(self, status: int | None, keys: Iterable[str], *, final: bool) -> None:
-        """Record one answer (None: no HTTP answer); ``final`` answers accept (2xx) or reject the keys."""
+    def answer(
+        self,
+        status: int | None,
+        keys: Iterable[str],
+        *,
+        final: bool,
+        retry_after: str | bool | None = True,
+        seconds: float | None = None,
+    ) -> None:
+        """Record one answer (None: no HTTP answer); ``final`` answers accept (2xx) or reject the keys.
+
+        ``retry_after``: the answer's ``Retry-After`` header (None: it had none; True: not looked at).
+        ``seconds``: how long the request took (None: not timed).
+        """
         with self._changed:
+            if seconds is not None:
+                self.slowest_answer_seconds = max(self.slowest_answer_seconds, seconds)
+            if seconds is not None and (status is None or status >= 300):
+                self.slowest_error_seconds = max(self.slowest_error_seconds, seconds)
+            if status == 503 and retry_after is None:
+                self.unavailable_without_retry_after += 1
             if status is not None:
                 self._answered += 1
             if status is None or status >= 300:
@@ -124,6 +167,62 @@ def post_turns(gateway_url: str, keys: Sequence[str], *, ledger: Ledger, clients
             pass
 
 
+def client_tool_turns(
+    gateway_url: str, keys: Sequence[str], *, ledger: Ledger, clients: int, spread: float, give_up: float
+) -> None:
+    """Run each key as a client-tool turn, evenly over ``spread`` seconds, from ``clients`` threads.
+
+    A client POSTs the turn (its own idempotency key, retried as :func:`post_turns` does), long-polls
+    it until it pauses for ``client_echo``, posts the result ``ran <key>`` (retried on transport
+    errors and 5xx; a 409 is looked at again), and goes on until the turn ends or ``give_up`` seconds
+    after its POST. A turn it gave up on stays as it was: the report counts it.
+    """
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+    began = time.monotonic()
+
+    def run_one(index: int) -> None:
+        time.sleep(max(0.0, began + spread * index / max(len(keys), 1) - time.monotonic()))
+        key = keys[index]
+        deadline = time.monotonic() + give_up
+        body = {"input": client_tool_input(key), "idempotency_key": key, "tools": [CLIENT_TOOL]}
+        handle = _post_until_answered(client, key, ledger, deadline, body=body)
+        if handle is not None:
+            _answer_client_tools(client, key, str(handle["turn_id"]), deadline)
+
+    with (
+        httpx.Client(base_url=gateway_url, headers=_HEADERS, timeout=30.0, limits=limits) as client,
+        ThreadPoolExecutor(max_workers=clients, thread_name_prefix="chaos-client-tool") as pool,
+    ):
+        for _ in pool.map(run_one, range(len(keys))):
+            pass
+
+
+def _answer_client_tools(client: httpx.Client, key: str, turn_id: str, deadline: float) -> None:
+    """Answer turn ``turn_id``'s ``client_echo`` calls until it ends (or ``deadline``)."""
+    while time.monotonic() < deadline:
+        try:
+            response = client.get(f"/v1/turns/{turn_id}", params={"wait": 20})
+        except httpx.TransportError:
+            time.sleep(0.5)
+            continue
+        if response.status_code != 200:
+            time.sleep(0.5)
+            continue
+        turn = response.json()
+        if turn["status"] in _TERMINAL:
+            return
+        if turn["status"] != TurnStatus.REQUIRES_CLIENT_TOOLS.value:
+            continue
+        results = [{"call_id": call["call_id"], "output": f"ran {key}"} for call in turn["pending_tool_calls"]]
+        try:
+            answer = client.post(f"/v1/turns/{turn_id}/tool-results", json={"tool_results": results})
+        except httpx.TransportError:
+            continue
+        if answer.status_code >= 500:
+            time.sleep(0.5)
+    logger.warning("client-tool turn %s (%s) did not end before its client gave up", key, turn_id)
+
+
 def status_counts(database_url: str) -> Counter[str] | None:
     """Turn rows by status; None when the database does not answer right now."""
     try:
@@ -159,17 +258,23 @@ def wait_settled(database_url: str, *, deadline: float) -> bool:
         time.sleep(1.0)
 
 
-def _post_until_answered(client: httpx.Client, key: str, ledger: Ledger, deadline: float) -> None:
-    body = {"input": turn_input(key), "idempotency_key": key}
+def _post_until_answered(
+    client: httpx.Client, key: str, ledger: Ledger, deadline: float, *, body: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """POST turn ``key`` (``body``, else the server-tool turn) until it is answered; its 2xx JSON, else None."""
+    body = body or {"input": turn_input(key), "idempotency_key": key}
     delay = 0.1
     while True:
+        sent = time.monotonic()
         try:
-            status: int | None = client.post("/v1/turns", json=body).status_code
+            response: httpx.Response | None = client.post("/v1/turns", json=body)
         except httpx.TransportError:
-            status = None
+            response = None
+        status = None if response is None else response.status_code
         final = (status is not None and status < 500) or time.monotonic() >= deadline
-        ledger.answer(status, [key], final=final)
+        retry_after = None if response is None else response.headers.get("Retry-After")
+        ledger.answer(status, [key], final=final, retry_after=retry_after, seconds=time.monotonic() - sent)
         if final:
-            return
+            return response.json() if response is not None and status is not None and status < 300 else None
         time.sleep(delay)
         delay = min(delay * 2, 1.0)

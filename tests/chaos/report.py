@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from tests.chaos.evidence import Evidence
 from tests.chaos.load import SETTLED_STATUSES, Ledger
@@ -44,6 +45,19 @@ class FaultRun:
     """Worker processes that died by themselves (a poison step killed them) and were replaced."""
     deaths_after_given_up: int = 0
     """Of those, the ones that died once every poison turn had ended (the workers must stop dying)."""
+    client_tool_keys: set[str] = field(default_factory=set)
+    """The keys run as client-tool turns (``tests.chaos.load.client_tool_turns``): the harness answered their
+    tool calls, so one left paused is unfinished, and they run no server tool."""
+    max_answer_seconds: float | None = None
+    """The longest a gateway answer may take under this fault (None: no limit): a dependency cut off must be a
+    prompt 503, not a request held until the client gives up."""
+    struck_at: float | None = None
+    """When a single blow struck (Unix time; the Sentinel fault's SIGKILL of the primary): the report
+    measures the stall from it."""
+    batch_files: int = 0
+    """The OpenAI batches whose output and error files were read and checked."""
+    broken_batch_files: list[str] = field(default_factory=list)
+    """What broke the promise of those files (a request in neither file, in both, twice, ...)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -82,6 +96,21 @@ class FaultReport:
     poison_runs: int = 0
     """The most runs of one poison turn's tool."""
     http_errors: Counter[str] = field(default_factory=Counter)
+    unavailable_without_retry_after: int = 0
+    """Gateway 503 answers without a ``Retry-After`` header."""
+    slowest_answer_seconds: float = 0.0
+    """The longest a timed gateway request took to be answered (or to fail)."""
+    slowest_error_seconds: float = 0.0
+    """The longest a gateway error answer (or a failed connection) took to come."""
+    snapshots_behind: list[str] = field(default_factory=list)
+    """Ended turns whose database checkpoint was put back behind their commit point (``Evidence.snapshots_behind``)."""
+    longest_stall: float = 0.0
+    """The longest any turn's event log stood still (``Evidence.stalls``), in seconds."""
+    longest_stall_key: str | None = None
+    stall_seconds: float | None = None
+    """From the blow (``FaultRun.struck_at``) to the next completed turn; None: no blow, or nothing completed after."""
+    longest_pause_seconds: float | None = None
+    """The longest time from the blow on without a turn completing (the stall, or a later gap if longer)."""
     error: str | None = None
     """Why the fault did not run to its end (start-up or harness trouble)."""
     examples: list[str] = field(default_factory=list)
@@ -103,7 +132,13 @@ class FaultReport:
             (self.gateway_5xx_not_503(), "gateway answers 5xx other than 503"),
             (self.wrong_output, "completed turns with a wrong answer"),
             (len(self.run.broken_streams), "resumed response streams broken"),
+            (self.unavailable_without_retry_after, "gateway 503 answers without Retry-After"),
+            (len(self.snapshots_behind), "ended turns whose checkpoint was put back behind their commit"),
+            (len(self.run.broken_batch_files), "broken promises of OpenAI batch files"),
         ]
+        limit = self.run.max_answer_seconds
+        if limit is not None and self.slowest_answer_seconds > limit:
+            found.append(f"a gateway answer took {self.slowest_answer_seconds:.1f} s (at most {limit:.0f} s allowed)")
         if self.run.fault_seconds < retry_budget_seconds:
             checks.append((sum(self.failed.values()), "failed turns (fault shorter than the retry budget)"))
         return found + [f"{count} {what}" for count, what in checks if count] + self.poison_problems()
@@ -125,7 +160,14 @@ class FaultReport:
 
 def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -> FaultReport:
     """Count the outcome of one fault from the ground truth and the gateway's answers."""
-    report = FaultReport(name=name, run=run, http_errors=Counter(ledger.errors))
+    report = FaultReport(
+        name=name,
+        run=run,
+        http_errors=Counter(ledger.errors),
+        unavailable_without_retry_after=ledger.unavailable_without_retry_after,
+        slowest_error_seconds=ledger.slowest_error_seconds,
+        slowest_answer_seconds=ledger.slowest_answer_seconds,
+    )
     rows_per_key = Counter(turn.key for turn in evidence.turns if turn.key is not None)
     poison = set(run.poison_keys)
     keys = (set(rows_per_key) | ledger.accepted) - poison
@@ -140,15 +182,16 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
         if turn.key in poison:
             report.poisoned[f"{turn.status} {turn.error_code}" if turn.error_code else turn.status] += 1
             continue
+        client_tool = turn.key in run.client_tool_keys
         if turn.status == "completed":
             report.completed += 1
             if turn.output_text is not None and "outcome of this count_run call is unknown" in turn.output_text:
                 report.outcome_unknown += 1
-            elif turn.key is None or turn.output_text != f"Tool results: count_run=ran {turn.key}":
+            elif turn.key is None or turn.output_text != _expected_output(turn.key, client_tool=client_tool):
                 report.wrong_output += 1
         elif turn.status == "failed":
             report.failed[turn.error_code or "unknown"] += 1
-        elif turn.status not in SETTLED_STATUSES:
+        elif turn.status not in SETTLED_STATUSES or client_tool:
             report.unfinished[turn.status] += 1
         else:
             continue
@@ -157,20 +200,43 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
             report.examples.append(f"{turn.key} {turn.turn_id} {turn.status}{why}")
             if turn.turn_id in evidence.post_mortem:
                 report.examples.append(f"  {evidence.post_mortem[turn.turn_id]}")
-    report.tool_runs = Counter(_bucket(evidence.tool_runs[key]) for key in keys)
-    duplicated = sorted(key for key in keys if evidence.tool_runs[key] > 1)
+    server_keys = keys - run.client_tool_keys
+    report.tool_runs = Counter(_bucket(evidence.tool_runs[key]) for key in server_keys)
+    duplicated = sorted(key for key in server_keys if evidence.tool_runs[key] > 1)
     report.examples += [f"{key} ran its tool {evidence.tool_runs[key]} times" for key in duplicated[:_EXAMPLES]]
     report.examples += [f"stream {broken}" for broken in run.broken_streams[:_EXAMPLES]]
+    report.examples += [f"batch files: {broken}" for broken in run.broken_batch_files[:_EXAMPLES]]
     redriven = {turn.key for turn in evidence.turns if turn.redrives}
     report.streams_interrupted = sum(
         1 for key in run.stream_keys if key in redriven or evidence.model_calls[key] > EXPECTED_MODEL_CALLS
     )
     report.poison_runs = max((evidence.tool_runs[key] for key in poison), default=0)
-    report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in keys | poison)
+    report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in server_keys | poison)
+    report.snapshots_behind = evidence.snapshots_behind
+    report.examples += [f"{key}: checkpoint behind its commit" for key in evidence.snapshots_behind[:_EXAMPLES]]
+    if evidence.stalls:
+        report.longest_stall_key, report.longest_stall = max(evidence.stalls.items(), key=lambda item: item[1])
     repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
     report.repeated_model_calls = sum(repeats)
     report.max_repeated_model_calls = max(repeats, default=0)
+    if run.struck_at is not None:
+        report.stall_seconds, report.longest_pause_seconds = _stall(run.struck_at, evidence)
     return report
+
+
+def _expected_output(key: str, *, client_tool: bool) -> str:
+    """The answer a completed chaos turn must have: the scripted model's summary of its tool's result."""
+    return f"Tool results: {'client_echo' if client_tool else 'count_run'}=ran {key}"
+
+
+def _stall(struck_at: float, evidence: Evidence) -> tuple[float | None, float | None]:
+    """Seconds from ``struck_at`` to the first turn completed after it, and the longest gap between completions
+    from ``struck_at`` on (both None when no turn completed after it)."""
+    after = sorted(t.completed_at for t in evidence.turns if t.completed_at is not None and t.completed_at > struck_at)
+    if not after:
+        return None, None
+    moments = [struck_at, *after]
+    return after[0] - struck_at, max(later - earlier for earlier, later in pairwise(moments))
 
 
 def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
@@ -196,17 +262,31 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
          + (f"  (stray runs: {report.stray_tool_runs})" if report.stray_tool_runs else "")),
         ("repeated model calls",
          f"{report.repeated_model_calls} total, max {report.max_repeated_model_calls} per turn"),
+        ("checkpoints put back", str(len(report.snapshots_behind))),
+        ("longest stall", f"{report.longest_stall:.1f} s"
+         + (f"  ({report.longest_stall_key})" if report.longest_stall_key else "")),
         ("workers killed", str(report.run.workers_killed)),
         ("gateway 5xx other than 503", str(report.gateway_5xx_not_503())),
-        ("gateway non-2xx answers", _with_breakdown(report.http_errors)),
+        ("gateway non-2xx answers", _with_breakdown(report.http_errors)
+         + (f"  (slowest {report.slowest_error_seconds:.2f} s)" if report.slowest_error_seconds else "")
+         + (f"  (503 without Retry-After: {report.unavailable_without_retry_after})"
+            if report.unavailable_without_retry_after else "")),
     ]  # fmt: skip
     if report.run.poison_keys:
         deaths = f"worker deaths: {report.run.worker_deaths}, after they ended: {report.run.deaths_after_given_up}"
         runs = f"tool runs, at most: {report.poison_runs}"
         rows.append(("poison turns", f"{_with_breakdown(report.poisoned)}  ({runs}; {deaths})"))
+    if report.run.client_tool_keys:
+        rows.insert(1, ("client-tool turns", str(len(report.run.client_tool_keys))))
+    if report.run.struck_at is not None:
+        rows.append(("stall after the kill", _seconds(report.stall_seconds) + " to the next completed turn"
+                     f"  (longest pause from the kill on: {_seconds(report.longest_pause_seconds)})"))  # fmt: skip
     if report.run.stream_keys:
         rows.append(("streams checked / broken", f"{len(report.run.stream_keys)} / {len(report.run.broken_streams)}"
                      f"  (on a turn a kill interrupted: {report.streams_interrupted})"))  # fmt: skip
+    if report.run.batch_files:
+        rows.append(("batch files / problems",
+                     f"{report.run.batch_files} batches / {len(report.run.broken_batch_files)} problems"))  # fmt: skip
     lines += [f"   {label:<27} {value}" for label, value in rows]
     if report.examples and problems:
         lines += ["   for example:", *(f"     {example}" for example in report.examples)]
@@ -218,19 +298,26 @@ def render_fault(report: FaultReport, *, retry_budget_seconds: float) -> str:
 
 def render_summary(reports: list[FaultReport], *, retry_budget_seconds: float) -> str:
     """One line per fault: the headline figures and the verdict."""
-    header = ("fault", "accepted", "done", "failed", "unfin.", "lost", "tool 0/1/2+", "model rep.", "5xx", "verdict")
+    header = (
+        "fault", "accepted", "done", "failed", "unfin.", "lost", "tool 0/1/2+", "model rep.", "stall", "5xx", "verdict"
+    )  # fmt: skip
     table = [header]
     for r in reports:
         verdict = "PASS" if not r.problems(retry_budget_seconds=retry_budget_seconds) else "FAIL"
         table.append((
             r.name, str(r.accepted), str(r.completed), str(sum(r.failed.values())), str(sum(r.unfinished.values())),
             str(r.lost), f"{r.tool_runs['0']}/{r.tool_runs['1']}/{r.tool_runs['2+']}",
-            f"{r.repeated_model_calls} (max {r.max_repeated_model_calls})", str(r.gateway_5xx_not_503()),
+            f"{r.repeated_model_calls} (max {r.max_repeated_model_calls})", f"{r.longest_stall:.1f} s",
+            str(r.gateway_5xx_not_503()),
             verdict if r.error is None else "FAIL (did not run)",
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in table)
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
 
 
 def _last_line(text: str) -> str:

@@ -249,7 +249,7 @@ class _AnswerLog(httpx2.HTTPTransport):
         except httpx2.TransportError:
             self._ledger.answer(None, [], final=False)
             raise
-        self._ledger.answer(response.status_code, [], final=False)
+        self._ledger.answer(response.status_code, [], final=False, retry_after=response.headers.get("Retry-After"))
         return response
 
 

@@ -18,16 +18,18 @@ from typing import TextIO
 import yaml
 
 from tests.chaos.evidence import collect
-from tests.chaos.faults import FAULTS, FaultPlan
+from tests.chaos.faults import FAULTS, Fault, FaultPlan
 from tests.chaos.load import Ledger, wait_settled
+from tests.chaos.net.faults import NET_FAULTS
 from tests.chaos.poison import POISON_TOOL
 from tests.chaos.report import FaultReport, FaultRun, build_report, render_fault
-from tests.chaos.system import ChaosSystem
 
-__all__ = ["RETRY_BUDGET_SECONDS", "plans", "run_matrix"]
+__all__ = ["ALL_FAULTS", "RETRY_BUDGET_SECONDS", "plans", "run_matrix"]
 
 logger = logging.getLogger(__name__)
 
+ALL_FAULTS: dict[str, Fault] = {**FAULTS, **NET_FAULTS}
+"""The faults on one host (``make chaos``) and those on hosts apart (``make chaos-net``, root only)."""
 RETRY_BUDGET_SECONDS = 120.0
 """``APTIX_LLM_RETRY_BUDGET_SECONDS`` of the system: a fault shorter than this must fail no turn."""
 
@@ -45,9 +47,9 @@ def plans(names: Sequence[str], *, small: bool, turns: int | None = None, seed: 
     Raises:
         KeyError: a name is not a fault.
     """
-    unknown = sorted(set(names) - set(FAULTS))
+    unknown = sorted(set(names) - set(ALL_FAULTS))
     if unknown:
-        raise KeyError(f"unknown fault(s): {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        raise KeyError(f"unknown fault(s): {', '.join(unknown)}; known: {', '.join(ALL_FAULTS)}")
     return [
         FaultPlan(
             name=name,
@@ -55,7 +57,7 @@ def plans(names: Sequence[str], *, small: bool, turns: int | None = None, seed: 
             small=small,
             seed=seed,
         )
-        for name, fault in FAULTS.items()
+        for name, fault in ALL_FAULTS.items()
         if name in names
     ]
 
@@ -79,7 +81,7 @@ def run_matrix(
 
 def run_fault(plan: FaultPlan, *, log_dir: Path, catalog: Path, settle_seconds: float) -> FaultReport:
     """Start a system, run the fault, wait for the turns to settle, count the evidence, tear down."""
-    fault = FAULTS[plan.name]
+    fault = ALL_FAULTS[plan.name]
     fault_dir = log_dir / plan.name
     fault_dir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
@@ -87,7 +89,7 @@ def run_fault(plan: FaultPlan, *, log_dir: Path, catalog: Path, settle_seconds: 
     run = FaultRun(f"{plan.name} (did not start)")
     error: str | None = None
     report: FaultReport | None = None
-    system = ChaosSystem(fault_dir=fault_dir, catalog=catalog, options=fault.options)
+    system = fault.system(fault_dir=fault_dir, catalog=catalog, options=fault.options)
     try:
         # Broad on purpose: whatever stops one fault (a process that will not start, a harness
         # bug) is reported as that fault's error and the matrix goes on to the next fault.

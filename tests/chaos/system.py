@@ -1,10 +1,11 @@
 """ChaosSystem: one fault's whole system under test, as plain child processes the harness owns.
 
-Its own Redis server (and, for the cluster fault, a Redis Cluster for the state store) and database
-(``tests.chaos.backing``), the scripted model, worker processes,
-the gateway and, for the reconciler fault, reconciler processes. Each can be SIGKILLed (its process
-group) and started again: the model and the gateway on the same port. :meth:`close` ends every
-process it ever started and drops the database.
+Its own Redis (one server, or a Sentinel-managed primary and replica; for the cluster fault, a Redis
+Cluster for the state store besides) and database
+(``tests.chaos.backing``), the scripted model, worker processes, the gateway and, for the reconciler
+fault, reconciler processes. Each can be SIGKILLed (its process group) and started again: the model
+and the gateway on the same port. :meth:`close` ends every process it ever started and drops the
+database.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import httpx
 import psycopg
 
 from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
-from tests.chaos.backing import Database, RedisServer
-from tests.chaos.processes import REPO_ROOT, spawn
+from tests.chaos.backing import Database, RedisServer, SentinelRedis
+from tests.chaos.processes import REPO_ROOT, kill_tree, spawn
 from tests.support.redis_cluster import LocalRedisCluster
 
 __all__ = ["API_KEY", "MODEL", "ChaosSystem", "SystemOptions"]
@@ -55,6 +56,9 @@ class SystemOptions:
     state_cluster: bool = False
     """Whether the state store runs on a Redis Cluster of its own (three primaries, a replica each;
     ``tests.support.redis_cluster``); the broker stays on the fault's Redis server either way."""
+    sentinel: bool = False
+    """Redis as a Sentinel-managed primary with one replica and three sentinels (state and broker on it,
+    named by ``sentinel://`` URLs) instead of one server."""
 
 
 class ChaosSystem:
@@ -63,7 +67,9 @@ class ChaosSystem:
     def __init__(self, *, fault_dir: Path, catalog: Path, options: SystemOptions) -> None:
         self.dir = fault_dir
         self.options = options
-        self.redis = RedisServer(log_dir=fault_dir)
+        self.redis: RedisServer | SentinelRedis = (
+            SentinelRedis(log_dir=fault_dir) if options.sentinel else RedisServer(log_dir=fault_dir)
+        )
         self.cluster = LocalRedisCluster(fault_dir) if options.state_cluster else None
         self.database = Database()
         self.tool_log = fault_dir / "tool-runs.log"
@@ -129,15 +135,19 @@ class ChaosSystem:
     def spawn_worker(self) -> ManagedProcess:
         """Start a worker process without waiting for it (see :meth:`wait_worker`)."""
         name = self._name("worker")
+        worker = self._spawn(name, self.worker_argv(name))
+        self.workers.append(worker)
+        return worker
+
+    def worker_argv(self, name: str) -> list[str]:
+        """The command of worker ``name``: every queue, a threads pool, its own Celery node name."""
         argv = [
             sys.executable, "-m", "aptix_cli", "worker", "--queues", "pipeline,llm,tools", "--pool", "threads",
             "--concurrency", str(self.options.worker_concurrency), "--hostname", f"{name}@%h",
         ]  # fmt: skip
         if self.options.reconcilers:
             argv.append("--no-reconciler")
-        worker = self._spawn(name, argv)
-        self.workers.append(worker)
-        return worker
+        return argv
 
     def wait_worker(self, worker: ManagedProcess, *, timeout: float = 90.0) -> None:
         """Wait until ``worker`` logged "ready." (raises RuntimeError if it exits first)."""
@@ -155,7 +165,7 @@ class ChaosSystem:
         if not candidates:
             raise LookupError("no worker is ready to be killed")
         victim = rng.choice(candidates)
-        victim.kill()
+        kill_tree(victim)
         self.workers.remove(victim)
         logger.info("killed worker %s (pid %d)", victim.name, victim.pid)
         return victim
@@ -191,6 +201,11 @@ class ChaosSystem:
         self._gateway = self._spawn(self._name("gateway"), argv)
         wait_until([self._gateway], lambda: answers(f"{self.gateway_url}/healthz"), 60)
 
+    @property
+    def gateway(self) -> ManagedProcess | None:
+        """The gateway process running now (None: killed and not started again)."""
+        return self._gateway
+
     def kill_gateway(self) -> None:
         """SIGKILL the gateway."""
         if self._gateway is not None:
@@ -217,7 +232,7 @@ class ChaosSystem:
         """End every process this system started, drop its database and stop its Redis."""
         for process in reversed(self._started):
             try:
-                process.kill()
+                kill_tree(process)
             except (OSError, subprocess.TimeoutExpired):
                 logger.exception("could not end %s (pid %d)", process.name, process.pid)
         self._started.clear()
@@ -230,8 +245,9 @@ class ChaosSystem:
             if self.cluster is not None:
                 self.cluster.stop()
 
-    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        process = spawn(name, argv, env=self.env(), log_dir=self.dir)
+    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> ManagedProcess:
+        """Start ``argv`` as ``name`` with ``env`` (default :meth:`env`); :meth:`close` ends it."""
+        process = spawn(name, argv, env=self.env() if env is None else env, log_dir=self.dir)
         self._started.append(process)
         return process
 

@@ -99,6 +99,22 @@ def test_no_organisation_gets_more_than_the_cap_in_flight(redis_client: redis.Re
     assert (counts["org-b"].held, counts["org-b"].in_flight) == (7, 3)
 
 
+def test_an_organisation_with_a_cap_of_its_own_gets_that_many_in_flight(redis_client: redis.Redis) -> None:
+    # Given org-a's own cap of 1 and org-c's own cap of 5 (aptix orgs set --max-in-flight), org-b on the default 3
+    queue = AdmissionQueue(redis_client)
+    for org in ("org-a", "org-b", "org-c"):
+        queue.hold(org, [f"{org}-{i}" for i in range(10)])
+    # When the scheduler releases all it may
+    sent: list[TurnEnvelope] = []
+    scheduler = _scheduler(redis_client, sent, cap=3)
+    scheduler._caps = lambda: {"org-a": 1, "org-c": 5}
+    assert scheduler.lead()
+    scheduler.release(T0)
+    # Then each organisation has its own cap in flight
+    counts = queue.counts()
+    assert {org: counts[org].in_flight for org in counts} == {"org-a": 1, "org-b": 3, "org-c": 5}
+
+
 def test_a_turn_that_ends_frees_its_slot_and_wakes_the_scheduler(redis_client: redis.Redis) -> None:
     queue = AdmissionQueue(redis_client)
     queue.hold("org-a", ["a0", "a1"])

@@ -92,6 +92,26 @@ def test_bench_two_orgs_reports_both_organisations_and_interactive_turns(service
 
 
 @pytest.mark.timeout(420)
+def test_bench_openai_batch_runs_a_file_end_to_end_and_prints_its_figures(services: None) -> None:
+    # When a small file goes through the Files and Batch API on one gateway and one aptix worker
+    done = subprocess.run(
+        [sys.executable, "-m", "aptix_cli", "bench", "--openai-batch", "--turns", "80", "--workers", "1",
+         "--redis-url", redis_url(), "--database-url", database_admin_url()],
+        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )  # fmt: skip
+    out = done.stdout
+    # Then every request completed and each figure was printed
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"create answered:\s+\d+ ms, validating", out), out
+    for label in ("upload", "validation done", "first request completed", "turns/s", "files written", "download"):
+        assert re.search(rf"{label}:\s+\S", out), out
+    assert re.search(r"download:\s+\d+ MB, 80 lines", out), out
+
+
+@pytest.mark.timeout(420)
 def test_bench_with_the_state_store_on_a_cluster_counts_state_and_broker_apart(services: None, tmp_path: Path) -> None:
     # Given a Redis Cluster of three primaries for the state store, the broker on the test Redis
     cluster = LocalRedisCluster(tmp_path, replicas=0)

@@ -14,7 +14,9 @@ import openai
 import pytest
 from openai.types import Batch, FileObject
 from openai.types.responses import Response
+from sqlalchemy import Engine, select
 
+from shared.db.tables import OpenAIBatchRow
 from tests.conftest import KEY_A, KEY_B
 from tests.integration.conftest import OPEN_FILE, System
 from tests.support.waiting import wait_for
@@ -61,11 +63,15 @@ def _strict(batch: Batch) -> Batch:
 
 
 def _ended(client: openai.OpenAI, batch_id: str, *, seconds: float = 90) -> Batch:
+    return _reaches(client, batch_id, _ENDED, seconds=seconds)
+
+
+def _reaches(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], *, seconds: float = 90) -> Batch:
     def done() -> Batch | None:
         found = client.batches.retrieve(batch_id)
-        return found if found.status in _ENDED else None
+        return found if found.status in statuses else None
 
-    return _strict(wait_for(done, what=f"batch {batch_id} to end", seconds=seconds))
+    return _strict(wait_for(done, what=f"batch {batch_id} to be {'/'.join(statuses)}", seconds=seconds))
 
 
 def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -93,14 +99,13 @@ def test_a_batch_runs_to_completed_and_its_output_joins_back_by_custom_id(
 
     # When a batch is created on it and polled until it ends
     created = _create(client, source.id, metadata={"run": tag})
-    assert created.status == "in_progress" and created.request_counts is not None
-    assert created.request_counts.total == 10 and created.metadata == {"run": tag}
+    assert created.status == "validating" and created.metadata == {"run": tag}
     assert created.expires_at is not None and created.expires_at - created.created_at == 86_400
     batch = _ended(client, created.id)
 
     # Then it completed and every request is answered exactly once, in the output or the error file
     assert batch.status == "completed"
-    assert batch.request_counts is not None
+    assert batch.request_counts is not None and batch.request_counts.total == 10
     assert (batch.request_counts.completed, batch.request_counts.failed) == (9, 1)
     assert batch.in_progress_at is not None and batch.completed_at is not None and batch.finalizing_at is not None
     assert batch.usage is not None and batch.usage.total_tokens > 0
@@ -174,7 +179,7 @@ def test_an_invalid_file_fails_the_batch_naming_each_bad_line_and_runs_nothing(
     source = _upload(client, lines)
 
     # When a batch is created on it
-    batch = _create(client, source.id)
+    batch = _ended(client, _create(client, source.id).id)
 
     # Then it failed with each bad line named (1-based, blank lines counted), and nothing ran
     assert batch.status == "failed" and batch.failed_at is not None and batch.errors is not None
@@ -204,7 +209,7 @@ def test_a_cancelled_batch_ends_cancelled_with_every_request_in_one_file(client:
     # Given a batch of slow requests, more than the worker runs at once
     tag = _tag()
     lines = [_line(f"slow-{index}", f"cancel {tag} {index} [[sleep:700]]") for index in range(16)]
-    created = _create(client, _upload(client, lines).id)
+    created = _reaches(client, _create(client, _upload(client, lines).id).id, ("in_progress",))
 
     # When it is cancelled while it runs
     cancelling = _strict(client.batches.cancel(created.id))
@@ -278,3 +283,40 @@ def test_a_retried_create_with_the_same_idempotency_key_answers_the_same_batch(c
     assert again.id == first.id
     with pytest.raises(openai.ConflictError):
         _create(client, source.id, metadata={"other": "body"}, extra_headers={"Idempotency-Key": key})
+
+
+def test_a_validation_whose_gateway_is_killed_is_taken_up_by_another_gateway_promptly(
+    system: System, client: openai.OpenAI, engine: Engine, extra_gateway: Callable[[dict[str, str]], str]
+) -> None:
+    # Given a gateway whose batch jobs hold a 2-second lease, validating a long file whose last line is bad
+    url = extra_gateway({"APTIX_OPENAI_BATCH_JOB_LEASE_SECONDS": "2"})
+    (doomed,) = [process for process in system.stack.processes if process.name == f"gateway-{url.rsplit(':', 1)[1]}"]
+    tag = _tag()
+    lines: list[Any] = [_line(f"r{index}", f"killed {tag} {index}") for index in range(6000)]
+    lines.append({**_line("last", "x"), "method": "GET"})
+    with openai.OpenAI(base_url=url + "/openai/v1", api_key=KEY_A, max_retries=0) as doomed_client:
+        created = _create(doomed_client, _upload(doomed_client, lines).id)
+    assert created.status == "validating"
+
+    # When that gateway is killed while it validates (it holds the job, nothing recorded yet)
+    def claimed() -> bool:
+        with engine.connect() as db:
+            row = db.execute(
+                select(OpenAIBatchRow.job_token, OpenAIBatchRow.failed_at).where(OpenAIBatchRow.batch_id == created.id)
+            ).one()
+        assert row.failed_at is None, "the validation ended before the gateway could be killed"
+        return row.job_token is not None
+
+    wait_for(claimed, what="the gateway to take up the validation", seconds=30)
+    doomed.kill()
+    killed_at = time.monotonic()
+
+    # Then another gateway takes the validation up once the lease ran out and ends it: failed naming line 6001
+    batch = _ended(client, created.id, seconds=60)
+    assert time.monotonic() - killed_at < 45
+    assert batch.status == "failed" and batch.errors is not None
+    assert [(error.line, error.code) for error in batch.errors.data or []] == [(6001, "invalid_method")]
+    with engine.connect() as db:
+        attempts = db.scalar(select(OpenAIBatchRow.job_attempts).where(OpenAIBatchRow.batch_id == created.id))
+    assert attempts == 2
+    assert system.llm_requests(f"killed {tag}") == []

@@ -13,6 +13,7 @@ import inspect
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, state_key
 from shared.state.leader import LeaderLease
 from shared.state.redis_store import connect
+from shared.state.token_usage import TokenUsage
 from shared.turn_events import RedisTurnEventLog
 from tests.conftest import redis_databases
 from tests.integration.conftest import System, start_system
@@ -198,6 +200,9 @@ def test_the_limiter_breaker_leader_and_event_log_run_on_the_cluster(client: red
         "turn.started", "turn.completed"
     ]  # fmt: skip
     assert [event.event_id for event in log.latest(turn_id, before=None, count=5)][-1] == first
+    usage, today = TokenUsage(client), date(2026, 11, 26)
+    usage.record("org-a", today, turn_id, 120)
+    assert usage.spent("org-a", today, seed=lambda: {"turn_old": 30}) == 150
 
 
 def test_turns_complete_end_to_end_with_the_state_store_on_the_cluster(

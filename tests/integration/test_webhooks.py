@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -34,6 +36,8 @@ from tests.support.webhook_receiver import Received, WebhookReceiver
 pytestmark = pytest.mark.integration
 
 KEY_C, ORG_C = "test-key-c", "org-c"
+KEY_D, ORG_D = "test-key-d", "org-d"
+"""An organisation whose secrets live only in the database (``aptix webhooks secret``)."""
 SECRET_A = "whsec_" + base64.b64encode(os.urandom(24)).decode()
 SECRET_C = "whsec_" + base64.b64encode(os.urandom(32)).decode()
 RETRIES = 3
@@ -83,14 +87,15 @@ def webhook_database(services: None) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def webhooks(webhook_database: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[WebhookSystem]:
     """A gateway and an ``aptix worker`` serving every queue, webhooks included, with secrets for
-    org-a and org-c (whose default endpoint is the receiver's ``/default-c``); org-b has none."""
+    org-a and org-c (whose default endpoint is the receiver's ``/default-c``); org-b has none, org-d gets
+    its own from ``aptix webhooks secret add``."""
     receiver = WebhookReceiver()
     with redis_databases(2) as (state_url, broker_url):
         env = system_env(
             database_url=webhook_database, redis_urls=(state_url, broker_url), llm=scripted_llm, modes_file=modes_file
         )
         env.update({
-            "APTIX_API_KEYS": f"{API_KEYS},{KEY_C}:{ORG_C}:user-c",
+            "APTIX_API_KEYS": f"{API_KEYS},{KEY_C}:{ORG_C}:user-c,{KEY_D}:{ORG_D}:user-d",
             "APTIX_WEBHOOK_SECRETS": f"{ORG_A}:{SECRET_A},{ORG_C}:{SECRET_C}",
             "APTIX_WEBHOOK_DEFAULT_URLS": f"{ORG_C}:{receiver.url('/default-c')}",
             "APTIX_WEBHOOK_ALLOW_PRIVATE": "1",
@@ -120,6 +125,13 @@ def _arrived(receiver: WebhookReceiver, path: str, count: int) -> list[Received]
         what=f"{count} webhook request(s) at {path}",
         seconds=60,
     )
+
+
+def _aptix(webhooks: WebhookSystem, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``aptix …`` with the system's settings."""
+    env = {**os.environ, **webhooks.system.env}
+    return subprocess.run([sys.executable, "-m", "aptix_cli", *args], capture_output=True, text=True, env=env,
+                          timeout=60)  # fmt: skip
 
 
 def _verified(secret: str, request: Received) -> dict[str, Any]:
@@ -393,10 +405,98 @@ def test_a_batch_of_the_openai_face_sends_openai_batch_events_that_unwrap_verifi
         client.batches.cancel(slow.id)
         bad = client.files.create(file=("bad.jsonl", io.BytesIO(b"not json\n")), purpose="batch")
         failed = client.batches.create(input_file_id=bad.id, **options)
-        assert failed.status == "failed"
+        assert failed.status == "validating"  # then failed, its event sent
         # When the events arrive, Then the SDK verifies and parses each as OpenAI's batch event, once per batch
         arrived = _arrived(webhooks.receiver, path, 3)
         events = [client.webhooks.unwrap(request.body, request.headers, secret=SECRET_A) for request in arrived]
     found = sorted((event.type, event.model_dump()["data"]["id"]) for event in events)
     assert found == sorted([("batch.completed", done.id), ("batch.cancelled", slow.id), ("batch.failed", failed.id)])
     assert len(webhooks.receiver.received(path)) == 3  # and none for the batches' requests
+
+
+def test_while_two_secrets_are_active_receivers_of_either_verify_every_delivery(webhooks: WebhookSystem) -> None:
+    system = webhooks.system
+    # Given org-d's first secret, added with the CLI (the gateway takes its webhook_url within 5 s)
+    added = _aptix(webhooks, "webhooks", "secret", "add", "--org", ORG_D, "--json")
+    assert added.returncode == 0, added.stderr
+    old = json.loads(added.stdout)
+
+    def accepted(path: str) -> dict[str, Any] | None:
+        response = system.post_turn({"input": "rotate", "webhook_url": webhooks.receiver.url(path)}, key=KEY_D)
+        assert response.status_code in (202, 422), response.text
+        return response.json() if response.status_code == 202 else None
+
+    def delivered() -> Received | None:
+        # A turn's event is recorded once its worker sees the secret too (within 5 s): until then, none
+        path = _path()
+        turn = wait_for(lambda: accepted(path), what="the gateway to see org-d's secret", seconds=5)
+        system.wait_turn(turn["turn_id"], key=KEY_D)
+        recorded = webhooks.deliveries(key=KEY_D, turn_id=turn["turn_id"])["deliveries"]
+        return _arrived(webhooks.receiver, path, 1)[0] if recorded else None
+
+    alone = wait_for(delivered, what="a delivery signed with org-d's secret", seconds=10)
+    _verified(old["secret"], alone)
+    # When a second one is added: within 5 s every delivery carries both signatures
+    new = json.loads(_aptix(webhooks, "webhooks", "secret", "add", "--org", ORG_D, "--json").stdout)
+
+    def signed_twice() -> Received | None:
+        request = delivered()
+        return request if request and len(request.headers["webhook-signature"].split(" ")) == 2 else None
+
+    deliveries = [wait_for(signed_twice, what="deliveries signed with both secrets", seconds=10)]
+    deliveries += [signed_twice() for _ in range(4)]
+    # Then a receiver verifying with the old secret and one verifying with the new both accept every delivery
+    assert all(request is not None for request in deliveries)
+    for request in deliveries:
+        assert request is not None
+        assert _verified(old["secret"], request)["type"] == "turn.completed"
+        assert _verified(new["secret"], request)["type"] == "turn.completed"
+    # And once the old one is retired, deliveries carry the new signature alone
+    listed = json.loads(_aptix(webhooks, "webhooks", "secret", "list", "--org", ORG_D, "--json").stdout)
+    assert [entry["id"] for entry in listed] == [old["id"], new["id"]] and "secret" not in listed[0]
+    assert _aptix(webhooks, "webhooks", "secret", "retire", old["id"]).returncode == 0
+
+    def signed_once() -> Received | None:
+        request = delivered()
+        return request if request and len(request.headers["webhook-signature"].split(" ")) == 1 else None
+
+    last = wait_for(signed_once, what="deliveries signed with the new secret alone", seconds=10)
+    _verified(new["secret"], last)
+    with pytest.raises(Exception, match="No matching signature"):
+        _verified(old["secret"], last)
+    # And bad input exits non-zero: an unknown id, a secret that is not whsec_ base64
+    unknown = _aptix(webhooks, "webhooks", "secret", "retire", "whs_0000000000000000")
+    bad = _aptix(webhooks, "webhooks", "secret", "add", "--org", ORG_D, "--secret", "not-a-secret")
+    assert (unknown.returncode, bad.returncode) == (1, 2), (unknown.stderr, bad.stderr)
+
+
+def test_aptix_webhooks_enable_brings_a_disabled_endpoint_back(webhooks: WebhookSystem) -> None:
+    # Given an endpoint of org-a disabled by a 410 Gone
+    path = _path()
+    url = webhooks.receiver.url(path)
+    webhooks.receiver.script(path, [410])
+    gone = webhooks.system.run_turn({"input": "gone", "webhook_url": url})
+    assert webhooks.settled(turn_id=gone["turn_id"])[0]["status"] == "endpoint_disabled"
+
+    def endpoint() -> dict[str, Any]:
+        response = webhooks.system.http.get("/v1/webhook-endpoints", headers=webhooks.system.headers())
+        assert response.status_code == 200, response.text
+        (found,) = [entry for entry in response.json()["endpoints"] if entry["url"] == url]
+        return found
+
+    assert (endpoint()["state"], endpoint()["deliveries"]) == ("disabled", 1)
+    assert "410" in endpoint()["disabled_reason"]
+    # When the operator enables it again (the receiver is back)
+    webhooks.receiver.script(path, [200])
+    done = _aptix(webhooks, "webhooks", "enable", "--org", ORG_A, url, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["state"] == "enabled"
+    # Then the list says so and the next event is delivered
+    assert endpoint()["state"] == "enabled"
+    back = webhooks.system.run_turn({"input": "back", "webhook_url": url})
+    (delivered,) = webhooks.settled(turn_id=back["turn_id"])
+    assert delivered["status"] == "delivered"
+    _verified(SECRET_A, _arrived(webhooks.receiver, path, 2)[-1])
+    # And enabling an endpoint that is not disabled is refused
+    again = _aptix(webhooks, "webhooks", "enable", "--org", ORG_A, url)
+    assert again.returncode == 1 and "not a disabled endpoint" in again.stderr

@@ -193,7 +193,10 @@ class Gateway:
     """
 
     def __init__(self, **settings: Any) -> None:
-        options: dict[str, Any] = {"client_tool_timeout_seconds": CLIENT_TOOL_TIMEOUT_SECONDS, "max_batch_requests": 3}
+        options: dict[str, Any] = {
+            "client_tool_timeout_seconds": CLIENT_TOOL_TIMEOUT_SECONDS, "max_batch_requests": 3,
+            "openai_batch_job_threads": 0,  # the tests run the batch jobs themselves: wired.openai_batch_jobs.drain()
+        }  # fmt: skip
         self.settings = Settings(**{**options, **settings})
         self.redis_server = fakeredis.FakeServer()
         """Its Redis: ``redis_server.connected = False`` makes every call refuse."""

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 from redis.crc import key_slot
 
+from shared.redis_cluster import ClusterUrl, is_cluster_url, parse_cluster_url
 from shared.settings import Settings
 from shared.state.admission import _interleave, _round_robin
-from shared.state.cluster_client import ClusterUrl, is_cluster_url, parse_cluster_url
 from shared.state.keys import (
     TIMER_SHARDS,
     alive_key,

@@ -631,7 +631,7 @@ CLUSTER_EXAMPLE = REPO / "deploy" / "compose.redis-cluster.yml"
 
 
 def test_the_redis_cluster_example_validates_and_moves_only_the_state_store_to_the_cluster() -> None:
-    from shared.state.cluster_client import is_cluster_url, parse_cluster_url
+    from shared.redis_cluster import is_cluster_url, parse_cluster_url
 
     # Given the override beside the default file, which keeps its single Redis for both
     result = _check_compose(CLUSTER_EXAMPLE)

@@ -1,12 +1,15 @@
-"""api_gateway.errors.schema_missing: which database errors mean "run aptix db upgrade"."""
+"""api_gateway.errors: which database errors mean "run aptix db upgrade"; which errors are a 503 to retry."""
 
 from __future__ import annotations
 
 import pytest
+import redis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 
-from api_gateway.errors import schema_missing
+from api_gateway.errors import install_error_handlers, schema_missing
 
 
 class _PgError(Exception):
@@ -31,3 +34,32 @@ def test_sqlite_no_such_table_is_a_missing_schema() -> None:
 def test_a_connection_error_is_not_a_missing_schema() -> None:
     assert not schema_missing(OperationalError("SELECT 1", {}, _PgError("08006")))
     assert not schema_missing(RuntimeError("no such table"))
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        # a primary demoted by a failover (over a plain redis:// URL)
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), 503),
+        # min-replicas-to-write with its replica down
+        (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), 503),
+        (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), 500),
+    ],
+)
+def test_a_redis_refusal_during_a_failover_is_a_503_to_retry_and_any_other_reply_error_a_500(
+    reply: redis.ResponseError, status: int
+) -> None:
+    # Given a route whose Redis answers with an error reply
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/x")
+    def _route() -> None:
+        raise reply
+
+    # When it is called
+    response = TestClient(app, raise_server_exceptions=False).get("/x")
+
+    # Then a failover's refusals tell the client to retry shortly, as for Redis down; a bug stays a 500
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == ("unavailable" if status == 503 else "internal_error")

@@ -17,24 +17,27 @@ from shared.models.turn import NUL_FREE_PATTERN, ClientTool, TurnRequest
 from shared.settings import Settings
 
 OPERATIONS = {
-    ("post", "/v1/turns"): ("createTurn", {200, 202, 401, 404, 409, 413, 422, 503}),
-    ("get", "/v1/turns/{turn_id}"): ("getTurn", {200, 401, 404, 422, 503}),
-    ("post", "/v1/turns/{turn_id}/tool-results"): ("postToolResults", {200, 202, 401, 404, 409, 413, 422, 503}),
-    ("post", "/v1/turns/{turn_id}/cancel"): ("cancelTurn", {200, 401, 404, 409, 503}),
-    ("get", "/v1/turns/{turn_id}/trace"): ("getTurnTrace", {200, 401, 404, 503}),
-    ("get", "/v1/turns/{turn_id}/events"): ("getTurnEvents", {200, 401, 404, 422, 503}),
-    ("get", "/v1/sessions/{session_id}"): ("getSession", {200, 401, 404, 503}),
-    ("get", "/v1/modes"): ("listModes", {200, 401}),
-    ("get", "/v1/webhook-deliveries"): ("listWebhookDeliveries", {200, 401, 404, 422, 503}),
-    ("post", "/v1/batches"): ("createBatch", {202, 401, 404, 409, 413, 422, 503}),
-    ("get", "/v1/batches"): ("listBatches", {200, 401, 422, 503}),
-    ("get", "/v1/batches/{batch_id}"): ("getBatch", {200, 401, 404, 503}),
-    ("post", "/v1/batches/{batch_id}/cancel"): ("cancelBatch", {200, 401, 404, 409, 422, 503}),
-    ("get", "/v1/batches/{batch_id}/results"): ("getBatchResults", {200, 401, 404, 503}),
+    ("post", "/v1/turns"): ("createTurn", {200, 202, 401, 429, 404, 409, 413, 422, 503}),
+    ("get", "/v1/turns/{turn_id}"): ("getTurn", {200, 401, 429, 404, 422, 503}),
+    ("post", "/v1/turns/{turn_id}/tool-results"): ("postToolResults", {200, 202, 401, 429, 404, 409, 413, 422, 503}),
+    ("post", "/v1/turns/{turn_id}/cancel"): ("cancelTurn", {200, 401, 429, 404, 409, 503}),
+    ("get", "/v1/turns/{turn_id}/trace"): ("getTurnTrace", {200, 401, 429, 404, 503}),
+    ("get", "/v1/turns/{turn_id}/events"): ("getTurnEvents", {200, 401, 429, 404, 422, 503}),
+    ("get", "/v1/sessions/{session_id}"): ("getSession", {200, 401, 429, 404, 503}),
+    ("get", "/v1/modes"): ("listModes", {200, 401, 429}),
+    ("get", "/v1/usage"): ("getUsage", {200, 401, 422, 429, 503}),
+    ("get", "/v1/webhook-endpoints"): ("listWebhookEndpoints", {200, 401, 429, 503}),
+    ("get", "/v1/webhook-deliveries"): ("listWebhookDeliveries", {200, 401, 429, 404, 422, 503}),
+    ("post", "/v1/batches"): ("createBatch", {202, 401, 429, 404, 409, 413, 422, 503}),
+    ("get", "/v1/batches"): ("listBatches", {200, 401, 429, 422, 503}),
+    ("get", "/v1/batches/{batch_id}"): ("getBatch", {200, 401, 429, 404, 503}),
+    ("post", "/v1/batches/{batch_id}/cancel"): ("cancelBatch", {200, 401, 429, 404, 409, 422, 503}),
+    ("get", "/v1/batches/{batch_id}/results"): ("getBatchResults", {200, 401, 429, 404, 503}),
     ("get", "/healthz"): ("getLiveness", {200}),
     ("get", "/readyz"): ("getReadiness", {200, 503}),
 }
-"""Every operation: its stable operationId and every status it can answer."""
+"""Every operation: its stable operationId and every status it can answer (429: every one that takes a key,
+which counts against its organisation's requests per minute)."""
 REQUEST_MODELS = ("TurnRequest", "BatchTurnRequest", "ClientTool", "ToolResult", "ToolResultsRequest", "BatchRequest")
 
 

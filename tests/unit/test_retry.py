@@ -225,6 +225,8 @@ def test_model_trouble_names_the_row_an_error_from_the_model_belongs_to(error: L
         (StepBusy("k"), Trouble.STEP_BUSY),
         (TurnNotRecorded("t"), Trouble.TURN_NOT_RECORDED),
         (redis.ConnectionError("gone"), Trouble.INFRASTRUCTURE),
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), Trouble.INFRASTRUCTURE),
+        (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), Trouble.INFRASTRUCTURE),
         (OperationalError("select 1", {}, Exception("gone")), Trouble.INFRASTRUCTURE),
         (StateConflict("raced"), Trouble.INFRASTRUCTURE),
         (ValueError("a bug"), None),

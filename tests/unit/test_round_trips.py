@@ -141,6 +141,10 @@ def test_the_gateway_writes_a_turn_a_resume_and_a_batch_in_one_transaction_each(
         return list(statements), len(ends)
 
     keyed = TurnRequest(input="hi", idempotency_key="k")
+    # the organisations' limits and the webhook secrets are read once per REFRESH_SECONDS, not per request
+    assert cost(lambda: gateway.service.record(TurnRequest(input="warm"), org_id=CALLER, user_id=USER))[0].count(
+        "SELECT"
+    ) in (1, 2)
     # a new session's turn: its row; with a key, the key's read first; a replay: the read alone
     assert cost(lambda: gateway.service.record(TurnRequest(input="hi"), org_id=CALLER, user_id=USER)) == (["INSERT"], 1)
     assert cost(lambda: gateway.service.record(keyed, org_id=CALLER, user_id=USER)) == (["SELECT", "INSERT"], 1)

@@ -49,3 +49,16 @@ def test_an_old_timestamp_fails_verification() -> None:
     headers = signed_headers(KEY, delivery_id="msg_1", timestamp=int(time.time()) - 3600, body=BODY)
     with pytest.raises(WebhookVerificationError):
         Webhook(SECRET).verify(BODY.encode(), headers)
+
+
+def test_with_two_secrets_each_receiver_verifies_with_its_own_and_a_third_does_not() -> None:
+    # A rotation under way: the old and the new secret both sign (v1,sig1 v1,sig2)
+    new_secret = "whsec_" + base64.b64encode(b"the new key, sixteen bytes or more").decode()
+    new_key = base64.b64decode(new_secret.removeprefix("whsec_"))
+    headers = signed_headers(KEY, new_key, delivery_id="msg_1", timestamp=int(time.time()), body=BODY)
+    assert len(headers["webhook-signature"].split(" ")) == 2
+    assert Webhook(SECRET).verify(BODY.encode(), headers)["id"] == "msg_1"
+    assert Webhook(new_secret).verify(BODY.encode(), headers)["id"] == "msg_1"
+    stranger = "whsec_" + base64.b64encode(b"nobody's key of sixteen bytes").decode()
+    with pytest.raises(WebhookVerificationError):
+        Webhook(stranger).verify(BODY.encode(), headers)

@@ -5,7 +5,9 @@ Reads: the turn's outcome in the state. Writes, in one database transaction: the
 items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
 a paused turn when Redis lost it), the session's last use and, when the turn's organisation gets
 webhooks, the status's webhook event (and its batch's, if this was the batch's last turn in flight)
-as outbox rows (``shared.db.webhook_outbox``; a webhook never fails the turn). Then, when it wrote,
+as outbox rows (``shared.db.webhook_outbox``; a webhook never fails the turn). Then, when it wrote, the
+turn's tokens so far into its organisation's count of the day it was created (``shared.state.token_usage``,
+the daily budget's; a merge, so a commit run twice counts once), and
 the turn event that ends the round, in the state's outbox (sent with the state's save):
 ``turn.requires_client_tools`` or ``turn.completed`` / ``turn.failed``, whose data is the turn as
 ``GET /v1/turns/{id}`` shows it from now on. Next: Stop, saying which status it wrote (none when the
@@ -16,7 +18,7 @@ database blip raises and the task is retried).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from shared.db.records import TurnOutcome
@@ -46,6 +48,10 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     )
     if committed is None:
         return success(Stop(committed=None))
+    if ctx.token_usage is not None:
+        created_at = state.created_at or now
+        used = state.usage.input_tokens + state.usage.output_tokens
+        ctx.token_usage.record(state.org_id, created_at.astimezone(UTC).date(), state.turn_id, used)
     event = ROUND_END_EVENTS.get(state.status)
     if event is not None:
         state.outbox.append(OutboxEvent(event=event, data=_committed(ctx, state, now)))

@@ -130,15 +130,20 @@ class WebhookDeliverer:
 
     def _post(self, claim: Claim) -> tuple[int | None, str | None, float | None]:
         """POST the event; the status code, or why there is none, and how long it took (ms)."""
-        secret = self._config.secret_for(claim.org_id)
-        if secret is None:
-            return None, "not sent: the organisation has no webhook secret (APTIX_WEBHOOK_SECRETS)", None
+        # None cached: perhaps one was added since the cache was read (the commit that recorded this saw it).
+        keys = self._config.keys_for(claim.org_id) or self._config.keys_for(claim.org_id, fresh=True)
+        if not keys:
+            return (
+                None,
+                "not sent: the organisation has no webhook secret (APTIX_WEBHOOK_SECRETS, aptix webhooks secret)",
+                None,
+            )
         try:
             target = check_endpoint(claim.url, allow_private=self._config.allow_private, resolve=self._resolve)
         except WebhookUrlError as exc:
             return None, f"not sent: {exc}"[:_MAX_ERROR_CHARS], None
         headers = signed_headers(
-            secret, delivery_id=claim.delivery_id, timestamp=int(self._clock().timestamp()), body=claim.body
+            *keys, delivery_id=claim.delivery_id, timestamp=int(self._clock().timestamp()), body=claim.body
         )
         if target.host_header is not None:
             headers["host"] = target.host_header

@@ -7,9 +7,8 @@ only: a path other than ``/`` or ``/0`` is refused.
 
 Only the state store (turn state, leases, markers, timers, admission, limiter, breaker, event logs)
 runs on a cluster: the broker stays on a single Redis or a Sentinel-managed one, kombu having no
-cluster transport (``docs/scaling.md``). The builders of Redis clients from URLs call
-:func:`is_cluster_url` first and hand a cluster URL to :func:`cluster_client` (sync) or
-:func:`async_cluster_client` (the gateway's event streams).
+cluster transport (``docs/scaling.md``). ``shared.redis_clients``, where every Aptix process builds its
+Redis clients, hands a cluster URL to :func:`cluster_client` (sync) or :func:`async_cluster_client`.
 """
 
 from __future__ import annotations
@@ -92,8 +91,8 @@ def cluster_client(
     url: str,
     *,
     max_connections: int = 100,
-    socket_timeout: float = 10,
-    socket_connect_timeout: float = 5,
+    socket_timeout: float | None = 10,
+    socket_connect_timeout: float | None = 5,
 ) -> redis.Redis:
     """A ``RedisCluster`` client of the cluster ``url`` names, typed as the ``redis.Redis`` the state store's
     users take: it answers every command they send (each script and atomic write on one slot). It asks a
@@ -122,7 +121,7 @@ def cluster_client(
 
 
 def async_cluster_client(
-    url: str, *, max_connections: int, socket_timeout: float, socket_connect_timeout: float
+    url: str, *, max_connections: int, socket_timeout: float | None, socket_connect_timeout: float | None
 ) -> aioredis.Redis:
     """An asyncio ``RedisCluster`` client of ``url`` (the gateway's event streams), typed as the
     ``redis.asyncio.Redis`` they take; ``max_connections`` is per node."""
