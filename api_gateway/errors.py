@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute, Match
 from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
 from api_gateway.services.errors import Conflict, InvalidRequest, Limited, NotFound, ServiceError, Unavailable
 from shared.redis_clients import is_refused_for_replicas
+from shared.redis_cluster import CLUSTER_TRANSIENT_ERRORS
 
 __all__ = [
     "CLIENT_CLOSED_REQUEST",
@@ -49,6 +50,7 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.BusyLoadingError,
     redis.exceptions.ReadOnlyError,  # a primary demoted by a failover: the next try finds the new one
     BrokerError,
+    *CLUSTER_TRANSIENT_ERRORS,
 )
 """A dependency (database, Redis, broker) did not answer: 503 ``unavailable``, never 500."""
 RETRY_AFTER_SECONDS = 2

@@ -146,6 +146,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--redis-url", default=None, help="the Redis server (default redis://127.0.0.1:6379)")
     bench.add_argument(
+        "--state-url",
+        default=None,
+        help="the state store on a Redis server of its own (redis://HOST:PORT) or a Redis Cluster used whole "
+        "(redis+cluster://HOST:PORT[,...]); default: beside the broker on --redis-url",
+    )
+    bench.add_argument(
         "--database-url",
         default=None,
         help="a PostgreSQL database to create the scratch database from "
@@ -262,6 +268,7 @@ def _bench(args: argparse.Namespace) -> int:
         workers=args.workers,
         worker_args=tuple(shlex.split(args.worker_args)),
         redis_url=args.redis_url or DEFAULT_REDIS_URL,
+        state_url=args.state_url,
         database_url=args.database_url or DEFAULT_DATABASE_URL,
         interactive=args.interactive,
         two_orgs=args.two_orgs,

@@ -34,7 +34,7 @@ from shared.logging import configure_logging
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import RedisStateStore, TurnState
-from shared.state.keys import RECONCILER_LEADER_KEY
+from shared.state.keys import RECONCILER_LEADER_KEY, state_key
 from shared.state.leader import LeaderLease
 from shared.step_sender import StepSender
 from shared.task_names import StepName
@@ -107,7 +107,7 @@ def run_recovery_costs(*, turns: int = 500, writes: int = 300) -> int:
             for table in (ToolRunRow, ProviderSnapshotRow, TurnRow):
                 session.execute(delete(table).where(table.turn_id.in_(ids)))
         store.forget_all()
-        store.client.delete(*[f"aptix:turn:{turn_id}:state" for turn_id in ids[:1]])
+        store.client.delete(*[state_key(turn_id) for turn_id in ids[:1]])
         engine.dispose()
         if embedded is not None:
             embedded.__exit__(None, None, None)

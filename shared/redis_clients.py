@@ -1,7 +1,8 @@
 """Redis clients from a URL: the one place an Aptix process builds one (state store, leases, limiter,
 admission, event logs and streams, the broker's watch and queue depths).
 
-A URL names either one Redis server (``redis://``, ``rediss://``, ``unix://``: redis-py's own URL forms)
+A URL names one Redis server (``redis://``, ``rediss://``, ``unix://``: redis-py's own URL forms), a
+Redis Cluster (``redis+cluster://HOST:PORT[,HOST:PORT...]``, the state store only: ``shared.redis_cluster``)
 or a primary that Redis Sentinel manages::
 
     sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]
@@ -28,6 +29,8 @@ import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as async_sentinel
 from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from shared.redis_cluster import async_cluster_client, cluster_client, is_cluster_url, parse_cluster_url
 
 __all__ = [
     "SENTINEL_SCHEME",
@@ -99,13 +102,16 @@ def is_redis_url(url: str) -> bool:
 
 
 def check_redis_url(url: str) -> str:
-    """``url`` when it is a Redis URL this module can connect to (the settings' check).
+    """``url`` when it is a Redis URL this module can connect to (the settings' check of the state store's).
 
     Raises:
-        ValueError: another scheme, or a malformed ``sentinel://`` URL.
+        ValueError: another scheme, or a malformed ``sentinel://`` or ``redis+cluster://`` URL.
     """
+    if is_cluster_url(url):
+        parse_cluster_url(url)
+        return url
     if not is_redis_url(url):
-        raise ValueError("must be a redis://, rediss://, unix:// or sentinel:// URL")
+        raise ValueError("must be a redis://, rediss://, unix://, sentinel:// or redis+cluster:// URL")
     parse_sentinel_url(url)
     return url
 
@@ -133,8 +139,16 @@ def redis_client(
         health_check_interval: a connection idle this many seconds is PINGed before its next command.
 
     Returns:
-        The client; closing it closes its pool.
+        The client; closing it closes its pool. A ``redis+cluster://`` URL gives a ``RedisCluster``
+        (:func:`shared.redis_cluster.cluster_client`: ``max_connections`` to each node).
     """
+    if is_cluster_url(url):
+        return cluster_client(
+            url,
+            max_connections=max_connections or 100,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+        )
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": socket_connect_timeout,
@@ -170,6 +184,13 @@ def async_redis_client(
 ) -> aioredis.Redis:
     """An asyncio client on a new connection pool to the Redis ``url`` names; past ``max_connections``
     a command raises ``redis.ConnectionError`` at once. The other arguments are :func:`redis_client`'s."""
+    if is_cluster_url(url):
+        return async_cluster_client(
+            url,
+            max_connections=max_connections or 100,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+        )
     options: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_connect_timeout}
     if max_connections is not None:
         options["max_connections"] = max_connections

@@ -292,6 +292,22 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_cluster_urls(self) -> Settings:
+        # The state store may be a Redis Cluster; the broker may not (kombu has no cluster transport).
+        from shared.redis_cluster import is_cluster_url, parse_cluster_url
+
+        if is_cluster_url(self.redis_url):
+            parse_cluster_url(self.redis_url)
+            if not self.broker_url:
+                raise ValueError(
+                    "APTIX_REDIS_URL names a Redis Cluster: set APTIX_BROKER_URL to a single Redis or a Sentinel-"
+                    "managed one (the broker cannot run on a cluster)"
+                )
+        if self.broker_url and is_cluster_url(self.broker_url):
+            raise ValueError("APTIX_BROKER_URL cannot name a Redis Cluster (kombu has no cluster transport)")
+        return self
+
     @field_validator("llm_base_url")
     @classmethod
     def _strip_slash(cls, value: str) -> str:

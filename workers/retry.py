@@ -71,6 +71,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from shared.broker import visibility_timeout
 from shared.errors import LlmError, StateConflict, StepBusy, TurnNotRecorded
 from shared.redis_clients import is_refused_for_replicas
+from shared.redis_cluster import CLUSTER_TRANSIENT_ERRORS
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
 from shared.state import ModelRetry
@@ -217,6 +218,7 @@ _INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (
     InterfaceError,
     PoolTimeout,
     StateConflict,
+    *CLUSTER_TRANSIENT_ERRORS,
 )
 """Errors after which a step runs again later: its work is either undone or recorded."""
 _RATE_LIMITED_CODE = "rate_limit_exceeded"

@@ -9,6 +9,7 @@ admission scheduler from a worker bootstep (which an embedded worker, ``aptix de
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -32,6 +33,7 @@ from shared.state import RedisStateStore, Timers
 from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
+from shared.state.legacy import retire_legacy_keys
 from shared.step_sender import Broker, StepSender
 from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
@@ -240,7 +242,10 @@ def build_reconciler(
 ) -> Reconciler:
     """A reconciler on the state store's Redis ``client`` and a process's ports: it counts on ``metrics``,
     given ``webhooks`` sends the webhook deliveries that are due, and given ``webhook_sender`` sends
-    the webhook event of a turn it gives up on at once."""
+    the webhook event of a turn it gives up on at once. Retires the Redis keys of earlier releases
+    first (``shared.state.legacy``; a Redis that does not answer now is left for the next start)."""
+    with contextlib.suppress(redis.RedisError):
+        retire_legacy_keys(client)
     broker_url = settings.effective_broker_url
     broker = (
         RedisBrokerWatch(

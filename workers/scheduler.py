@@ -207,4 +207,4 @@ class AdmissionScheduler:
 
     def _send(self, release: Release) -> None:
         self._steps.send([first_step(turn_id, batch=True) for turn_id in release.turn_ids])
-        self._admission.settle(release.release_id)
+        self._admission.settle(release)

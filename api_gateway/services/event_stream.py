@@ -40,7 +40,7 @@ from api_gateway.services.turn_service import TurnService
 from api_gateway.sse import EventStreamResponse
 from shared.db.records import TurnRecord
 from shared.models.turn import TurnStatus
-from shared.state.keys import INFLIGHT_KEY, events_key
+from shared.state.keys import alive_key, events_key
 from shared.state.store import event_json
 from shared.turn_events import FINAL_EVENTS, PAUSE_EVENT, ROUND_END_EVENTS
 from shared.turn_view import to_turn, turn_json
@@ -229,8 +229,8 @@ class EventStreams:
     async def _moving(self, turn_id: str) -> bool:
         """Whether the turn's in-flight marker vouches for it: a turn that moves has not ended, and its
         record need not be read (every state save and lease renewal pushes the marker forward)."""
-        until = await self._client.zscore(INFLIGHT_KEY, turn_id)
-        return until is not None and until > self._clock().timestamp()
+        until = await self._client.get(alive_key(turn_id))
+        return until is not None and float(until) > self._clock().timestamp()
 
     async def _repair(self, record: TurnRecord | None, turn_id: str, *, org_id: str, round_: int) -> str | None:
         """The id of the event that ends ``round_`` when the turn's record (read now when None) says the round

@@ -68,7 +68,11 @@ def hop_tasks(step_keys: Iterable[str]) -> tuple[str, ...]:
 def read_hops(client: redis.Redis, turn_ids: Iterable[str]) -> dict[str, TurnHops]:
     """The hops of each turn whose state is still in the state store (``client``: its Redis database)."""
     ids = list(turn_ids)
-    documents = client.mget([state_key(turn_id) for turn_id in ids]) if ids else []
+    # One GET each in a pipeline: a cluster spreads the turns' keys over slots, where MGET cannot reach.
+    pipe = client.pipeline(transaction=False)
+    for turn_id in ids:
+        pipe.get(state_key(turn_id))
+    documents = pipe.execute() if ids else []
     found: dict[str, TurnHops] = {}
     for turn_id, document in zip(ids, documents, strict=True):
         if document is None:

@@ -19,6 +19,7 @@ from aptix_cli.bench import bare_chain, turn_runs
 from aptix_cli.bench.cpu import CpuMeter, CpuSample
 from aptix_cli.bench.hops import TurnHops, read_hops
 from aptix_cli.bench.scenarios import Scenario
+from aptix_cli.bench.server_stats import ServerFigures, ServerStats
 from aptix_cli.bench.stats import RunFigures, run_figures
 from aptix_cli.client import ApiClient
 
@@ -46,6 +47,8 @@ class TurnResult:
     cpu_ms: dict[str, float | None]
     """CPU per turn by process group, ms (None: the group's processes are not on this machine)."""
     hops: HopSample
+    servers: ServerFigures | None = None
+    """What the Redis servers and PostgreSQL did per turn, by their own counters (None: not counted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ def measure_turns(
     poster: Callable[[], turn_runs.ToolResultPoster] | None,
     progress: TextIO | None,
     first_index: int = 0,
+    servers: ServerStats | None = None,
 ) -> TurnResult:
     """Run ``turns`` turns of ``scenario`` as one batch and measure it.
 
@@ -86,18 +90,26 @@ def measure_turns(
         poster: makes the client tool result poster, for a scenario that needs one.
         progress: where the progress bar goes.
         first_index: the first turn's number in its text (so no two runs send the same text).
+        servers: the Redis servers and PostgreSQL to count (their own counters), sampled with the CPU.
     """
     answering = poster() if poster is not None and scenario.client_tool else None
     try:
+        counted = servers.sample() if servers is not None else None
         before = meter.sample()
         submitted = turn_runs.submit(api, scenario, turns, first_index=first_index)
         turn_runs.wait(api, submitted, poster=answering, progress=progress)
         after = meter.sample()
+        figures = servers.figures(counted, servers.sample(), turns) if servers is not None and counted else None
     finally:
         if answering is not None:
             answering.close()
     run = turn_runs.collect(api, scenario, submitted)
-    return TurnResult(run=run, cpu_ms=_per_item_ms(meter, before, after, turns), hops=_sample_hops(state, run.turn_ids))
+    return TurnResult(
+        run=run,
+        cpu_ms=_per_item_ms(meter, before, after, turns),
+        hops=_sample_hops(state, run.turn_ids),
+        servers=figures,
+    )
 
 
 def measure_chains(

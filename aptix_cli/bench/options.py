@@ -29,6 +29,9 @@ class BenchOptions:
     """Extra flags for each ``aptix worker`` (e.g. ``--pool threads --concurrency 8``)."""
     redis_url: str = DEFAULT_REDIS_URL
     """The Redis server; the bench uses two empty databases of its own on it."""
+    state_url: str | None = None
+    """The state store on a Redis server of its own (an empty database claimed there) or a Redis Cluster
+    (``redis+cluster://``, used whole); None: on ``redis_url``'s server, beside the broker."""
     database_url: str = DEFAULT_DATABASE_URL
     """A PostgreSQL database the bench may create (and drop) a scratch database from."""
     interactive: bool = False

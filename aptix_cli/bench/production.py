@@ -43,6 +43,7 @@ from aptix_cli.bench.processes import BenchProcesses, WorkerPlan, worker_plan
 from aptix_cli.bench.report import Report, chain_lines, comparison_table, ratio, turn_lines
 from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import SCENARIOS
+from aptix_cli.bench.server_stats import RedisServer, ServerStats, pg_commits
 from aptix_cli.bench.services import Scratch, ScratchServices
 from aptix_cli.bench.stats import percentile
 from aptix_cli.bench.two_orgs import run_two_orgs
@@ -74,7 +75,9 @@ def run_production_bench(options: BenchOptions) -> int:
         return 2
     configure_logging("ERROR")
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    services = ScratchServices(database_url=options.database_url, redis_url=options.redis_url)
+    services = ScratchServices(
+        database_url=options.database_url, redis_url=options.redis_url, state_url=options.state_url
+    )
     processes: BenchProcesses | None = None
     ok = False
     try:
@@ -120,7 +123,11 @@ class _Run:
         self.processes = processes
         self.report = report
         self.control = bare_chain.create_app(Settings(redis_url=scratch.state_url, broker_url=scratch.broker_url))
-        self.state = redis_client(scratch.state_url)
+        self.state = redis_client(scratch.state_url, max_connections=8)
+        self.servers = ServerStats(
+            [RedisServer(role, client) for role, client in services.redis_servers()],
+            pg_commits(scratch.dsn, scratch.database_name),
+        )
         self.ok = True
 
     def run(self, api_key: str, model_port: int) -> bool:
@@ -179,6 +186,12 @@ class _Run:
             "CPU counted",
             "gateway; workers (every aptix worker with all its descendants); redis (redis-server); "
             "postgres (server processes + the scratch database's backends); from /proc/<pid>/stat",
+        )
+        self.report.field(
+            "servers counted",
+            "Redis: INFO commandstats (commands, those scripts call included; evalsha = script runs) and INFO "
+            "cpu, per server (state and broker apart when apart; a cluster summed over its nodes); PostgreSQL: "
+            "pg_stat_database xact_commit of the scratch database (its statistics lag up to a second or so)",
         )
 
     def _task_events(self) -> None:
@@ -251,6 +264,7 @@ class _Run:
             state=self.state,
             poster=lambda: turn_runs.ToolResultPoster(api, dsn),
             progress=sys.stderr,
+            servers=self.servers,
         )
 
     def _rss(self, workers: Sequence[ManagedProcess], when: str) -> None:

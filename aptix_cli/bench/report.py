@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from aptix_cli.bench.measure import ChainResult, TurnResult
+from aptix_cli.bench.server_stats import ServerFigures
 from aptix_cli.bench.stats import RunFigures
 from aptix_cli.progress import STATUS_ORDER
 
@@ -17,6 +18,7 @@ __all__ = [
     "cpu_cells",
     "latency_cell",
     "ratio",
+    "server_lines",
     "statuses_cell",
     "turn_lines",
 ]
@@ -63,8 +65,24 @@ def turn_lines(
         _field("latency p50/p95/p99", latency_cell(run.figures) + " (created to completed)"),
         _field("CPU per turn, ms", cpu_cells(result.cpu_ms, total_of=total_of, apart=apart)),
         *_by_queues_lines(result.cpu_ms, by_queues),
+        *server_lines(result.servers),
         _field("statuses", statuses_cell(run.statuses)),
     ]
+
+
+def server_lines(figures: ServerFigures | None) -> list[str]:
+    """Per turn, each Redis server's commands (the most called with their share) and CPU, and PostgreSQL's
+    transactions, by the servers' own counters (``INFO``, ``pg_stat_database``)."""
+    if figures is None:
+        return []
+    lines = []
+    for role, (commands, cpu_ms, most) in figures.redis.items():
+        top = ", ".join(f"{name} {count:.1f}" for name, count in most.items())
+        lines.append(_field(f"Redis {role}", f"per turn {commands:.1f} commands ({top}), CPU {cpu_ms:.2f} ms"))
+    if figures.pg_commits is not None:
+        rollbacks = f", {figures.pg_rollbacks:.2f} rolled back" if figures.pg_rollbacks else ""
+        lines.append(_field("PostgreSQL", f"per turn {figures.pg_commits:.2f} transactions committed{rollbacks}"))
+    return lines
 
 
 def chain_lines(name: str, result: ChainResult, *, total_of: Sequence[str], by_queues: Sequence[str] = ()) -> list[str]:

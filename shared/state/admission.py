@@ -7,27 +7,36 @@ organisation with nothing held or with its cap of turns in flight (``APTIX_ORG_M
 ``aptix orgs set --max-in-flight``). A turn is in
 flight from its release (or, for an interactive turn or a re-entry, which are never held, from its
 acceptance) until it ends or pauses: the worker driver's last state save removes it, in the same
-round trip (``TurnStates.save(leave_admission=True)`` does what :meth:`AdmissionQueue.finished` does),
-as does whoever ends it early (``shared.turn_ending``); the scheduler's sweep drops the entries of
-turns that ended without saying so, so a lost removal costs capacity for seconds, not for ever.
+round trip (``TurnStates.save(leave_admission=True)`` pipelines :func:`leave_calls`, what
+:meth:`AdmissionQueue.finished` does), as does whoever ends it early (``shared.turn_ending``); the
+scheduler's sweep drops the entries of turns that ended without saying so, so a lost removal costs
+capacity for seconds, not for ever.
 
-Crash safety: one Lua script moves turns from held to in flight *and* writes a releasing note (the
-turns and the time) in the same step; the scheduler deletes the note once it has sent their first
-messages. A note older than :data:`REPUBLISH_AFTER_SECONDS` belongs to a scheduler that died in
-between: any scheduler sends those messages again (a second first message is harmless: the driver's
-step lease and ``steps_done`` skip a step that ran) and deletes it. Two schedulers releasing at once
-never release a turn twice: the move is atomic.
+Redis Cluster: every script touches the keys of one organisation (their hash tag, ``held_key``), and
+the keys shared by every organisation (:data:`~shared.state.keys.ADMISSION_ORGS_KEY`, the cursor,
+the nudge) are written by plain commands in the same pipeline. So a release plans in Python and
+moves turns with one script per organisation: three round trips per release (the organisations, their
+counts, the moves), once per scheduler wake-up, not per turn. The organisations' set is a sorted set
+of when each was last touched: the scheduler drops an idle organisation (nothing held, in flight or
+being released) only when it was not touched for :data:`IDLE_ORG_SECONDS`, so a hold racing the drop
+(its two writes land on different nodes, in either order) never leaves held turns unseen.
 
-The scripts build an organisation's key names from :data:`~shared.state.keys.ADMISSION_ORG_PREFIX`
-(one Redis, no cluster: the same as every Aptix Lua script's Redis).
+Crash safety: one Lua script moves an organisation's turns from held to in flight *and* writes a
+releasing note (the turns and the time) in that organisation's releasing hash in the same step; the
+scheduler deletes the notes once it has sent their first messages. A note older than
+:data:`REPUBLISH_AFTER_SECONDS` belongs to a scheduler that died in between: any scheduler sends those
+messages again (a second first message is harmless: the driver's step lease and ``steps_done`` skip a
+step that ran) and deletes it. Two schedulers releasing at once never release a turn twice: each move
+is atomic, and re-checks the organisation's limit.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import redis
@@ -35,108 +44,98 @@ import redis
 from shared.state.keys import (
     ADMISSION_CURSOR_KEY,
     ADMISSION_NUDGE_KEY,
-    ADMISSION_ORG_PREFIX,
     ADMISSION_ORGS_KEY,
-    ADMISSION_RELEASING_KEY,
-    ADMISSION_SEQUENCE_KEY,
     held_key,
     in_flight_key,
+    org_releasing_key,
+    org_sequence_key,
 )
+from shared.state.scripts import Call, ScriptCall, pipelined
 
-__all__ = ["REPUBLISH_AFTER_SECONDS", "AdmissionQueue", "OrgCounts", "Place", "Release"]
+__all__ = [
+    "IDLE_ORG_SECONDS", "REPUBLISH_AFTER_SECONDS", "AdmissionQueue", "OrgCounts", "Place", "Release", "leave_calls",
+]  # fmt: skip
 
 REPUBLISH_AFTER_SECONDS = 5.0
 """A releasing note this old belongs to a scheduler that died between the move and the send."""
 
-_CHUNK = 5000
-"""Turn ids per script call (Lua's ``unpack`` has a limit of a few thousand values)."""
+IDLE_ORG_SECONDS = 60.0
+"""An organisation with nothing held or in flight leaves the organisations' set once untouched this long."""
 
 Place = Literal["held", "in_flight"]
 
+# KEYS: the organisation's held set and sequence. ARGV: the turn ids.
 _HOLD = """
-local n = #ARGV - 1
-local last = redis.call('incrby', KEYS[3], n)
+local n = #ARGV
+local last = redis.call('incrby', KEYS[2], n)
 local members = {}
-for i = 2, #ARGV do
-  members[#members + 1] = last - n + i - 1
+for i = 1, #ARGV do
+  members[#members + 1] = last - n + i
   members[#members + 1] = ARGV[i]
 end
 for s = 1, #members, 1000 do
   redis.call('zadd', KEYS[1], 'NX', unpack(members, s, math.min(s + 999, #members)))
 end
-redis.call('sadd', KEYS[2], ARGV[1])
-redis.call('lpush', KEYS[4], '1')
-redis.call('ltrim', KEYS[4], 0, 0)
 return n
 """
-_RELEASE = """
-local orgs = redis.call('smembers', KEYS[1])
-if #orgs == 0 then return {} end
-table.sort(orgs)
-local cursor = redis.call('get', KEYS[2]) or ''
-local start = 1
-for i, org in ipairs(orgs) do
-  if org > cursor then start = i break end
+# KEYS: the organisation's held set, in-flight set and releasing hash. ARGV: how many to take at most,
+# the cap, now, the release id. Takes no more than the cap allows now, and notes what it took.
+_TAKE = """
+local room = tonumber(ARGV[2]) - redis.call('zcard', KEYS[2])
+local n = math.min(tonumber(ARGV[1]), room)
+if n <= 0 then return {} end
+local popped = redis.call('zpopmin', KEYS[1], n)
+local taken = {}
+for i = 1, #popped, 2 do
+  redis.call('zadd', KEYS[2], ARGV[3], popped[i])
+  taken[#taken + 1] = popped[i]
 end
-local order = {}
-for i = start, #orgs do order[#order + 1] = orgs[i] end
-for i = 1, start - 1 do order[#order + 1] = orgs[i] end
-local cap, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local caps = {}
-if ARGV[6] and ARGV[6] ~= '' then caps = cjson.decode(ARGV[6]) end
-local open, released, last = {}, {}, nil
-for i = 1, #order do open[i] = true end
-local progress = true
-while progress and #released < limit do
-  progress = false
-  for i, org in ipairs(order) do
-    if open[i] and #released < limit then
-      local flying = ARGV[1] .. org .. ':inflight'
-      if redis.call('zcard', flying) >= (tonumber(caps[org]) or cap) then
-        open[i] = false
-      else
-        local popped = redis.call('zpopmin', ARGV[1] .. org .. ':held')
-        if #popped == 0 then
-          open[i] = false
-          if redis.call('zcard', flying) == 0 then redis.call('srem', KEYS[1], org) end
-        else
-          redis.call('zadd', flying, ARGV[4], popped[1])
-          released[#released + 1] = popped[1]
-          last = org
-          progress = true
-        end
-      end
-    end
-  end
+if #taken > 0 then
+  redis.call('hset', KEYS[3], ARGV[4], cjson.encode({at = tonumber(ARGV[3]), turns = taken}))
 end
-if last then redis.call('set', KEYS[2], last) end
-if #released > 0 then
-  redis.call('hset', KEYS[3], ARGV[5], cjson.encode({at = tonumber(ARGV[4]), turns = released}))
-end
-return released
+return taken
 """
-# ``finished`` and ``leave``: with a third key (the held set, ``leave``), the turns leave it too.
+# KEYS: the organisations' set. ARGV: the organisation, the latest touch that lets it go.
+_DROP_IDLE = """
+local touched = redis.call('zscore', KEYS[1], ARGV[1])
+if touched and tonumber(touched) <= tonumber(ARGV[2]) then return redis.call('zrem', KEYS[1], ARGV[1]) end
+return 0
+"""
+# ``finished`` and ``leave``: with a second key (the held set, ``leave``), the turns leave it too.
 _FINISHED = """
 local removed = 0
 for i = 1, #ARGV, 1000 do
   local last = math.min(i + 999, #ARGV)
-  if KEYS[3] then redis.call('zrem', KEYS[3], unpack(ARGV, i, last)) end
+  if KEYS[2] then redis.call('zrem', KEYS[2], unpack(ARGV, i, last)) end
   removed = removed + redis.call('zrem', KEYS[1], unpack(ARGV, i, last))
-end
-if removed > 0 then
-  redis.call('lpush', KEYS[2], '1')
-  redis.call('ltrim', KEYS[2], 0, 0)
 end
 return removed
 """
+_NUDGE: list[Call] = [("LPUSH", ADMISSION_NUDGE_KEY, "1"), ("LTRIM", ADMISSION_NUDGE_KEY, 0, 0)]
+"""Wake the scheduler: the nudge list holds at most one item."""
+
+
+def leave_calls(client: redis.Redis) -> Callable[[str, Sequence[str]], list[Call]]:
+    """What takes turns of an organisation out of its in-flight set and wakes the scheduler, as calls for
+    :func:`~shared.state.scripts.pipelined` (the state store's last save sends them with its own, in its
+    one round trip: so it wakes the scheduler whether or not the turn was in flight, which a turn whose
+    chain ends nearly always is)."""
+    script = client.register_script(_FINISHED)
+
+    def calls(org_id: str, turn_ids: Sequence[str]) -> list[Call]:
+        return [ScriptCall(script, [in_flight_key(org_id)], list(turn_ids)), *_NUDGE]
+
+    return calls
 
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Turns one release moved to in flight, under the id of their releasing note."""
+    """Turns one release moved to in flight, under the id of their releasing notes (one per organisation)."""
 
     release_id: str
     turn_ids: list[str]
+    orgs: tuple[str, ...] = field(default=())
+    """The organisations whose releasing hashes hold the notes (what :meth:`AdmissionQueue.settle` deletes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,27 +147,33 @@ class OrgCounts:
 
 
 class AdmissionQueue:
-    """The held and in-flight sets of every organisation, on the state store's Redis."""
+    """The held and in-flight sets of every organisation, on the state store's Redis (or Redis Cluster)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self._hold = client.register_script(_HOLD)
-        self._release = client.register_script(_RELEASE)
+        self._take = client.register_script(_TAKE)
+        self._drop_idle = client.register_script(_DROP_IDLE)
         self._finished = client.register_script(_FINISHED)
 
-    def hold(self, org_id: str, turn_ids: list[str]) -> None:
-        """Hold ``org_id``'s new batch turns (after those it holds already), all or none, and wake the scheduler.
+    def hold(self, org_id: str, turn_ids: list[str], *, now: float | None = None) -> None:
+        """Hold ``org_id``'s new batch turns (after those it holds already), all or none, and wake the
+        scheduler; one round trip. ``now`` (Unix time, default the clock's) marks the organisation touched.
 
         Raises:
-            redis.RedisError: Redis refused (nothing was held).
+            redis.RedisError: Redis refused (nothing was held, or, on a cluster whose node failed in
+                between, the turns were held and the organisation's touch or the nudge was lost: the next
+                hold or the reconciler's check of held turns repairs that).
         """
         if not turn_ids:
             return
-        keys = [held_key(org_id), ADMISSION_ORGS_KEY, ADMISSION_SEQUENCE_KEY, ADMISSION_NUDGE_KEY]
-        with self.client.pipeline(transaction=True) as pipe:
-            for start in range(0, len(turn_ids), _CHUNK):
-                self._hold(keys=keys, args=[org_id, *turn_ids[start : start + _CHUNK]], client=pipe)
-            pipe.execute()
+        touched = time.time() if now is None else now
+        calls: list[Call] = [
+            ("ZADD", ADMISSION_ORGS_KEY, repr(touched), org_id),
+            ScriptCall(self._hold, [held_key(org_id), org_sequence_key(org_id)], turn_ids),
+            *_NUDGE,
+        ]
+        pipelined(self.client, calls)
 
     def admit_now(self, org_id: str, turn_ids: list[str], *, now: float) -> None:
         """Count turns that are never held (interactive turns, re-entries) in flight from ``now``.
@@ -178,37 +183,71 @@ class AdmissionQueue:
         """
         if not turn_ids:
             return
-        with self.client.pipeline(transaction=True) as pipe:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(ADMISSION_ORGS_KEY, {org_id: now})
             pipe.zadd(in_flight_key(org_id), dict.fromkeys(turn_ids, now))
-            pipe.sadd(ADMISSION_ORGS_KEY, org_id)
             pipe.execute()
 
     def release(self, *, cap: int, limit: int, now: float, caps: Mapping[str, int] | None = None) -> Release | None:
         """Move up to ``limit`` held turns to in flight, round-robin across organisations, none past its cap:
         ``caps[org]`` for an organisation with a cap of its own (``aptix orgs set --max-in-flight``), else ``cap``.
 
-        Writes the releasing note in the same atomic step; :meth:`settle` deletes it once the turns'
-        first messages are sent. None when nothing could be released.
+        Three round trips: the organisations and the cursor; each one's counts; the moves (one script
+        per organisation, each writing its releasing note in the same atomic step), the cursor, and the
+        drop of idle organisations. :meth:`settle` deletes the notes once the turns' first messages are
+        sent. None when nothing could be released.
         """
+        orgs, cursor = self._orgs_and_cursor()
+        if not orgs:
+            return None
+        counts = self._counts(orgs, with_releasing=True)
+        limits = {org: int((caps or {}).get(org, cap)) for org in orgs}
+        room = {org: min(held, max(0, limits[org] - flying)) for org, (held, flying, _) in counts.items()}
+        plan, last = _round_robin(sorted(orgs), cursor, room, limit)
         release_id = uuid.uuid4().hex
-        keys = [ADMISSION_ORGS_KEY, ADMISSION_CURSOR_KEY, ADMISSION_RELEASING_KEY]
-        own = json.dumps(dict(caps)) if caps else ""
-        raw = self._release(keys=keys, args=[ADMISSION_ORG_PREFIX, cap, limit, repr(now), release_id, own])
-        turn_ids = [_text(turn_id) for turn_id in raw]
-        return Release(release_id, turn_ids) if turn_ids else None
+        calls: list[Call] = [
+            ScriptCall(
+                self._take,
+                [held_key(org), in_flight_key(org), org_releasing_key(org)],
+                [n, limits[org], repr(now), release_id],
+            )
+            for org, n in plan.items()
+        ]
+        idle_before = now - IDLE_ORG_SECONDS
+        idle = [org for org, sizes in counts.items() if sizes == (0, 0, 0)]
+        calls += [ScriptCall(self._drop_idle, [ADMISSION_ORGS_KEY], [org, repr(idle_before)]) for org in idle]
+        if last is not None:
+            calls.append(("SET", ADMISSION_CURSOR_KEY, last))
+        replies = pipelined(self.client, calls)
+        taken = {org: [_text(turn_id) for turn_id in reply] for org, reply in zip(plan, replies, strict=False)}
+        turn_ids = _interleave([taken[org] for org in plan])
+        if not turn_ids:
+            return None
+        return Release(release_id, turn_ids, tuple(org for org in plan if taken[org]))
 
-    def settle(self, release_id: str) -> None:
-        """Delete a releasing note: its turns' first messages are sent."""
-        self.client.hdel(ADMISSION_RELEASING_KEY, release_id)
+    def settle(self, release: Release) -> None:
+        """Delete a release's notes: its turns' first messages are sent."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for org in release.orgs:
+                pipe.hdel(org_releasing_key(org), release.release_id)
+            pipe.execute()
 
     def stale_releases(self, *, now: float, older_than: float = REPUBLISH_AFTER_SECONDS) -> list[Release]:
         """The releasing notes written before ``now - older_than`` (their scheduler died before sending)."""
+        orgs = self._orgs()
+        if not orgs:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for org in orgs:
+                pipe.hgetall(org_releasing_key(org))
+            notes = pipe.execute()
         stale = []
-        for release_id, note in self.client.hgetall(ADMISSION_RELEASING_KEY).items():
-            parsed = json.loads(note)
-            if float(parsed["at"]) <= now - older_than:
-                turns = parsed["turns"] if isinstance(parsed["turns"], list) else []  # cjson: {} for an empty list
-                stale.append(Release(_text(release_id), [str(turn_id) for turn_id in turns]))
+        for org, held_notes in zip(orgs, notes, strict=True):
+            for release_id, note in held_notes.items():
+                parsed = json.loads(note)
+                if float(parsed["at"]) <= now - older_than:
+                    turns = parsed["turns"] if isinstance(parsed["turns"], list) else []  # cjson: {} for an empty list
+                    stale.append(Release(_text(release_id), [str(turn_id) for turn_id in turns], (org,)))
         return stale
 
     def finished(self, org_id: str, turn_ids: Iterable[str]) -> int:
@@ -220,19 +259,18 @@ class AdmissionQueue:
         ids = list(turn_ids)
         if not ids:
             return 0
-        return int(self._finished(keys=[in_flight_key(org_id), ADMISSION_NUDGE_KEY], args=ids))
+        return self._leave([in_flight_key(org_id)], ids)
 
     def leave(self, org_id: str, turn_ids: Sequence[str]) -> int:
-        """Turns of ``org_id`` that ended early leave admission, in one round trip: a held one is never
-        sent, a released one frees its slot (and wakes the scheduler, as :meth:`finished` does).
+        """Turns of ``org_id`` that ended early leave admission (one round trip; two when one was in flight): a
+        held one is never sent, a released one frees its slot (and wakes the scheduler, as :meth:`finished` does).
 
         Returns:
             How many were in flight.
         """
         if not turn_ids:
             return 0
-        keys = [in_flight_key(org_id), ADMISSION_NUDGE_KEY, held_key(org_id)]
-        return int(self._finished(keys=keys, args=list(turn_ids)))
+        return self._leave([in_flight_key(org_id), held_key(org_id)], list(turn_ids))
 
     def withdraw(self, org_id: str, turn_ids: list[str]) -> int:
         """Take held turns out of the queue (released turns are untouched); how many were held."""
@@ -262,19 +300,74 @@ class AdmissionQueue:
 
     def counts(self) -> dict[str, OrgCounts]:
         """Every organisation with turns held or in flight, with how many of each."""
-        orgs = sorted(_text(org) for org in self.client.smembers(ADMISSION_ORGS_KEY))
+        orgs = sorted(self._orgs())
         if not orgs:
             return {}
-        with self.client.pipeline(transaction=False) as pipe:
-            for org in orgs:
-                pipe.zcard(held_key(org))
-                pipe.zcard(in_flight_key(org))
-            sizes = pipe.execute()
-        return {org: OrgCounts(int(sizes[2 * i]), int(sizes[2 * i + 1])) for i, org in enumerate(orgs)}
+        return {org: OrgCounts(held, flying) for org, (held, flying, _) in self._counts(orgs).items()}
 
     def wait(self, timeout: float) -> bool:
         """Block until nudged (turns held, a turn in flight ended) or ``timeout`` seconds; whether nudged."""
         return self.client.blpop([ADMISSION_NUDGE_KEY], timeout=timeout) is not None
+
+    def _leave(self, keys: list[str], turn_ids: list[str]) -> int:
+        """Take ``turn_ids`` out of the sets ``keys`` (one organisation's); nudge the scheduler when any was in
+        flight (a second round trip then: the nudge is another slot's)."""
+        removed = int(self._finished(keys=keys, args=turn_ids))
+        if removed:
+            pipelined(self.client, _NUDGE)
+        return removed
+
+    def _orgs(self) -> list[str]:
+        orgs: list[bytes] = self.client.zrange(ADMISSION_ORGS_KEY, 0, -1)  # type: ignore[assignment]
+        return [_text(org) for org in orgs]
+
+    def _orgs_and_cursor(self) -> tuple[list[str], str]:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zrange(ADMISSION_ORGS_KEY, 0, -1)
+            pipe.get(ADMISSION_CURSOR_KEY)
+            orgs, cursor = pipe.execute()
+        return [_text(org) for org in orgs], "" if cursor is None else _text(cursor)
+
+    def _counts(self, orgs: Sequence[str], *, with_releasing: bool = False) -> dict[str, tuple[int, int, int]]:
+        """Each organisation's held, in-flight and (``with_releasing``) releasing-note counts, one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for org in orgs:
+                pipe.zcard(held_key(org))
+                pipe.zcard(in_flight_key(org))
+                if with_releasing:
+                    pipe.hlen(org_releasing_key(org))
+            sizes = pipe.execute()
+        width = 3 if with_releasing else 2
+        return {
+            org: (int(sizes[width * i]), int(sizes[width * i + 1]), int(sizes[width * i + 2]) if with_releasing else 0)
+            for i, org in enumerate(orgs)
+        }
+
+
+def _round_robin(orgs: list[str], cursor: str, room: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:
+    """How many turns each organisation releases: one per organisation per round, starting after ``cursor``
+    (``orgs`` sorted), none past its ``room``, ``limit`` in all; and the organisation served last."""
+    start = next((i for i, org in enumerate(orgs) if org > cursor), 0)
+    order = orgs[start:] + orgs[:start]
+    plan: dict[str, int] = {}
+    total, last, progress = 0, None, True
+    while progress and total < limit:
+        progress = False
+        for org in order:
+            if total >= limit:
+                break
+            if plan.get(org, 0) < room.get(org, 0):
+                plan[org] = plan.get(org, 0) + 1
+                total, last, progress = total + 1, org, True
+    return plan, last
+
+
+def _interleave(lists: list[list[str]]) -> list[str]:
+    """The items of ``lists`` one from each in turn (the order a round-robin release sends them in)."""
+    out: list[str] = []
+    for index in range(max((len(items) for items in lists), default=0)):
+        out += [items[index] for items in lists if index < len(items)]
+    return out
 
 
 def _text(value: bytes | str) -> str:

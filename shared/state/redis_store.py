@@ -1,54 +1,59 @@
-"""RedisStateStore: every port of ``shared.state.store`` on one Redis, TurnState as one JSON value per
-turn, saved with optimistic concurrency (Lua CAS).
+"""RedisStateStore: every port of ``shared.state.store`` on one Redis or a Redis Cluster, TurnState as one
+JSON value per turn, saved with optimistic concurrency (Lua CAS).
 
 Besides the documents it keeps the step leases and delivery counts, the cancel flags, the in-flight
-markers the reconciler reads (``INFLIGHT_KEY``) and the parked timers of long waits (``TIMERS_KEY``).
-A step costs two round trips of state work: ``begin`` (cancel check, lease, delivery count, load) and
-``save`` (write, events, marker, lease and delivery count back and, when the turn's chain ended and
-the caller says so, its admission slot); one more per renewal period renews every lease a worker
-process holds.
+markers the reconciler reads (one key per turn, ``alive_key``) and the parked timers of long waits
+(``TIMER_SHARDS`` sorted sets). Every script touches the keys of one turn (their hash tag: one
+cluster slot). A step costs two round trips of state work: ``begin`` (cancel check, lease, delivery
+count, load) and ``save`` (write, events, marker, lease and delivery count back and, when the turn's
+chain ended and the caller says so, its admission slot, pipelined with it); one more per renewal
+period renews every lease a worker process holds.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable, Sequence
 
 import redis
 
 from shared.errors import StateConflict
 from shared.redis_clients import redis_client
+from shared.state.admission import leave_calls
 from shared.state.keys import (
-    ADMISSION_NUDGE_KEY,
-    INFLIGHT_KEY,
-    TIMERS_KEY,
+    MARKER_KEPT_SECONDS,
+    TIMER_SHARDS,
+    alive_key,
     cancel_key,
     claim_key,
     deliveries_key,
     events_key,
-    in_flight_key,
     state_key,
+    timer_shard,
+    timers_keys,
     version_key,
 )
+from shared.state.scripts import ScriptCall, pipelined
 from shared.state.store import DELIVERIES_SECONDS, Lease, Release, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore", "connect"]
 
 _PIPELINE_CHUNK = 1000
-"""Commands per pipeline of a bulk write (``cancel_many``)."""
+"""Commands per pipeline of a bulk write (``cancel_many``, ``mark_alive``) or read (``alive_until``)."""
 
-# One round trip each, atomically. ``begin`` takes a step's lease unless the turn was cancelled,
-# counts the delivery (the hash KEYS[5]: ``n`` deliveries, ``held`` the last held back, kept ARGV[6]
-# seconds) and returns the count and the state with it (with no state yet, it sets the turn's in-flight
-# marker); a save deletes the delivery count of the step whose lease it gives back, and a release does
-# what its ``Release`` (ARGV[2]) says; a save is
-# refused unless the stored version is the one the caller loaded, moves (or removes) the turn's
-# in-flight marker, gives the step's lease back and, when told to (ARGV[10] == '1'), takes the turn
-# out of its organisation's admission in-flight set and wakes the admission scheduler when it was
-# there (``AdmissionQueue.finished``'s work, ``shared.state.admission``); a lease is renewed or
-# released only by its holder, and a renewal pushes the marker forward (never back). A save appends
-# the events it carries (name, data pairs after ARGV[10]) to the turn's event log, with the state's
-# TTL and round.
+# One round trip each, atomically, on the keys of one turn (one hash tag: one Redis Cluster slot).
+# ``begin`` takes a step's lease unless the turn was cancelled, counts the delivery (the hash KEYS[5]:
+# ``n`` deliveries, ``held`` the last held back, kept ARGV[6] seconds) and returns the count and the
+# state with it (with no state yet, it sets the turn's in-flight marker KEYS[4], kept ARGV[7] seconds);
+# a save deletes the delivery count of the step whose lease it gives back, and a release does what its
+# ``Release`` (ARGV[2]) says; a save is refused unless the stored version is the one the caller
+# loaded, moves (or removes) the turn's in-flight marker and gives the step's lease back; a lease is
+# renewed or released only by its holder, and a renewal pushes the marker forward (never back). A
+# save appends the events it carries (name, data pairs after ARGV[9]) to the turn's event log, with
+# the state's TTL and round. What a turn's last save does for its organisation's admission books is
+# ``shared.state.admission``'s script, in the same pipeline.
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
@@ -57,7 +62,7 @@ local held = redis.call('hget', KEYS[5], 'held') or '0'
 redis.call('expire', KEYS[5], ARGV[6])
 local state = redis.call('get', KEYS[1])
 if state then return {1, deliveries, held, state} end
-if ARGV[4] ~= '' then redis.call('zadd', KEYS[4], ARGV[4], ARGV[5]) end
+if ARGV[4] ~= '' then redis.call('set', KEYS[4], ARGV[4], 'EX', ARGV[7]) end
 return {1, deliveries, held}
 """
 _SAVE = """
@@ -65,33 +70,33 @@ if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
 redis.call('set', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('set', KEYS[2], ARGV[3], 'EX', ARGV[4])
 if ARGV[5] == '' then
-  redis.call('zrem', KEYS[3], ARGV[6])
+  redis.call('del', KEYS[3])
 else
-  redis.call('zadd', KEYS[3], ARGV[5], ARGV[6])
+  redis.call('set', KEYS[3], ARGV[5], 'EX', ARGV[9])
 end
-if ARGV[10] == '1' and redis.call('zrem', KEYS[5], ARGV[6]) == 1 then
-  redis.call('lpush', KEYS[6], '1')
-  redis.call('ltrim', KEYS[6], 0, 0)
-end
-if KEYS[7] and redis.call('get', KEYS[7]) == ARGV[7] then redis.call('del', KEYS[7]) end
-if KEYS[8] then redis.call('del', KEYS[8]) end
-if #ARGV > 10 then
-  for i = 11, #ARGV, 2 do
-    redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[9])
+if KEYS[5] and redis.call('get', KEYS[5]) == ARGV[6] then redis.call('del', KEYS[5]) end
+if KEYS[6] then redis.call('del', KEYS[6]) end
+if #ARGV > 9 then
+  for i = 10, #ARGV, 2 do
+    redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[8])
   end
   redis.call('expire', KEYS[4], ARGV[4])
 end
 return 1
 """
+# KEYS[1] the turn's marker, then the claims of its leases; ARGV: TTL, marker, the marker's TTL, then owners.
 _RENEW = """
-local lost = {}
+local lost, renewed = {}, false
 for i = 2, #KEYS do
-  if redis.call('get', KEYS[i]) == ARGV[2 * i - 1] then
+  if redis.call('get', KEYS[i]) == ARGV[i + 2] then
     redis.call('expire', KEYS[i], ARGV[1])
-    redis.call('zadd', KEYS[1], 'GT', ARGV[2], ARGV[2 * i])
+    renewed = true
   else
     lost[#lost + 1] = i - 1
   end
+end
+if renewed and tonumber(ARGV[2]) > (tonumber(redis.call('get', KEYS[1])) or 0) then
+  redis.call('set', KEYS[1], ARGV[2], 'EX', ARGV[3])
 end
 return lost
 """
@@ -113,11 +118,18 @@ local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, AR
 if #due > 0 then redis.call('zrem', KEYS[1], unpack(due)) end
 return due
 """
+_MARKER_PATTERN = "aptix:turn:*:alive"
+"""Every turn's in-flight marker (``alive_key``): what ``forget_all`` scans for."""
+
+
+def _marker_ttl(until: float) -> int:
+    """The TTL (seconds) of a marker vouching until ``until``: what is left of it, plus the time it is kept."""
+    return max(0, math.ceil(until - time.time())) + MARKER_KEPT_SECONDS
 
 
 class RedisStateStore:
     """The production state store: :class:`~shared.state.store.TurnStates`, ``StepLeases``,
-    ``CancelFlags``, ``InFlightMarkers`` and ``Timers`` on one Redis."""
+    ``CancelFlags``, ``InFlightMarkers`` and ``Timers`` on one Redis or a Redis Cluster."""
 
     def __init__(self, client: redis.Redis, *, max_events: int = 10000) -> None:
         """A store on ``client``; a turn's event log keeps about ``max_events`` events (APTIX_EVENTS_MAX_PER_TURN)."""
@@ -128,6 +140,7 @@ class RedisStateStore:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._pop_due = client.register_script(_POP_DUE)
+        self._leave = leave_calls(client)
 
     @classmethod
     def from_url(
@@ -146,13 +159,15 @@ class RedisStateStore:
     def begin(
         self, lease: Lease, *, ttl_seconds: int, check_cancel: bool = True, alive_until: float | None = None
     ) -> StepStart:
+        turn_id = lease.turn_id
         keys = [
-            state_key(lease.turn_id), cancel_key(lease.turn_id), claim_key(lease.turn_id, lease.step_key), INFLIGHT_KEY,
-            deliveries_key(lease.turn_id, lease.step_key),
+            state_key(turn_id), cancel_key(turn_id), claim_key(turn_id, lease.step_key), alive_key(turn_id),
+            deliveries_key(turn_id, lease.step_key),
         ]  # fmt: skip
         marker = "" if alive_until is None else repr(alive_until)
+        expiry = 0 if alive_until is None else _marker_ttl(alive_until)
         args: list[str | int] = [
-            lease.owner, ttl_seconds, "1" if check_cancel else "0", marker, lease.turn_id, DELIVERIES_SECONDS
+            lease.owner, ttl_seconds, "1" if check_cancel else "0", marker, turn_id, DELIVERIES_SECONDS, expiry
         ]  # fmt: skip
         found = self._begin(keys=keys, args=args)
         if found[0] != 1:
@@ -171,26 +186,34 @@ class RedisStateStore:
         release: Lease | None = None,
         leave_admission: bool = False,
     ) -> None:
+        """See :meth:`TurnStates.save`. The turn's keys are written by one script; with ``leave_admission``
+        its organisation's in-flight set (another slot on a cluster) is written by the admission script
+        in the same pipeline, so one round trip still does it all on a single Redis. That part does not
+        wait for the save's verdict: a refused last save (another copy of the same step saved first)
+        still frees the slot, as that copy's save does."""
         expected = state.version
         state.version = expected + 1
         events, undo = take_unsent_events(state)
-        keys = [
-            state_key(state.turn_id), version_key(state.turn_id), INFLIGHT_KEY, events_key(state.turn_id),
-            in_flight_key(state.org_id), ADMISSION_NUDGE_KEY,
-        ]  # fmt: skip
+        turn_id = state.turn_id
+        keys = [state_key(turn_id), version_key(turn_id), alive_key(turn_id), events_key(turn_id)]
         args: list[str | int] = [
             str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
-            "" if alive_until is None else repr(alive_until), state.turn_id,
-            "" if release is None else release.owner, self.max_events, state.round, "1" if leave_admission else "0",
+            "" if alive_until is None else repr(alive_until), "" if release is None else release.owner,
+            self.max_events, state.round, 0 if alive_until is None else _marker_ttl(alive_until),
         ]  # fmt: skip
         if release is not None:
             keys += [claim_key(release.turn_id, release.step_key), deliveries_key(release.turn_id, release.step_key)]
         for name, data in events:
             args += [name, data]
-        if not self._save(keys=keys, args=args):
+        if leave_admission:
+            calls = [ScriptCall(self._save, keys, args), *self._leave(state.org_id, [turn_id])]
+            saved = pipelined(self.client, calls)[0]
+        else:
+            saved = self._save(keys=keys, args=args)
+        if not saved:
             state.version = expected
             undo()
-            raise StateConflict(f"turn {state.turn_id!r} was saved by someone else since version {expected}")
+            raise StateConflict(f"turn {turn_id!r} was saved by someone else since version {expected}")
 
     def drop(self, turn_id: str) -> None:
         self.client.delete(state_key(turn_id), version_key(turn_id))
@@ -199,13 +222,22 @@ class RedisStateStore:
         return bool(self.client.set(claim_key(lease.turn_id, lease.step_key), lease.owner, nx=True, ex=ttl_seconds))
 
     def renew(self, leases: Sequence[Lease], *, ttl_seconds: int, alive_until: float) -> list[Lease]:
+        """See :meth:`StepLeases.renew`: one script per turn (its leases and its marker share a slot), all
+        in one pipeline."""
         if not leases:
             return []
-        keys = [INFLIGHT_KEY, *(claim_key(lease.turn_id, lease.step_key) for lease in leases)]
-        args: list[str | int] = [ttl_seconds, repr(alive_until)]
+        by_turn: dict[str, list[Lease]] = {}
         for lease in leases:
-            args += [lease.owner, lease.turn_id]
-        return [leases[index - 1] for index in self._renew(keys=keys, args=args)]
+            by_turn.setdefault(lease.turn_id, []).append(lease)
+        calls: list[ScriptCall] = []
+        for turn_id, ours in by_turn.items():
+            keys = [alive_key(turn_id), *(claim_key(turn_id, lease.step_key) for lease in ours)]
+            args: list[str | int] = [ttl_seconds, repr(alive_until), _marker_ttl(alive_until)]
+            calls.append(ScriptCall(self._renew, keys, [*args, *(lease.owner for lease in ours)]))
+        lost: list[Lease] = []
+        for ours, indexes in zip(by_turn.values(), pipelined(self.client, calls), strict=True):
+            lost += [ours[index - 1] for index in indexes]
+        return lost
 
     def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
         keys = [claim_key(lease.turn_id, lease.step_key), deliveries_key(lease.turn_id, lease.step_key)]
@@ -213,49 +245,81 @@ class RedisStateStore:
 
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
         for start in range(0, len(turn_ids), _PIPELINE_CHUNK):
-            chunk = turn_ids[start : start + _PIPELINE_CHUNK]
             pipe = self.client.pipeline(transaction=False)
-            for turn_id in chunk:
+            for turn_id in turn_ids[start : start + _PIPELINE_CHUNK]:
                 pipe.set(cancel_key(turn_id), b"1", ex=ttl_seconds)
-            pipe.zrem(INFLIGHT_KEY, *chunk)
+                pipe.delete(alive_key(turn_id))
             pipe.execute()
 
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.client.exists(cancel_key(turn_id)))
 
     def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
-        members = dict.fromkeys(turn_ids, until)
-        if members:
-            self.client.zadd(INFLIGHT_KEY, members)
+        ids = list(dict.fromkeys(turn_ids))
+        marker, expiry = repr(until), _marker_ttl(until)
+        for start in range(0, len(ids), _PIPELINE_CHUNK):
+            pipe = self.client.pipeline(transaction=False)
+            for turn_id in ids[start : start + _PIPELINE_CHUNK]:
+                pipe.set(alive_key(turn_id), marker, ex=expiry)
+            pipe.execute()
 
     def alive_until(self, turn_ids: list[str]) -> dict[str, float]:
-        if not turn_ids:
-            return {}
-        scores = self.client.zmscore(INFLIGHT_KEY, turn_ids)
-        return {turn_id: float(score) for turn_id, score in zip(turn_ids, scores, strict=True) if score is not None}
+        found: dict[str, float] = {}
+        for start in range(0, len(turn_ids), _PIPELINE_CHUNK):
+            chunk = turn_ids[start : start + _PIPELINE_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for turn_id in chunk:
+                pipe.get(alive_key(turn_id))
+            for turn_id, value in zip(chunk, pipe.execute(), strict=True):
+                if value is not None:
+                    found[turn_id] = float(value)
+        return found
 
     def forget(self, turn_id: str) -> None:
-        self.client.zrem(INFLIGHT_KEY, turn_id)
+        self.client.delete(alive_key(turn_id))
 
     def forget_all(self) -> None:
-        self.client.delete(INFLIGHT_KEY)
+        """See :meth:`InFlightMarkers.forget_all`: scans every node for markers (rare: the broker lost its
+        messages), deleting them a pipeline at a time."""
+        batch: list[bytes] = []
+        for key in self.client.scan_iter(match=_MARKER_PATTERN, count=1000):
+            batch.append(key)
+            if len(batch) >= _PIPELINE_CHUNK:
+                self._delete_each(batch)
+                batch = []
+        self._delete_each(batch)
 
     def prune_markers(self, *, before: float) -> int:
-        return int(self.client.zremrangebyscore(INFLIGHT_KEY, "-inf", before))
+        """Nothing to do: each marker expires by itself, :data:`~shared.state.keys.MARKER_KEPT_SECONDS`
+        after the time it vouches for. Returns 0."""
+        return 0
 
     def park(self, envelope_json: str, *, due: float) -> None:
-        self.client.zadd(TIMERS_KEY, {envelope_json: due})
+        self.client.zadd(timer_shard(envelope_json), {envelope_json: due})
 
     def pop_due(self, *, now: float, limit: int = 500) -> list[str]:
-        due = self._pop_due(keys=[TIMERS_KEY], args=[repr(now), limit])
-        return [item.decode() if isinstance(item, bytes) else str(item) for item in due]
+        """See :meth:`Timers.pop_due`: up to ``limit`` split evenly over the shards, in one pipeline."""
+        per_shard = max(1, -(-limit // TIMER_SHARDS))
+        calls = [ScriptCall(self._pop_due, [key], [repr(now), per_shard]) for key in timers_keys()]
+        due: list[str] = []
+        for items in pipelined(self.client, calls):
+            due += [item.decode() if isinstance(item, bytes) else str(item) for item in items]
+        return due
+
+    def _delete_each(self, keys: list[bytes]) -> None:
+        if keys:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.delete(key)
+            pipe.execute()
 
 
 def connect(url: str, *, max_connections: int = 100, sentinel_password: str | None = None) -> redis.Redis:
     """A client on a new connection pool to the state store's Redis at ``url``.
 
     Args:
-        url: the Redis URL: a server's, or a Sentinel-managed primary's (``shared.redis_clients``).
+        url: the Redis URL: a server's, a Sentinel-managed primary's, or a Redis Cluster's
+            (``redis+cluster://``: a pool of ``max_connections`` to each node; ``shared.redis_clients``).
         max_connections: the most connections the pool opens (``APTIX_REDIS_MAX_CONNECTIONS``).
             Past it a command waits up to 10 s for a free one, then raises ``redis.ConnectionError``
             (a step's "later"): an unbounded pool would open one connection per greenlet of a

@@ -20,7 +20,7 @@ import redis
 from aptix_cli.batch_progress import IN_FLIGHT
 from scripted_llm.script import last_user_text
 from shared.redis_clients import redis_client
-from shared.state.keys import INFLIGHT_KEY, PREFIX, events_key, state_key, version_key
+from shared.state.keys import alive_key, claim_key, events_key, state_key, version_key
 from shared.turn_events import PAUSE_EVENT
 from tests.chaos.load import key_of
 from tests.chaos.system import ChaosSystem
@@ -112,7 +112,7 @@ def _snapshots_behind(database_url: str, turns: list[TurnRecord]) -> list[str]:
 
 def _stalls(system: ChaosSystem, turns: list[TurnRecord]) -> dict[str, float]:
     """Each keyed turn's longest gap in its event log (best effort: {} when Redis does not answer)."""
-    client = redis.Redis.from_url(system.redis.url(0), socket_timeout=10)
+    client = redis_client(system.state_url, socket_timeout=10)
     found: dict[str, float] = {}
     try:
         for turn in turns:
@@ -145,15 +145,16 @@ def _post_mortem(system: ChaosSystem, turn_ids: list[str]) -> dict[str, str]:
                 "SELECT turn_id, round, redrives, updated_at, deadline_at FROM turns WHERE turn_id = ANY(%s)",
                 (turn_ids,),
             ).fetchall()
-        client = redis_client(system.redis.url(0), socket_timeout=5)
+        client = redis_client(system.state_url, socket_timeout=5)
         now = time.time()
         for turn_id, round_, redrives, updated_at, deadline_at in rows:
             raw = client.get(state_key(turn_id))
             state = json.loads(raw) if raw else None
-            marker = client.zscore(INFLIGHT_KEY, turn_id)
+            raw_marker = client.get(alive_key(turn_id))
+            marker = None if raw_marker is None else float(raw_marker)
             leases = [
                 f"{key.decode().rsplit(':claim:', 1)[1]}(ttl {client.ttl(key)})"
-                for key in client.scan_iter(f"{PREFIX}:turn:{turn_id}:claim:*")
+                for key in client.scan_iter(claim_key(turn_id, "*"))
             ]
             found[turn_id] = (
                 f"round {round_}, redrives {redrives}, updated {updated_at:%H:%M:%S}, deadline "

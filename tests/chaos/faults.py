@@ -281,6 +281,29 @@ def reconciler_kill(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> Fau
     return run
 
 
+def redis_cluster_failover(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) -> FaultRun:
+    """The state store on a Redis Cluster (three primaries, a replica each): SIGKILL a primary at ~30 % done;
+    its replica takes over. The report measures the stall from the kill (``FaultRun.struck_at``)."""
+    cluster = system.cluster
+    if cluster is None:
+        raise RuntimeError("redis_cluster_failover needs SystemOptions(state_cluster=True)")
+    run = FaultRun("state store on a Redis Cluster (3 primaries, 1 replica each; broker on a plain Redis): "
+                   "SIGKILL one primary at ~30 % terminal, its replica promoted")  # fmt: skip
+    _submit_all(system, plan, ledger, "cf")
+    reached = wait_fraction(system.database.url, len(ledger.accepted), 0.3, timeout=_TRIGGER_TIMEOUT)
+    victim = random.Random(f"{plan.name}-{plan.seed}").choice(sorted(cluster.primary_ports()))
+    replica = cluster.replica_of(victim)
+    started = time.monotonic()
+    run.struck_at = time.time()
+    cluster.kill(victim)
+    logger.info("killed the cluster primary on port %d (its replica is on %d)", victim, replica)
+    promoted = cluster.wait_promoted(replica, timeout=60.0)
+    run.fault_seconds = time.monotonic() - started
+    run.notes.append(f"primary :{victim} killed with {reached:.0%} of the turns terminal; its replica :{replica} "
+                     f"served every slot {promoted:.1f} s after the kill")  # fmt: skip
+    return run
+
+
 FAULTS: dict[str, Fault] = {
     "worker_kill": Fault(worker_kill, SystemOptions(), turns=1000, small_turns=100),
     "openai_worker_kill": Fault(openai_worker_kill, SystemOptions(), turns=300, small_turns=60),
@@ -292,6 +315,9 @@ FAULTS: dict[str, Fault] = {
     "gateway_kill": Fault(gateway_kill, SystemOptions(), turns=200, small_turns=100),
     "reconciler_kill": Fault(reconciler_kill, SystemOptions(reconcilers=2), turns=300, small_turns=80),
     "poison_step": Fault(poison_step, SystemOptions(), turns=300, small_turns=60),
+    "redis_cluster_failover": Fault(
+        redis_cluster_failover, SystemOptions(state_cluster=True), turns=1000, small_turns=100
+    ),
 }
 """Every fault, in the order the matrix runs them."""
 

@@ -1,6 +1,7 @@
 """ChaosSystem: one fault's whole system under test, as plain child processes the harness owns.
 
-Its own Redis (one server, or a Sentinel-managed primary and replica) and database
+Its own Redis (one server, or a Sentinel-managed primary and replica; for the cluster fault, a Redis
+Cluster for the state store besides) and database
 (``tests.chaos.backing``), the scripted model, worker processes, the gateway and, for the reconciler
 fault, reconciler processes. Each can be SIGKILLed (its process group) and started again: the model
 and the gateway on the same port. :meth:`close` ends every process it ever started and drops the
@@ -26,6 +27,7 @@ import psycopg
 from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
 from tests.chaos.backing import Database, RedisServer, SentinelRedis
 from tests.chaos.processes import REPO_ROOT, kill_tree, spawn
+from tests.support.redis_cluster import LocalRedisCluster
 
 __all__ = ["API_KEY", "MODEL", "ChaosSystem", "SystemOptions"]
 
@@ -51,6 +53,9 @@ class SystemOptions:
     reconcilers: int = 0
     """Standalone ``aptix reconciler`` processes; when above 0 the workers run with ``--no-reconciler``."""
     model_latency_ms: float = 100.0
+    state_cluster: bool = False
+    """Whether the state store runs on a Redis Cluster of its own (three primaries, a replica each;
+    ``tests.support.redis_cluster``); the broker stays on the fault's Redis server either way."""
     sentinel: bool = False
     """Redis as a Sentinel-managed primary with one replica and three sentinels (state and broker on it,
     named by ``sentinel://`` URLs) instead of one server."""
@@ -65,6 +70,7 @@ class ChaosSystem:
         self.redis: RedisServer | SentinelRedis = (
             SentinelRedis(log_dir=fault_dir) if options.sentinel else RedisServer(log_dir=fault_dir)
         )
+        self.cluster = LocalRedisCluster(fault_dir) if options.state_cluster else None
         self.database = Database()
         self.tool_log = fault_dir / "tool-runs.log"
         self.model_url = f"http://127.0.0.1:{free_port()}"
@@ -80,6 +86,11 @@ class ChaosSystem:
         self._serial = 0
         self._ready: set[str] = set()
 
+    @property
+    def state_url(self) -> str:
+        """``APTIX_REDIS_URL``: the state store's Redis (database 0 of the fault's server, or its cluster)."""
+        return self.cluster.url if self.cluster is not None else self.redis.url(0)
+
     def env(self) -> dict[str, str]:
         """The environment of every Aptix process (inherited ``APTIX_*`` variables are dropped)."""
         inherited = {key: value for key, value in os.environ.items() if not key.startswith("APTIX_")}
@@ -88,7 +99,7 @@ class ChaosSystem:
             **inherited,
             "PYTHONPATH": python_path,
             "APTIX_DATABASE_URL": self.database.url,
-            "APTIX_REDIS_URL": self.redis.url(0),
+            "APTIX_REDIS_URL": self.state_url,
             "APTIX_BROKER_URL": self.redis.url(1),
             "APTIX_LLM_BASE_URL": f"{self.model_url}/v1",
             "APTIX_LLM_API_KEY": "chaos",
@@ -111,6 +122,8 @@ class ChaosSystem:
         """Start everything: Redis, the database, the model, the workers, the gateway, the reconcilers."""
         self.tool_log.touch()
         self.redis.start()
+        if self.cluster is not None:
+            self.cluster.start()
         self.database.create()
         self.start_model()
         for worker in [self.spawn_worker() for _ in range(self.options.workers)]:
@@ -229,6 +242,8 @@ class ChaosSystem:
             logger.exception("could not drop database %s", self.database.name)
         finally:
             self.redis.stop()
+            if self.cluster is not None:
+                self.cluster.stop()
 
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> ManagedProcess:
         """Start ``argv`` as ``name`` with ``env`` (default :meth:`env`); :meth:`close` ends it."""

@@ -9,13 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 import yaml
 from sqlalchemy import Engine, create_engine
 
 from aptix_cli.launcher import ManagedProcess
 from scripted_llm import ScriptedServer
 from shared.db.engine import normalise_database_url
+from shared.state.redis_store import connect
 from tests.conftest import API_KEYS, KEY_A, redis_databases
 from tests.integration.events import TaskEventRecorder
 from tests.responses_fixtures import validate_request_bodies
@@ -53,7 +53,7 @@ class System:
         self.llm = llm
         self.env = env
         self.http = httpx.Client(base_url=gateway_url, timeout=90.0)
-        self.redis = redis.Redis.from_url(env["APTIX_REDIS_URL"])
+        self.redis = connect(env["APTIX_REDIS_URL"], max_connections=8)  # a single Redis or a cluster
 
     def headers(self, key: str = KEY_A) -> dict[str, str]:
         """Authorization for ``key``."""

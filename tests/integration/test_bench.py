@@ -6,12 +6,14 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import psycopg
 import pytest
 import redis
 
 from tests.services_check import database_admin_url, redis_url
+from tests.support.redis_cluster import LocalRedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +54,9 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
         assert re.search(rf"CPU per turn, ms:.*\b{group} [0-9.]+", out), out
     assert "plain: 20 chains of 6 hops (pipeline > pipeline > pipeline > llm > pipeline > pipeline)" in out, out
     assert re.search(r"CPU per chain, ms:\s+workers [0-9.]+ \| redis [0-9.]+ \| total", out), out
+    # and what the servers did per turn by their own counters: Redis's commands and CPU, PostgreSQL's commits
+    assert re.search(r"Redis state\+broker:\s+per turn [0-9.]+ commands \(\w+ [0-9.]+.*\), CPU [0-9.]+ ms", out), out
+    assert re.search(r"PostgreSQL:\s+per turn [0-9.]+ transactions committed", out), out
     # and, asked with --rss, the workers' memory at the start, along the run and at its end
     assert re.search(r"workers' RSS along:\s+0: [1-9]\d*, (.*, )?20: [1-9]\d* \(turns finished: MB\)", out), out
 
@@ -104,3 +109,33 @@ def test_bench_openai_batch_runs_a_file_end_to_end_and_prints_its_figures(servic
     for label in ("upload", "validation done", "first request completed", "turns/s", "files written", "download"):
         assert re.search(rf"{label}:\s+\S", out), out
     assert re.search(r"download:\s+\d+ MB, 80 lines", out), out
+
+
+@pytest.mark.timeout(420)
+def test_bench_with_the_state_store_on_a_cluster_counts_state_and_broker_apart(services: None, tmp_path: Path) -> None:
+    # Given a Redis Cluster of three primaries for the state store, the broker on the test Redis
+    cluster = LocalRedisCluster(tmp_path, replicas=0)
+    try:
+        cluster.start()
+        # When a small plain run goes through it
+        done = subprocess.run(
+            [sys.executable, "-m", "aptix_cli", "bench", "--scenario", "plain", "--turns", "20", "--workers", "1",
+             "--redis-url", redis_url(), "--state-url", cluster.url, "--database-url", database_admin_url()],
+            env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )  # fmt: skip
+        out = done.stdout
+        # Then the turns complete, and the state store's figures (summed over the nodes) and the broker's are apart
+        assert done.returncode == 0, out + done.stderr
+        assert re.search(r"statuses:\s+completed 20\n", out), out
+        assert "state on a Redis Cluster of 3 nodes" in out, out
+        assert re.search(r"Redis state:\s+per turn [0-9.]+ commands \(.*evalsha [0-9.]+.*\), CPU [0-9.]+ ms", out), out
+        assert re.search(r"Redis broker:\s+per turn [0-9.]+ commands", out), out
+        # and nothing of the run is left on the cluster
+        client = cluster.client()
+        assert list(client.scan_iter(match="aptix:*")) == []
+        client.close()
+    finally:
+        cluster.stop()

@@ -21,6 +21,7 @@ import yaml
 
 from aptix_cli.launcher import ManagedProcess
 from scripted_llm import ScriptedServer
+from shared.state.keys import claim_key
 from tests.integration.conftest import System, own_system
 from tests.support.sse import SseEvent, iter_sse
 from tests.support.stack import LocalStack
@@ -169,7 +170,7 @@ def _lease_holder(client: redis.Redis, turn_id: str, step: str) -> str:
     """The name of the worker holding the lease of the turn's ``step`` (``<name>@<host>:<uuid>``)."""
 
     def holder() -> str | None:
-        for key in client.keys(f"aptix:turn:{turn_id}:claim:*{step}*"):
+        for key in client.keys(claim_key(turn_id, f"*{step}*")):
             owner = client.get(key)
             if isinstance(owner, bytes):
                 return owner.decode().split("@")[0]

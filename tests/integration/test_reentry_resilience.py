@@ -9,6 +9,7 @@ import uuid
 import pytest
 import redis
 
+from shared.state.keys import claim_key
 from tests.integration.conftest import OPEN_FILE, System
 from tests.support.waiting import wait_for
 
@@ -62,7 +63,7 @@ def test_step_of_a_killed_worker_runs_again_on_the_other_worker(two_worker_syste
     turn_id = system.post_turn({"input": f"[[sleep:4000]] slow {marker}"}).json()["turn_id"]
 
     def lease_owner() -> str | None:
-        leases = [client.get(key) for key in client.keys(f"aptix:turn:{turn_id}:claim:*llm_call*")]
+        leases = [client.get(key) for key in client.keys(claim_key(turn_id, "*llm_call*"))]
         return leases[0].decode() if leases and leases[0] else None
 
     holder = wait_for(lease_owner, what="the LLM step to start", seconds=5).split("@")[0]

@@ -6,12 +6,12 @@ import os
 import signal
 import time
 
-import redis
+from shared.state.redis_store import connect
 
 
 def record_call(key: str) -> str:
     """Count one execution under ``key`` in Redis, so tests can see how often a tool ran."""
-    client = redis.Redis.from_url(os.environ["APTIX_REDIS_URL"])
+    client = connect(os.environ["APTIX_REDIS_URL"], max_connections=2)  # a single Redis or a cluster
     count = client.incr(f"aptix:test:calls:{key}")
     return f"recorded {key} #{count}"
 
@@ -46,7 +46,7 @@ def count_run(key: str) -> str:
 def hold(key: str) -> str:
     """Block until the test releases ``key`` (pushes to ``aptix:test:release:<key>``), 120 s at most:
     a handler that hangs, for the worker health tests."""
-    client = redis.Redis.from_url(os.environ["APTIX_REDIS_URL"])
+    client = connect(os.environ["APTIX_REDIS_URL"], max_connections=2)  # a single Redis or a cluster
     client.blpop([f"aptix:test:release:{key}"], timeout=120)
     return f"released {key}"
 

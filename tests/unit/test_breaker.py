@@ -208,7 +208,7 @@ def test_breaker_key_is_stable_when_base_url_and_model_match() -> None:
     key = breaker_key("https://api.example.com/v1", "gpt-4.1")
 
     assert key == breaker_key("https://api.example.com/v1/", "gpt-4.1")
-    assert key.startswith("aptix:llm:breaker:") and len(key) == len("aptix:llm:breaker:") + 16
+    assert key.startswith("aptix:llm:{") and key.endswith("}:breaker") and len(key) == len("aptix:llm:{}:breaker") + 16
     assert key != breaker_key("https://api.example.com/v1", "gpt-4.1-mini")
     assert key != breaker_key("https://other.example.com/v1", "gpt-4.1")
 

@@ -623,3 +623,41 @@ def _shell_commands(path: Path) -> list[tuple[str, str]]:
             if command.startswith(("aptix worker", "celery ")):
                 commands.append((f"{path.name}: {command}", command))
     return commands
+
+
+# --------------------------------------------------------------------------- the Redis Cluster example
+
+CLUSTER_EXAMPLE = REPO / "deploy" / "compose.redis-cluster.yml"
+
+
+def test_the_redis_cluster_example_validates_and_moves_only_the_state_store_to_the_cluster() -> None:
+    from shared.redis_cluster import is_cluster_url, parse_cluster_url
+
+    # Given the override beside the default file, which keeps its single Redis for both
+    result = _check_compose(CLUSTER_EXAMPLE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    base, example = _compose()["services"], yaml.safe_load(CLUSTER_EXAMPLE.read_text())["services"]
+    assert base["gateway"]["environment"]["APTIX_REDIS_URL"] == "${APTIX_REDIS_URL:-redis://redis:6379/0}"
+    # Then it runs six cluster nodes, formed with a replica each, nothing published
+    nodes = {name: svc for name, svc in example.items() if name.startswith("redis-node-")}
+    assert len(nodes) == 6 and not any("ports" in svc for svc in example.values())
+    for svc in nodes.values():
+        command = svc["command"]
+        assert (
+            command[command.index("--cluster-enabled") + 1] == "yes"
+            and int(command[command.index("--port") + 1]) < 55535
+        )
+    create = " ".join(example["redis-cluster-create"]["command"])
+    assert "--cluster create" in create and "--cluster-replicas 1" in create and "for n in 1 2 3 4 5 6" in create
+    assert set(example["redis-cluster-create"]["depends_on"]) == set(nodes)
+    # and every Aptix process with a state store gets a cluster URL naming nodes that exist, after it is formed
+    aptix = {name for name, svc in base.items() if "APTIX_REDIS_URL" in _compose_env_names(svc)}
+    assert {"migrate", "gateway", "worker-pipeline", "worker-llm", "worker-tools"} <= aptix
+    for name in aptix:
+        url = example[name]["environment"]["APTIX_REDIS_URL"]
+        assert is_cluster_url(url) and {host for host, _ in parse_cluster_url(url).nodes} <= set(nodes), name
+        assert name in ("migrate", "scripted-llm") or "redis-cluster-create" in example[name]["depends_on"], name
+        # the broker stays the default file's single Redis, and the settings accept the pair
+        broker = base[name]["environment"]["APTIX_BROKER_URL"].split(":-", 1)[1].rstrip("}")
+        assert "APTIX_BROKER_URL" not in example[name]["environment"] and not is_cluster_url(broker)
+        Settings(redis_url=url, broker_url=broker)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import fakeredis
+from redis.client import Pipeline
 from sqlalchemy import event
 
 from shared.db.webhook_outbox import WebhookOutbox
@@ -32,7 +33,7 @@ PLAIN_TURN = ["request_handler", "reasoner", "compose", "llm_call", "reasoner", 
 
 
 class _CountingRedis(fakeredis.FakeRedis):
-    """Counts the commands it sends: a round trip each (a pipeline would be one; the store sends none)."""
+    """Counts its round trips: each command it sends, and each pipeline as one (its first command's name)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -41,6 +42,20 @@ class _CountingRedis(fakeredis.FakeRedis):
     def execute_command(self, *args: Any, **options: Any) -> Any:
         self.commands.append(str(args[0]))
         return super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+        return _CountingPipeline(self, transaction)
+
+
+class _CountingPipeline(Pipeline):
+    def __init__(self, client: _CountingRedis, transaction: bool) -> None:
+        super().__init__(client.connection_pool, client.response_callbacks, transaction, None)
+        self._counted = client.commands
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        if self.command_stack:
+            self._counted.append(f"pipeline:{self.command_stack[0][0][0]}")
+        return super().execute(raise_on_error)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from shared.models.batch import BatchRequest, BatchTurnRequest
 from shared.models.turn import ToolResult, ToolResultsRequest, TurnRequest, TurnStatus
 from shared.modes import load_catalog
 from shared.result import ErrorCode
+from shared.state.keys import held_key
 from shared.task_names import StepName
 from shared.turn_view import to_turn
 from tests.unit.fakes import CLIENT_TOOL_TIMEOUT_SECONDS as TIMEOUT_SECONDS
@@ -424,7 +425,7 @@ def test_withdraw_takes_held_turns_out_of_admission_and_cancel_withdraws_too(gat
     admission = gateway.admission
     body = BatchRequest(requests=[BatchTurnRequest(input=str(index)) for index in range(3)])
     gateway.batches.record(body, org_id=ORG, user_id=USER)
-    held = [turn_id.decode() for turn_id in admission.client.zrange(f"aptix:admission:org:{ORG}:held", 0, -1)]
+    held = [turn_id.decode() for turn_id in admission.client.zrange(held_key(ORG), 0, -1)]
     gateway.service.sender.withdraw(held[:1], org_id=ORG)
     gateway.service.cancel(held[1], org_id=ORG)
     assert admission.where(ORG, held) == {held[0]: None, held[1]: None, held[2]: "held"}

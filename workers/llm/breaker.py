@@ -22,7 +22,7 @@ from typing import Literal
 
 import redis
 
-from shared.state.keys import PREFIX
+from shared.state.keys import model_key
 
 __all__ = ["BreakerState", "BreakerStatus", "CircuitBreaker", "breaker_key"]
 
@@ -213,7 +213,7 @@ def breaker_key(base_url: str, model: str) -> str:
         model: the model name.
 
     Returns:
-        ``aptix:llm:breaker:<16 hex digits of the SHA-1 of the URL and model>``.
+        ``aptix:llm:{<16 hex digits of the SHA-1 of the URL and model>}:breaker`` (the limiter's tag).
     """
     digest = hashlib.sha1(f"{base_url.rstrip('/')}\n{model}".encode(), usedforsecurity=False).hexdigest()
-    return f"{PREFIX}:llm:breaker:{digest[:16]}"
+    return model_key(digest[:16], "breaker")

@@ -44,7 +44,7 @@ import redis
 
 from shared.modes import ModeCatalog
 from shared.settings import Settings
-from shared.state.keys import PREFIX
+from shared.state.keys import model_key
 
 __all__ = [
     "BURST_SECONDS",
@@ -342,11 +342,11 @@ def limiter_keys(base_url: str, model: str) -> tuple[str, str]:
         model: the model name.
 
     Returns:
-        ``aptix:llm:limit:<digest>`` and ``aptix:llm:pause:<digest>``, the digest being 16 hex digits
-        of the SHA-1 of the URL and model (the breaker's).
+        ``aptix:llm:{<digest>}:limit`` and ``aptix:llm:{<digest>}:pause``, the digest being 16 hex digits
+        of the SHA-1 of the URL and model (the breaker's); its hash tag puts both in one cluster slot.
     """
     digest = hashlib.sha1(f"{base_url.rstrip('/')}\n{model}".encode(), usedforsecurity=False).hexdigest()[:16]
-    return f"{PREFIX}:llm:limit:{digest}", f"{PREFIX}:llm:pause:{digest}"
+    return model_key(digest, "limit"), model_key(digest, "pause")
 
 
 def _now(now: float | None) -> str:
