@@ -212,8 +212,10 @@ def build_report(name: str, run: FaultRun, ledger: Ledger, evidence: Evidence) -
     )
     report.poison_runs = max((evidence.tool_runs[key] for key in poison), default=0)
     report.stray_tool_runs = sum(count for key, count in evidence.tool_runs.items() if key not in server_keys | poison)
-    report.snapshots_behind = evidence.snapshots_behind
-    report.examples += [f"{key}: checkpoint behind its commit" for key in evidence.snapshots_behind[:_EXAMPLES]]
+    # A poison turn ends early (TurnEnding: the row failed worker_lost, its last checkpoint left as the
+    # step wrote it), not through a commit: its checkpoint was never put back, so it is counted apart too.
+    report.snapshots_behind = [key for key in evidence.snapshots_behind if key not in poison]
+    report.examples += [f"{key}: checkpoint behind its commit" for key in report.snapshots_behind[:_EXAMPLES]]
     if evidence.stalls:
         report.longest_stall_key, report.longest_stall = max(evidence.stalls.items(), key=lambda item: item[1])
     repeats = [max(0, evidence.model_calls[key] - EXPECTED_MODEL_CALLS) for key in keys]
