@@ -109,6 +109,8 @@ def test_bench_openai_batch_runs_a_file_end_to_end_and_prints_its_figures(servic
     for label in ("upload", "validation done", "first request completed", "turns/s", "files written", "download"):
         assert re.search(rf"{label}:\s+\S", out), out
     assert re.search(r"download:\s+\d+ MB, 80 lines", out), out
+    written = r"files written:\s+[\d.]+ s after the last request ended \(the job writing them: [\d.]+ s\)"
+    assert re.search(written, out), out
 
 
 @pytest.mark.timeout(420)
