@@ -49,6 +49,7 @@ def main() -> int:
     import httpx
     import psycopg
 
+    from aptix_cli.bench.cpu import memory_kib
     from aptix_cli.bench.processes import BenchProcesses
     from aptix_cli.bench.services import ScratchServices
 
@@ -69,7 +70,7 @@ def main() -> int:
                 path = Path(folder) / "requests.jsonl"
                 _write_requests(path, args.lines)
                 size = path.stat().st_size
-                before = _memory(gateway.pid)
+                before = memory_kib(gateway.pid)
                 with (
                     httpx.Client(base_url=url, timeout=httpx.Timeout(1800, connect=10)) as client,
                     path.open("rb") as body,
@@ -81,7 +82,7 @@ def main() -> int:
                         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/jsonl"},
                     )
                     elapsed = time.perf_counter() - started
-            after = _memory(gateway.pid)
+            after = memory_kib(gateway.pid)
             if response.status_code != 202:
                 sys.stderr.write(f"upload refused: {response.status_code} {response.text[:500]}\n")
                 return 1
@@ -111,16 +112,6 @@ def _write_requests(path: Path, lines: int) -> None:
 def _chunks(body: BinaryIO, size: int = 64 * 1024) -> Iterator[bytes]:
     while chunk := body.read(size):
         yield chunk
-
-
-def _memory(pid: int) -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` of the process, in KiB."""
-    found = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            found[name] = int(value.split()[0])
-    return found
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from api_gateway.openai.batch_validation import ENDPOINT, BatchValidation
 from api_gateway.openai.batch_view import batch_object
 from api_gateway.openai.errors import invalid
 from api_gateway.openai.file_service import FileService, check_expires_after
+from api_gateway.openai.pages import list_page
 from api_gateway.openai.requests import check_metadata
 from api_gateway.services.batch_service import BatchService
 from api_gateway.services.errors import Conflict, NotFound
@@ -176,13 +177,7 @@ class OpenAIBatchService:
         except UnknownBatchCursor as exc:
             raise invalid(f"after: {after!r} is not a batch of this organisation", ("after",)) from exc
         data = [self._view(row) for row in rows]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": has_more,
-        }
+        return list_page(data, has_more=has_more)
 
     def run_job(self, record: OpenAIBatchRecord, lease: Lease) -> None:
         """The batch's job (``BatchJobs`` runs it under ``lease``): validate it, or write its files once it ended."""

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import IO, Any
 
 from api_gateway.openai.errors import invalid
+from api_gateway.openai.pages import list_page
 from api_gateway.services.errors import InvalidRequest, NotFound
 from shared.db.openai_files import FileRecord, OpenAIFileRepository, UnknownFileCursor
 
@@ -173,13 +174,7 @@ class FileService:
         except UnknownFileCursor as exc:
             raise invalid(f"after: {after!r} is not a file of this organisation", ("after",)) from exc
         data = [file_object(row) for row in rows]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": has_more,
-        }
+        return list_page(data, has_more=has_more)
 
     def delete_expired(self) -> int:
         """Delete files past their ``expires_at`` (some at a time); how many went."""

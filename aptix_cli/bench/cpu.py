@@ -29,6 +29,7 @@ __all__ = [
     "ProcessTable",
     "cpu_seconds",
     "descendants",
+    "memory_kib",
     "parse_stat",
     "queues_arg",
     "read_processes",
@@ -205,6 +206,16 @@ def rss_bytes(table: ProcessTable, pids: Iterable[int]) -> int:
     """The summed resident set of ``pids`` (shared pages count once per process)."""
     page = os.sysconf("SC_PAGE_SIZE")
     return sum(table[pid].rss_pages * page for pid in pids if pid in table)
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` (its peak) of the process, in KiB."""
+    found = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            found[name] = int(value.split()[0])
+    return found
 
 
 def _cmdline(pid: int) -> list[str]:

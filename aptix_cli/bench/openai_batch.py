@@ -33,8 +33,9 @@ from typing import Any
 import httpx
 import psycopg
 
+from aptix_cli.bench.cpu import memory_kib
 from aptix_cli.bench.report import Report
-from aptix_cli.bench.two_orgs import batch_figures, completed_between, overlap
+from aptix_cli.bench.two_orgs import batch_figures, completed_between, overlap, report_both_ran
 
 __all__ = ["run_openai_batch", "run_openai_two_orgs"]
 
@@ -49,11 +50,11 @@ def run_openai_batch(url: str, key: str, *, turns: int, gateway_pid: int, dsn: s
     with tempfile.TemporaryDirectory() as folder, _client(url, key) as client:
         path = _write_file(Path(folder) / "requests.jsonl", turns, tag="a")
         size = path.stat().st_size
-        before = _memory(gateway_pid)
+        before = memory_kib(gateway_pid)
         started = time.perf_counter()
         file_id = _upload(client, path)
         upload_s = time.perf_counter() - started
-        after_upload = _memory(gateway_pid)
+        after_upload = memory_kib(gateway_pid)
     with _client(url, key) as client:
         started = time.perf_counter()
         batch = _post(client, "/openai/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/responses",
@@ -62,13 +63,13 @@ def run_openai_batch(url: str, key: str, *, turns: int, gateway_pid: int, dsn: s
         created_status = batch["status"]
         batch = _until(client, batch["id"], lambda found: found["status"] != "validating")
         validated_s = time.perf_counter() - started
-        after_validation = _memory(gateway_pid)
+        after_validation = memory_kib(gateway_pid)
         batch = _until(client, batch["id"], lambda found: found["status"] in _ENDED, stall_seconds=300)
         ended_s = time.perf_counter() - started
         download_started = time.perf_counter()
         downloaded, lines = _download(client, batch.get("output_file_id"))
         download_s = time.perf_counter() - download_started
-        after_download = _memory(gateway_pid)
+        after_download = memory_kib(gateway_pid)
     with psycopg.connect(dsn, autocommit=True) as db:
         row = db.execute(
             "SELECT b.created_at, b.in_progress_at, b.ended_at, b.finished_at, min(t.completed_at), "
@@ -137,14 +138,7 @@ def run_openai_two_orgs(url: str, key_a: str, key_b: str, *, turns: int, dsn: st
         }
     report.line()
     report.line(f"two organisations, an OpenAI batch of {turns} requests each, B created right after A")
-    if window is not None:
-        seconds = (window[1] - window[0]).total_seconds()
-        rate_a, rate_b = in_window["a"] / seconds, in_window["b"] / seconds
-        report.field(
-            "while both ran",
-            f"{seconds:.1f} s: A {rate_a:.1f} turns/s ({in_window['a']} turns), B {rate_b:.1f} turns/s "
-            f"({in_window['b']} turns); B/A {rate_b / rate_a if rate_a else float('inf'):.2f}",
-        )
+    report_both_ran(report, window, in_window)
     for name, figures in (("A", fig_a), ("B", fig_b)):
         first = (
             "none" if figures.first_done is None else f"{(figures.first_done - figures.accepted).total_seconds():.1f} s"
@@ -215,13 +209,3 @@ def _download(client: httpx.Client, file_id: str | None) -> tuple[int, int]:
 
 def _chunks(response: httpx.Response) -> Iterator[bytes]:
     yield from response.iter_bytes(64 * 1024)
-
-
-def _memory(pid: int) -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` of the process, in KiB."""
-    found = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            found[name] = int(value.split()[0])
-    return found

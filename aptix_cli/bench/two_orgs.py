@@ -24,7 +24,7 @@ from aptix_cli.bench.scenarios import SCENARIOS
 from aptix_cli.bench.stats import percentile
 from aptix_cli.client import ApiClient
 
-__all__ = ["OrgFigures", "batch_figures", "completed_between", "overlap", "run_two_orgs"]
+__all__ = ["OrgFigures", "batch_figures", "completed_between", "overlap", "report_both_ran", "run_two_orgs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +67,7 @@ def run_two_orgs(api_a: ApiClient, api_b: ApiClient, *, turns: int, dsn: str, re
         }
     report.line()
     report.line(f"two organisations, a batch of {turns} plain turns each, B submitted right after A")
-    if window is not None:
-        seconds = (window[1] - window[0]).total_seconds()
-        rate_a, rate_b = in_window["a"] / seconds, in_window["b"] / seconds
-        report.field(
-            "while both ran",
-            f"{seconds:.1f} s: A {rate_a:.1f} turns/s ({in_window['a']} turns), B {rate_b:.1f} turns/s "
-            f"({in_window['b']} turns); B/A {rate_b / rate_a if rate_a else float('inf'):.2f}",
-        )
+    report_both_ran(report, window, in_window)
     report.field("interactive turns of A", _interactive_cell(interactive))
     for name, figures in (("A", a), ("B", b)):
         first = "none" if figures.first_done is None else f"{_after(figures.first_done, figures.accepted)} s"
@@ -95,6 +88,20 @@ def batch_figures(db: psycopg.Connection[tuple[object, ...]], batch_id: str) -> 
     assert isinstance(accepted, datetime)
     return OrgFigures(accepted, first if isinstance(first, datetime) else None,
                       last if isinstance(last, datetime) else None, int(str(completed)))  # fmt: skip
+
+
+def report_both_ran(report: Report, window: tuple[datetime, datetime] | None, in_window: dict[str, int]) -> None:
+    """The turns/s of A and B while both ran (``window``, from :func:`overlap`; nothing if they never did)
+    and B/A: how evenly the two organisations shared the workers."""
+    if window is None:
+        return
+    seconds = (window[1] - window[0]).total_seconds()
+    rate_a, rate_b = in_window["a"] / seconds, in_window["b"] / seconds
+    report.field(
+        "while both ran",
+        f"{seconds:.1f} s: A {rate_a:.1f} turns/s ({in_window['a']} turns), B {rate_b:.1f} turns/s "
+        f"({in_window['b']} turns); B/A {rate_b / rate_a if rate_a else float('inf'):.2f}",
+    )
 
 
 def overlap(a: OrgFigures, b: OrgFigures) -> tuple[datetime, datetime] | None:
