@@ -139,23 +139,6 @@ class BatchRepository:
                 raise  # the block's own, not this write's
             raise _taken(batch, exc) from exc
 
-    def create(
-        self,
-        batch: BatchRecord,
-        turns: Iterable[NewTurn],
-        *,
-        now: datetime,
-        deadline_at: datetime,
-        reused: Sequence[ReusedTurn] = (),
-    ) -> None:
-        """:meth:`creating` with nothing to do before the commit.
-
-        Raises:
-            BatchKeyTaken, TurnKeyTaken, SessionBusy: as :meth:`creating`.
-        """
-        with self.creating(batch, turns, now=now, deadline_at=deadline_at, reused=reused):
-            pass
-
     def get(self, batch_id: str, *, org_id: str) -> BatchRecord | None:
         """The batch, if it belongs to ``org_id``."""
         with self._db() as orm:

@@ -198,7 +198,8 @@ def test_batch_repository_takes_and_returns_records() -> None:
                 requested_mode=None, request={"input": "q"}, request_hash="h", batch_id="batch_1", batch_index=index)
         for index in range(2)
     ]  # fmt: skip
-    batches.create(batch, turns, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+    with batches.creating(batch, turns, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60)):
+        pass
 
     # Then it reads back as records, the turns in request order
     assert batches.get("batch_1", org_id="o") == batch
@@ -223,12 +224,14 @@ def test_a_batchs_turns_come_in_request_order_page_after_page_with_its_reused_tu
                        batch_id=batch_id, batch_index=index)  # fmt: skip
 
     earlier = [new_turn("b0", index) for index in range(4)]
-    batches.create(BatchRecord(batch_id="b0", org_id="o", user_id="u", total=4, created_at=FIXED_NOW), earlier,
-                   now=FIXED_NOW, deadline_at=deadline)  # fmt: skip
+    first = BatchRecord(batch_id="b0", org_id="o", user_id="u", total=4, created_at=FIXED_NOW)
+    with batches.creating(first, earlier, now=FIXED_NOW, deadline_at=deadline):
+        pass
     reused = [ReusedTurn(index, turn.turn_id) for index, turn in zip((0, 3, 4, 9), earlier, strict=True)]
     own = [new_turn("b1", index) for index in (1, 2, 5, 6, 7, 8)]
-    batches.create(BatchRecord(batch_id="b1", org_id="o", user_id="u", total=10, created_at=FIXED_NOW, reused=4),
-                   own, now=FIXED_NOW, deadline_at=deadline, reused=reused)  # fmt: skip
+    second = BatchRecord(batch_id="b1", org_id="o", user_id="u", total=10, created_at=FIXED_NOW, reused=4)
+    with batches.creating(second, own, now=FIXED_NOW, deadline_at=deadline, reused=reused):
+        pass
 
     # When its turns are read, chunk at a time
     read = [turn.turn_id for turn in batches.turns("b1", chunk=chunk)]

@@ -170,7 +170,8 @@ def test_the_last_turn_of_a_batch_out_of_flight_raises_batch_completed_once() ->
                 batch_id="batch_1", batch_index=index)
         for index in range(2)
     ]  # fmt: skip
-    BatchRepository(db).create(batch, new, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+    with BatchRepository(db).creating(batch, new, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60)):
+        pass
     # When the first ends, nothing; when the second pauses (out of flight too), the batch is done
     _commit(turns, new[0].turn_id)
     assert _rows(db) == []
