@@ -137,6 +137,17 @@ def test_a_spent_token_budget_refuses_the_next_turn_and_usage_agrees(limits: Lim
     # Then it is refused quota_exceeded until the next UTC day, on the other gateway too, batches included
     assert answer.json()["error"]["code"] == "quota_exceeded"
     assert 1 <= int(answer.headers["Retry-After"]) <= 86401
+
+    # (the second gateway reads the budget on its own refresh, within the same 5 s: a turn it still took
+    # runs, and counts in the usage below)
+    def refused_on_second() -> httpx.Response | None:
+        response = limits.second.post("/v1/turns", json={"input": "one more"}, headers=_headers(KEY_Q))
+        assert response.status_code in (202, 429), response.text
+        if response.status_code == 202:
+            extra.append(response.json()["turn_id"])
+        return response if response.status_code == 429 else None
+
+    wait_for(refused_on_second, what="the second gateway to refuse a turn", seconds=5)
     batch = limits.second.post("/v1/batches", json={"requests": [{"input": "x"}]}, headers=_headers(KEY_Q))
     assert (batch.status_code, batch.json()["error"]["code"]) == (429, "quota_exceeded")
     # And the usage endpoint agrees with the sum of the turns' usage, and with the budget's count
