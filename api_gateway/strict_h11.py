@@ -29,6 +29,8 @@ _HEAD_END = re.compile(rb"\n\r?\n")
 """Where h11 ends a head: the first empty line, whether its lines end in CRLF or a bare LF."""
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:", re.IGNORECASE)
 _SIZED = re.compile(rb"\r\ncontent-length:", re.IGNORECASE)
+_CONNECTION_CLOSE = b"connection: close\r\n\r\n"
+"""The last header of an answer given while the request's body is still owed, and the empty line after it."""
 
 
 class HeadTooLarge(h11.RemoteProtocolError):
@@ -90,6 +92,25 @@ class StrictConnection(h11.Connection):
         except h11.RemoteProtocolError as exc:
             self.refusal = exc
             raise
+
+    def send_with_data_passthrough(self, event: h11.Event) -> list[bytes] | None:
+        """What :meth:`~h11.Connection.send` sends; an answer begun while body is still owed says ``Connection: close``.
+
+        Such an answer is a refusal (a 401, a 413, a 429: the app answered without reading the body), and
+        ``api_gateway.server`` drains the connection, half-closed, and then closes it. The header tells the
+        client so, and a client that pools connections does not send its next request on this one. h11 is
+        not told (a ``Connection: close`` it saw would make uvicorn close the connection at once, and the
+        kernel reset it over the unread body): the header goes into the bytes of the head only.
+        """
+        data = super().send_with_data_passthrough(event)
+        if (
+            type(event) is h11.Response
+            and self.their_state is h11.SEND_BODY
+            and data
+            and not any(name == b"connection" for name, _ in event.headers)
+        ):
+            data[-1] = bytes(data[-1][:-2]) + _CONNECTION_CLOSE
+        return data
 
     def _check_head(self, head: bytearray) -> None:
         end = _HEAD_END.search(head, self._searched)

@@ -90,10 +90,13 @@ def test_an_upload_without_a_key_is_answered_401_and_keeps_no_connection(gateway
     head = "POST /v1/batches HTTP/1.1\r\nHost: aptix\r\nContent-Type: application/jsonl\r\nContent-Length: 1000\r\n\r\n"
     with _connect(gateway, "127.0.0.17") as sock:
         sock.sendall(head.encode() + b'{"input"')
-        # Then it is answered 401 at once
-        status, body = parse(read_response(sock), closing=False)
+        # Then it is answered 401 at once, telling the client not to reuse the connection (a pooled
+        # client that did would find it half-closed: "Server disconnected without sending a response")
+        answer = read_response(sock)
+        status, body = parse(answer, closing=False)
         assert status == 401
         assert body["error"]["code"] == "unauthorized"
+        assert b"\r\nconnection: close\r\n" in answer.partition(b"\r\n\r\n")[0].lower() + b"\r\n", answer
         # And when the client sends the rest of the body and another request on the connection, the
         # connection ends without another answer (before: the upload's 600 s deadline held it open,
         # and once the body was in, the next request was served)

@@ -118,3 +118,38 @@ def test_a_kept_alive_connection_checks_each_head_it_receives() -> None:
     conn.receive_data(_head(LIMIT + 1)[100:])
     with pytest.raises(HeadTooLarge):
         conn.next_event()
+
+
+def _post(declared: int, sent: bytes) -> bytes:
+    return f"POST /v1/batches HTTP/1.1\r\nHost: a\r\nContent-Length: {declared}\r\n\r\n".encode() + sent
+
+
+def test_an_answer_begun_while_the_body_is_owed_says_connection_close_but_h11_keeps_the_connection() -> None:
+    # Given a request whose body has not all arrived
+    conn = StrictConnection(LIMIT)
+    conn.receive_data(_post(10, b"12345"))
+    _events(conn)
+    # When the app answers it (a refusal: it did not read the body)
+    head = conn.send(h11.Response(status_code=401, headers=[("Content-Length", "0")]))
+    # Then the client is told not to send its next request on this connection
+    assert head is not None and head.endswith(b"\r\nconnection: close\r\n\r\n"), head
+    assert head.lower().count(b"connection:") == 1
+    # And h11 itself was not told: the server drains the rest of the body before it closes the connection
+    conn.send(h11.EndOfMessage())
+    assert conn.our_state is h11.DONE
+
+
+def test_an_answer_to_a_request_whose_body_arrived_keeps_the_connection() -> None:
+    conn = StrictConnection(LIMIT)
+    conn.receive_data(_post(5, b"12345"))
+    _events(conn)
+    head = conn.send(h11.Response(status_code=200, headers=[("Content-Length", "0")]))
+    assert head is not None and b"connection" not in head.lower(), head
+
+
+def test_an_answer_that_names_its_own_connection_header_is_sent_as_it_is() -> None:
+    conn = StrictConnection(LIMIT)
+    conn.receive_data(_post(10, b"1"))
+    _events(conn)
+    head = conn.send(h11.Response(status_code=413, headers=[("Content-Length", "0"), ("Connection", "close")]))
+    assert head is not None and head.lower().count(b"connection: close") == 1, head
