@@ -6,22 +6,38 @@ worker's CPU. A client over a pool is safe to share between threads and greenlet
 keeps one, and builds a new one only when its pool was replaced (after a fork or a disconnect).
 Everything else is kombu's: the Sentinel channel asks the sentinels for the primary's address on each
 new connection, and its pool drops its connections when that address changed (a failover).
+
+One guard: a channel whose connection already let go of its transport (``transport.client`` is None)
+raises a Redis ``ConnectionError`` instead of building a pool. Celery 5.7's consumer, on a lost broker
+connection, first ``collect()``s the connection (which lets go of the transport even when closing its
+channel failed midway) and then ``close()``s it; the second close runs the channel's close again, whose
+requeue of unacknowledged messages builds a pool from the transport's client, and kombu raised an
+``AttributeError`` that ended the worker ("Unrecoverable error"). A connection error there is what
+kombu's close already ignores; the messages stay in the unacked index, and the visibility timeout
+brings them back as it does after any lost connection.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 
 __all__ = ["SentinelTransport", "Transport"]
 
 
 class _SharedClient:
-    """What both channels share: their synchronous client, built once per pool."""
+    """What both channels share: their synchronous client, built once per pool; no pool once closed."""
 
     _shared_client: Any = None
     pool: Any
+    connection: Any
+
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection of this channel is closed")
+        return super()._get_pool(asynchronous=asynchronous)  # type: ignore[misc]  # a mixin over kombu's channels
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:

@@ -109,3 +109,21 @@ def test_no_app_sends_sent_events_or_has_a_result_backend_so_a_step_message_need
     config = celery_config(Settings())  # every Aptix app's, the gateway's and the workers'
     assert config["task_send_sent_event"] is False
     assert config["result_backend"] is None
+
+
+def test_a_channel_closed_again_after_its_connection_let_go_of_the_transport_raises_no_attribute_error(
+    redis_db_url: str, redis_client: redis.Redis
+) -> None:
+    # Given a consumer's connection holding a message it has not acknowledged (a task in progress)
+    app = create_producer(Settings(broker_url=redis_db_url, redis_url=redis_db_url))
+    step_sender(app).send([TurnEnvelope(turn_id="held", step=StepName.REASONER, hop=1)])
+    connection = app.connection_for_read()
+    channel = connection.default_channel
+    (queue,) = [key.decode() for key in redis_client.keys("pipeline*") if redis_client.type(key) == b"list"]
+    assert channel.basic_get(queue, no_ack=False) is not None
+    # When, as Celery 5.7's consumer does on a lost broker connection, the connection lets go of its
+    # transport (collect() after its channel's close broke off) and is then closed, closing the channel again
+    connection._do_close_transport()
+    connection.close()  # before: AttributeError ('NoneType' object has no attribute 'hostname'), the worker ended
+    # Then the message is still held for the visibility timeout to bring back, not lost
+    assert unacked_depth(redis_client)[Queue.PIPELINE] == 1
