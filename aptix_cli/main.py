@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from aptix_cli import process_commands as processes
+from aptix_cli.worker_group import DEFAULT_QUEUES
 
 __all__ = ["main"]
 
@@ -48,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     gateway.set_defaults(run=processes.gateway)
 
     worker = commands.add_parser("worker", help="run a Celery worker for the pipeline steps")
-    worker.add_argument("--queues", default="pipeline,llm,tools,webhooks")
+    worker.add_argument("--queues", default=DEFAULT_QUEUES)
     worker.add_argument(
         "--pool",
         default=None,

@@ -65,6 +65,8 @@ GROUPS: tuple[Group, ...] = (
     Group("llm", ("llm", "webhooks"), "gevent", 2000),
 )
 """The worker processes of ``aptix worker`` with no ``--pool``, for the queues it is asked for."""
+DEFAULT_QUEUES = "pipeline,llm,tools,webhooks"
+"""The queues of ``aptix worker`` with no ``--queues``: every queue."""
 
 
 def plan(

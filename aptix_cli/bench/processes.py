@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from celery import Celery
 
 from aptix_cli.launcher import ManagedProcess, ProcessGroup, answers, free_port, wait_until
-from aptix_cli.worker_group import WorkerSpec, plan
+from aptix_cli.worker_group import DEFAULT_QUEUES, WorkerSpec, plan
 
 __all__ = ["BenchProcesses", "WorkerPlan", "worker_plan"]
 
@@ -45,7 +45,7 @@ def worker_plan(args: Sequence[str]) -> WorkerPlan:
         ValueError: the flags name an unknown queue or an impossible pool plan.
     """
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--queues", default="pipeline,llm,tools")
+    parser.add_argument("--queues", default=DEFAULT_QUEUES)  # as aptix worker: the bench names the same groups
     parser.add_argument("--pool", default=None)
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--processes", type=int, default=None)

@@ -137,13 +137,18 @@ def test_hop_tasks_refuses_a_key_that_is_not_a_step_key() -> None:
 
 def test_worker_plan_without_flags_is_the_worker_groups_plan() -> None:
     plan = worker_plan(["--processes", "1"])
-    assert [(spec.queues, spec.pool) for spec in plan.specs] == [("pipeline,tools", "threads"), ("llm", "gevent")]
+    assert [(spec.queues, spec.pool) for spec in plan.specs] == [
+        ("pipeline,tools", "threads"),
+        ("llm,webhooks", "gevent"),
+    ]
     assert plan.loglevel == "INFO"
 
 
 def test_worker_plan_with_one_pool_is_one_celery_worker() -> None:
     plan = worker_plan(["--pool", "threads", "--concurrency", "8", "--loglevel", "WARNING"])
-    assert [(spec.queues, spec.pool, spec.concurrency) for spec in plan.specs] == [("pipeline,llm,tools", "threads", 8)]
+    assert [(spec.queues, spec.pool, spec.concurrency) for spec in plan.specs] == [
+        ("pipeline,llm,tools,webhooks", "threads", 8)
+    ]
     assert plan.loglevel == "WARNING"
 
 
