@@ -225,14 +225,25 @@ def _save(ctx: StepContext, state: TurnState, lease: Lease, dispatch: Dispatch |
 
 
 def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
-    """The state of a turn Redis does not have: its checkpoint, or for its first message its request."""
+    """The state of a turn Redis does not have: its checkpoint, or for its first message its request.
+
+    A first message starts its turn (status ``running``, a fresh reconciler deadline): a turn that never
+    started (the rule) is started and read in one statement, and has no checkpoint. One that did start
+    (a worker died on this message) has its deadline pushed, and carries on from its checkpoint if it has
+    one; one that finished meanwhile (cancelled, expired) is not run.
+    """
     first_message = env.step is StepName.REQUEST_HANDLER and env.round == 0
-    row = ctx.turns.get(env.turn_id) if first_message else None
+    row = None
     if first_message:
+        started = ctx.turns.start(env.turn_id, now=ctx.clock(), deadline_at=ctx.deadline())
+        if started is not None:
+            return request_handler.initial_state(started)
+        row = ctx.turns.get(env.turn_id)
         if row is None:
             raise TurnNotRecorded(env.turn_id)
-        if row.status is TurnStatus.QUEUED:  # never started: it has no checkpoint
-            return request_handler.initial_state(row)
+        if not ctx.turns.mark_running(env.turn_id, now=ctx.clock(), deadline_at=ctx.deadline()):
+            logger.info("turn %s ended (%s) before it started; dropping %s", env.turn_id, row.status, env.step_key)
+            return None
     checkpoint = ctx.turns.load_snapshot(env.turn_id)
     if checkpoint is not None:
         state = TurnState.model_validate(checkpoint)

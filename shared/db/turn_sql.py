@@ -10,7 +10,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, insert, or_, select, text, update
+from sqlalchemy import Row, Table, bindparam, delete, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert, ReturningUpdate, Update
@@ -30,6 +30,7 @@ __all__ = [
     "PUSH_DEADLINE",
     "SET_DEADLINE",
     "START",
+    "START_QUEUED",
     "TERMINAL",
     "TOUCH_SESSION",
     "finish_values",
@@ -51,6 +52,13 @@ START: Update = (
     .where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status.notin_(TERMINAL))
     .values(status=TurnStatus.RUNNING.value, updated_at=bindparam("p_now"), deadline_at=bindparam("p_deadline"))
 )
+START_QUEUED: ReturningUpdate[Any] = (
+    update(_TURNS)
+    .where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status == TurnStatus.QUEUED.value)
+    .values(status=TurnStatus.RUNNING.value, updated_at=bindparam("p_now"), deadline_at=bindparam("p_deadline"))
+    .returning(*(_TURNS.c[name] for name in (field.name for field in fields(TurnRecord))))
+)
+"""``START`` of a turn that never started, returning its record (as it is after the start) in the same statement."""
 PUSH_DEADLINE: Update = (
     update(_TURNS)
     .where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status == TurnStatus.RUNNING.value)
@@ -137,8 +145,8 @@ def new_turn_values(turn: NewTurn, *, now: datetime, deadline_at: datetime) -> d
     }
 
 
-def to_record(row: TurnRow) -> TurnRecord:
-    """The record of a turn row (its columns are the record's fields)."""
+def to_record(row: TurnRow | Row[Any]) -> TurnRecord:
+    """The record of a turn row, or of a statement's row of the same columns (its columns are the record's fields)."""
     values = {name: getattr(row, name) for name in _RECORD_FIELDS}
     values["status"] = TurnStatus(row.status)
     return TurnRecord(**values)

@@ -145,6 +145,13 @@ class TurnRepository:
             rows = orm.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.created_at))
             return [sql.to_record(row) for row in rows]
 
+    def start(self, turn_id: str, *, now: datetime, deadline_at: datetime) -> TurnRecord | None:
+        """The turn's start, if it never started: a queued turn moves to running (its deadline pushed) and its
+        record comes back from the same statement; None when it is not queued (started, finished or unknown)."""
+        with self._db.begin() as orm:
+            row = orm.execute(sql.START_QUEUED, {"p_turn_id": turn_id, "p_now": now, "p_deadline": deadline_at}).first()
+        return None if row is None else sql.to_record(row)
+
     def mark_running(self, turn_id: str, *, now: datetime, deadline_at: datetime) -> bool:
         """Move a queued turn to running (the turn's start); False when it already finished (e.g. cancelled)."""
         with self._db.begin() as orm:

@@ -86,6 +86,24 @@ def test_the_commit_of_a_turn_is_its_sessions_last_use(database_url: str) -> Non
     assert untouched is not None and untouched.updated_at == FIXED_NOW + timedelta(seconds=7)
 
 
+def test_start_starts_a_queued_turn_once_and_returns_its_record_from_the_same_statement(database_url: str) -> None:
+    turns = TurnRepository(session_factory(create_db_engine(database_url)))
+    turn_id, later = _turn(turns, _session_id()), FIXED_NOW + timedelta(seconds=5)
+    # A queued turn is started, its deadline pushed, and its record is the one it now has
+    started = turns.start(turn_id, now=later, deadline_at=later + timedelta(seconds=60))
+    assert started is not None and started == turns.get(turn_id)
+    assert (started.status, started.request, started.deadline_at) == (
+        TurnStatus.RUNNING, {"input": "q"}, later + timedelta(seconds=60)
+    )  # fmt: skip
+    # A turn that started already, one that ended and one that does not exist are not started again
+    assert turns.start(turn_id, now=later, deadline_at=later) is None
+    assert _commit(turns, turn_id, status=TurnStatus.COMPLETED, seconds=9)
+    assert turns.start(turn_id, now=later, deadline_at=later) is None
+    assert turns.start(f"turn_{uuid.uuid4().hex}", now=later, deadline_at=later) is None
+    ended = turns.get(turn_id)
+    assert ended is not None and ended.status is TurnStatus.COMPLETED
+
+
 def test_a_worker_engine_without_pre_ping_fails_once_then_reconnects_every_connection(database_url: str) -> None:
     engine = create_db_engine(database_url, pool_size=3, pre_ping=False)
     held = [engine.connect() for _ in range(3)]

@@ -232,6 +232,32 @@ def test_first_message_of_an_unrecorded_turn_is_retried_then_dropped() -> None:
     assert run_step(ctx, env.model_copy(update={"attempt": 60})) is None
 
 
+def test_first_message_starts_its_turn_and_a_redelivery_after_the_start_runs_it_from_its_request() -> None:
+    # Given a recorded turn whose first message a worker took, started, and died with
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")))
+    env = _record_turn(ctx)
+    assert ctx.turns.start(TURN_ID, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=1)) is not None
+    # When the message is delivered again
+    sent = _drive(ctx, env)
+    # Then the turn runs from its request to its end, its start's deadline pushed on the way
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed" and record.output_text == "x"
+    assert sent[-1].envelope.step is StepName.PERSIST
+
+
+def test_first_message_of_a_turn_that_ended_before_it_started_is_dropped_without_state() -> None:
+    # Given a recorded turn cancelled while it was queued, and a Redis restarted empty since (no cancel flag)
+    ctx = make_context()
+    env = _record_turn(ctx)
+    assert [record.turn_id for record in ctx.ending.cancel_queued([TURN_ID])] == [TURN_ID]
+    ctx = with_store(ctx, MemoryStateStore())
+    # When its first message arrives, nothing runs and nothing is kept for it
+    assert run_step(ctx, env) is None
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "cancelled"
+    assert ctx.states.load(TURN_ID) is None
+
+
 def test_redelivered_step_resends_its_next_message_only_while_that_has_not_run() -> None:
     ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")))
     env = _record_turn(ctx)

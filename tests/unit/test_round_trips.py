@@ -115,9 +115,10 @@ def test_every_hop_of_a_plain_turn_costs_two_state_store_round_trips() -> None:
 
 def test_a_plain_turn_writes_the_database_at_its_start_its_model_answer_and_its_commit() -> None:
     hops = _plain_turn(webhooks=False)
-    # request_handler: read the turn, mark it running, create its session (two transactions);
-    # llm_call: the checkpoint of the model's answer; persist: the commit point
-    assert [(hop.statements, hop.transactions) for hop in hops] == [(3, 2), (0, 0), (0, 0), (2, 1), (0, 0), (5, 1)]
+    # request_handler: start the turn and read it back (one statement), create its session (two
+    # transactions; before: a read, then the start, three statements); llm_call: the checkpoint of the
+    # model's answer; persist: the commit point
+    assert [(hop.statements, hop.transactions) for hop in hops] == [(2, 2), (0, 0), (0, 0), (2, 1), (0, 0), (5, 1)]
 
 
 def test_with_webhooks_the_commit_records_its_event_in_its_transaction_and_the_driver_sends_it() -> None:

@@ -1,10 +1,11 @@
 """AgentRequestHandler (AGN-032 §5.1): entry; builds the turn state and routes it.
 
-Reads: the turn record the gateway wrote. Writes: a new TurnState (first round), turn status
-``running`` with a fresh reconciler deadline (the turn's durable start), the ``turn_start`` trace
-step. Next: session_creator (new session), session_restorer (follow-up turn) or
-client_tool_session_restorer (tool-results re-entry); Stop when the turn was cancelled before it
-started. Fails with: nothing of its own.
+Reads: the turn record the gateway wrote. Writes: a new TurnState (first round), the ``turn_start``
+trace step. The turn's durable start (status ``running`` with a fresh reconciler deadline) is
+recorded as the driver reads the record for the turn's first message, in the same statement
+(``workers.driver``; a turn that ended before it started never gets here). Next: session_creator
+(new session), session_restorer (follow-up turn) or client_tool_session_restorer (tool-results
+re-entry). Fails with: nothing of its own.
 
 The commit that AGN-032 gives this handler "once downstream returns" is the ``persist`` step: in a
 chain of tasks, downstream returns by sending the turn there.
@@ -20,7 +21,7 @@ from shared.result import InvokeResult, success
 from shared.state import TurnState
 from shared.task_names import StepName
 from workers.context import StepContext
-from workers.next_step import Continue, Next, Stop
+from workers.next_step import Continue, Next
 from workers.trace import trace
 
 __all__ = ["initial_state", "run"]
@@ -56,8 +57,6 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if env.round > 0:
         trace(ctx, state, env, "turn_reentered")
         return success(Continue(StepName.CLIENT_TOOL_SESSION_RESTORER))
-    if not ctx.turns.mark_running(state.turn_id, now=ctx.clock(), deadline_at=ctx.deadline()):
-        return success(Stop())
     trace(ctx, state, env, "turn_start", session_id=state.session_id, new_session=state.new_session)
     if state.new_session:
         return success(Continue(StepName.SESSION_CREATOR))
