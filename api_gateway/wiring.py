@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from api_gateway.authenticator import Authenticator
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.openai.batch_files import BatchFiles
-from api_gateway.openai.batch_jobs import BatchJobs
+from api_gateway.openai.batch_jobs import BatchJobs, JobPorts
 from api_gateway.openai.batch_service import OpenAIBatchService
 from api_gateway.openai.batch_validation import BatchValidation
 from api_gateway.openai.conversation_service import ConversationService
@@ -225,7 +225,9 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
         max_lines=settings.openai_max_file_lines, clock=clock,
     )  # fmt: skip
     openai_batches = OpenAIBatchRepository(db, outbox=outbox)
-    webhook_sender = _webhook_sender(webhooks, producer)
+    job_ports = JobPorts(
+        batches=openai_batches, aptix=batch_service, clock=clock, webhook_sender=_webhook_sender(webhooks, producer)
+    )
     openai_batch_jobs = BatchJobs(
         batches=openai_batches, threads=settings.openai_batch_job_threads,
         lease_seconds=settings.openai_batch_job_lease_seconds, clock=clock,
@@ -233,11 +235,8 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
     openai_batch_service = OpenAIBatchService(
         batches=openai_batches, aptix=batch_service, aptix_batches=batches, turns=turn_service, files=file_service,
         jobs=openai_batch_jobs,
-        validation=BatchValidation(
-            batches=openai_batches, aptix=batch_service, aptix_batches=batches, files=file_service,
-            responses=response_service, clock=clock, webhook_sender=webhook_sender,
-        ),
-        batch_files=BatchFiles(batches=openai_batches, aptix=batch_service, clock=clock, webhook_sender=webhook_sender),
+        validation=BatchValidation(job_ports, aptix_batches=batches, files=file_service, responses=response_service),
+        batch_files=BatchFiles(job_ports),
         window_seconds=settings.openai_batch_window_seconds, clock=clock,
     )  # fmt: skip
     authenticator = Authenticator(

@@ -225,7 +225,7 @@ def reconciler(args: argparse.Namespace) -> int:
     from shared.step_sender import CeleryBroker
     from workers.context import state_client
     from workers.metrics import WorkerMetrics
-    from workers.runtime import build_reconciler, build_step_sender, webhook_outbox, webhook_sender
+    from workers.runtime import LeaderPorts, build_reconciler, build_step_sender, webhook_outbox, webhook_sender
     from workers.webhooks import WebhookSweeper
 
     settings = get_settings()
@@ -243,13 +243,12 @@ def reconciler(args: argparse.Namespace) -> int:
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     stored = stored_secrets(db)
     outbox = webhook_outbox(settings, send_attempt, stored)
+    steps = build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings)
     reconciler = build_reconciler(
         settings,
-        client=client,
-        turns=TurnRepository(db, webhooks=outbox),
-        steps=build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings),
-        owner=owner,
-        metrics=WorkerMetrics(),
+        LeaderPorts(
+            client=client, turns=TurnRepository(db, webhooks=outbox), steps=steps, owner=owner, metrics=WorkerMetrics()
+        ),
         webhooks=None if outbox is None else WebhookSweeper(WebhookDeliveryRepository(db), send_attempt),
         webhook_sender=webhook_sender(settings, send_attempt, stored),
     )
@@ -282,7 +281,7 @@ def scheduler(args: argparse.Namespace) -> int:
     from shared.state.redis_store import connect
     from shared.step_sender import CeleryBroker
     from workers.metrics import WorkerMetrics
-    from workers.runtime import build_scheduler, build_step_sender
+    from workers.runtime import LeaderPorts, build_scheduler, build_step_sender
 
     settings = get_settings()
     producer = create_producer(settings)
@@ -290,10 +289,8 @@ def scheduler(args: argparse.Namespace) -> int:
     steps = build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings)
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
-    scheduler = build_scheduler(
-        settings, client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics(),
-        org_settings=OrgSettingsRepository(db),
-    )  # fmt: skip
+    ports = LeaderPorts(client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics())
+    scheduler = build_scheduler(settings, ports, org_settings=OrgSettingsRepository(db))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

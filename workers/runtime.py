@@ -15,7 +15,8 @@ import os
 import random
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 import redis
@@ -50,7 +51,8 @@ from workers.webhooks import WebhookDeliverer, WebhookSweeper
 from workers.webhooks.delivery import SendAttempt, http_client
 
 __all__ = [
-    "WorkerRuntime", "build_reconciler", "build_scheduler", "build_step_sender", "webhook_outbox", "webhook_sender",
+    "LeaderPorts", "WorkerRuntime", "build_reconciler", "build_scheduler", "build_step_sender", "webhook_outbox",
+    "webhook_sender",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -180,7 +182,7 @@ class WorkerRuntime:
             return
         ctx = self.context
         reconciler = build_reconciler(
-            self._settings, **self._leader_parts(), webhooks=self._sweeper(), webhook_sender=ctx.webhook_sender
+            self._settings, self._leader_ports(), webhooks=self._sweeper(), webhook_sender=ctx.webhook_sender
         )
         self._reconciler_thread = _daemon(reconciler.run, self._stop, "aptix-reconciler")
         logger.info("reconciler started in worker %s", ctx.hostname)
@@ -191,17 +193,17 @@ class WorkerRuntime:
             return
         assert self._engine is not None  # built with the context
         scheduler = build_scheduler(
-            self._settings, **self._leader_parts(), org_settings=OrgSettingsRepository(session_factory(self._engine))
+            self._settings, self._leader_ports(), org_settings=OrgSettingsRepository(session_factory(self._engine))
         )
         self._scheduler_thread = _daemon(scheduler.run, self._scheduler_stop, "aptix-scheduler")
         logger.info("admission scheduler started in worker %s", self.context.hostname)
 
-    def _leader_parts(self) -> dict[str, Any]:
-        """What the reconciler and the scheduler are both built from: this worker's ports and its owner name."""
+    def _leader_ports(self) -> LeaderPorts:
+        """What this worker's reconciler and scheduler are built from: its ports and its owner name."""
         ctx = self.context
         assert self._redis is not None  # built with the context
-        return {"client": self._redis, "turns": ctx.turns, "steps": self.steps,
-                "owner": f"{ctx.hostname}:{os.getpid()}", "metrics": ctx.metrics}  # fmt: skip
+        return LeaderPorts(client=self._redis, turns=ctx.turns, steps=self.steps,
+                           owner=f"{ctx.hostname}:{os.getpid()}", metrics=ctx.metrics)  # fmt: skip
 
     def stop_scheduler(self) -> None:
         """Stop this worker's admission scheduler thread."""
@@ -229,21 +231,35 @@ def build_step_sender(broker: Broker, timers: Timers, settings: Settings) -> Ste
     return StepSender(broker, timers=timers, park_after=retry.park_after(settings))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderPorts:
+    """What a loop run by one leader at a time (the reconciler, the admission scheduler) is built from: a
+    process's ports and the name it holds the loop's leader lease under."""
+
+    client: redis.Redis
+    """The state store's Redis: the loop's leader lease and the books it reads."""
+    turns: TurnRepository
+    """The turns in the database."""
+    steps: StepSender
+    """What sends the steps the loop sends again (or first)."""
+    owner: str
+    """The name the loop's leader lease is held under (unique per process)."""
+    metrics: WorkerMetrics | None = None
+    """Where the loop counts (None: the reconciler counts on a registry of its own; the scheduler does not)."""
+
+
 def build_reconciler(
     settings: Settings,
+    ports: LeaderPorts,
     *,
-    client: redis.Redis,
-    turns: TurnRepository,
-    steps: StepSender,
-    owner: str,
-    metrics: WorkerMetrics | None = None,
     webhooks: WebhookSweeper | None = None,
     webhook_sender: WebhookSender | None = None,
 ) -> Reconciler:
-    """A reconciler on the state store's Redis ``client`` and a process's ports: it counts on ``metrics``,
-    given ``webhooks`` sends the webhook deliveries that are due, and given ``webhook_sender`` sends
-    the webhook event of a turn it gives up on at once. Retires the Redis keys of earlier releases
-    first (``shared.state.legacy``; a Redis that does not answer now is left for the next start)."""
+    """A reconciler on a process's ``ports``: given ``webhooks`` it sends the webhook deliveries that are
+    due, and given ``webhook_sender`` it sends the webhook event of a turn it gives up on at once. Retires
+    the Redis keys of earlier releases first (``shared.state.legacy``; a Redis that does not answer now is
+    left for the next start)."""
+    client, turns, owner = ports.client, ports.turns, ports.owner
     with contextlib.suppress(redis.RedisError):
         retire_legacy_keys(client)
     broker_url = settings.effective_broker_url
@@ -257,7 +273,7 @@ def build_reconciler(
         else None
     )
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
-    metrics = metrics or WorkerMetrics()
+    metrics = ports.metrics or WorkerMetrics()
     admission = AdmissionQueue(client)
     ending = TurnEnding(
         turns=turns,
@@ -276,7 +292,7 @@ def build_reconciler(
         turns=turns,
         states=store,
         in_flight=store,
-        steps=steps,
+        steps=ports.steps,
         leader=LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner),
         ending=ending,
         broker=broker,
@@ -287,24 +303,17 @@ def build_reconciler(
 
 
 def build_scheduler(
-    settings: Settings,
-    *,
-    client: redis.Redis,
-    turns: TurnRepository,
-    steps: StepSender,
-    owner: str,
-    metrics: WorkerMetrics | None = None,
-    org_settings: OrgSettingsRepository | None = None,
+    settings: Settings, ports: LeaderPorts, *, org_settings: OrgSettingsRepository | None = None
 ) -> AdmissionScheduler:
-    """An admission scheduler on the state store's Redis ``client`` and a process's ports; given
-    ``org_settings``, the organisations' own admission caps apply (read every few seconds)."""
+    """An admission scheduler on a process's ``ports``; given ``org_settings``, the organisations' own
+    admission caps apply (read every few seconds)."""
     return AdmissionScheduler(
         settings=settings,
-        admission=AdmissionQueue(client),
-        turns=turns,
-        steps=steps,
-        leader=LeaderLease(client, key=SCHEDULER_LEADER_KEY, owner=owner),
-        metrics=metrics,
+        admission=AdmissionQueue(ports.client),
+        turns=ports.turns,
+        steps=ports.steps,
+        leader=LeaderLease(ports.client, key=SCHEDULER_LEADER_KEY, owner=ports.owner),
+        metrics=ports.metrics,
         caps=None if org_settings is None else org_caps(org_settings),
     )
 

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import IO
 
-from api_gateway.openai.batch_jobs import Lease
+from api_gateway.openai.batch_jobs import JobPorts, Lease
 from api_gateway.openai.batch_output import Part, render_line
 from api_gateway.openai.file_service import CHUNK_BYTES, DEFAULT_EXPIRY_SECONDS, new_file_id
-from api_gateway.services.batch_service import BatchService
-from shared.db.openai_batches import FinishedFile, OpenAIBatchRecord, OpenAIBatchRepository
+from shared.db.openai_batches import FinishedFile, OpenAIBatchRecord
 from shared.db.openai_files import FileRecord
-from shared.webhooks import EventType, WebhookSender
+from shared.webhooks import EventType
 
 __all__ = ["BatchFiles"]
 
@@ -36,36 +35,25 @@ _PARTS: tuple[Part, ...] = ("output", "error")
 class BatchFiles:
     """Writes ended batches' files; built once per gateway."""
 
-    def __init__(
-        self,
-        *,
-        batches: OpenAIBatchRepository,
-        aptix: BatchService,
-        clock: Callable[[], datetime],
-        webhook_sender: WebhookSender | None = None,
-    ) -> None:
-        self._batches = batches
-        self._aptix = aptix
-        self._clock = clock
-        self._webhook_sender = webhook_sender
+    def __init__(self, ports: JobPorts) -> None:
+        self._ports = ports
 
     def run(self, record: OpenAIBatchRecord, lease: Lease) -> None:
         """Render the batch's two files and record them with its end (unless another holder did first).
 
-        Raises:
-            LeaseLost: another gateway took the job over (this one wrote nothing).
-            JobStopped: the gateway is stopping (this one wrote nothing).
+        Raises: as :class:`~api_gateway.openai.batch_jobs.Work`.
         """
-        now = self._clock()
+        batches, aptix, clock = self._ports.batches, self._ports.aptix, self._ports.clock
+        now = clock()
         seconds = record.output_expires_seconds or DEFAULT_EXPIRY_SECONDS
         expired = record.expired_at is not None
-        cancelled_at = self._aptix.require(record.batch_id, org_id=record.org_id).cancel_requested_at
+        cancelled_at = aptix.require(record.batch_id, org_id=record.org_id).cancel_requested_at
         spools: dict[Part, IO[bytes]] = {}
         lines: Counter[Part] = Counter()
         try:
             for part in _PARTS:
                 spools[part] = tempfile.SpooledTemporaryFile(max_size=CHUNK_BYTES)  # noqa: SIM115  # closed below
-            for scanned, turn in enumerate(self._aptix.turns(record.batch_id), start=1):
+            for scanned, turn in enumerate(aptix.turns(record.batch_id), start=1):
                 rendered = render_line(turn, expired=expired, cancelled_at=cancelled_at)
                 if rendered is not None:
                     part, line = rendered
@@ -84,12 +72,11 @@ class BatchFiles:
                     files.append(FinishedFile(file, _chunks(spools[part])))
             lease.keep(now=True)  # still this job's, just before the files are recorded
             event = _event(expired=expired, cancelled=cancelled_at is not None)
-            deliveries = self._batches.finish(record.batch_id, at=self._clock(), files=files, event=event)
+            deliveries = batches.finish(record.batch_id, at=clock(), files=files, event=event)
         finally:
             for spool in spools.values():
                 spool.close()
-        if deliveries and self._webhook_sender is not None:
-            self._webhook_sender.send(deliveries)
+        self._ports.send(deliveries)
 
 
 def _event(*, expired: bool, cancelled: bool) -> str:

@@ -26,12 +26,15 @@ import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from api_gateway.services.batch_service import BatchService
 from shared.db.openai_batches import OpenAIBatchRecord, OpenAIBatchRepository
+from shared.webhooks import WebhookSender
 
-__all__ = ["BatchJobs", "JobStopped", "Lease", "LeaseLost", "Work"]
+__all__ = ["BatchJobs", "JobPorts", "JobStopped", "Lease", "LeaseLost", "Work"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +88,31 @@ class Lease:
 class Work(Protocol):
     """The job itself (``OpenAIBatchService.run_job``): validate the batch, or write its files."""
 
-    def __call__(self, record: OpenAIBatchRecord, lease: Lease) -> None: ...
+    def __call__(self, record: OpenAIBatchRecord, lease: Lease) -> None:
+        """Do the batch's job under ``lease``.
+
+        Raises:
+            LeaseLost: another gateway took the job over (this one wrote nothing).
+            JobStopped: the gateway is stopping (this one wrote nothing).
+        """
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPorts:
+    """What both jobs of a batch (``batch_validation``, ``batch_files``) work with; built once per gateway."""
+
+    batches: OpenAIBatchRepository
+    """The OpenAI batches' rows: the job's lease, and the batch's end with its webhook event."""
+    aptix: BatchService
+    """The Aptix batch of the same id, and its turns."""
+    clock: Callable[[], datetime]
+    webhook_sender: WebhookSender | None = None
+    """What sends the webhook events a job's end recorded (None: webhooks are off)."""
+
+    def send(self, deliveries: list[str] | None) -> None:
+        """Send the webhook events of the ``deliveries`` a job's end recorded (None or none: nothing to send)."""
+        if deliveries and self.webhook_sender is not None:
+            self.webhook_sender.send(deliveries)
 
 
 class BatchJobs:

@@ -29,6 +29,7 @@ from api_gateway.openai.batch_validation import ENDPOINT, BatchValidation
 from api_gateway.openai.batch_view import batch_object
 from api_gateway.openai.errors import invalid
 from api_gateway.openai.file_service import FileService, check_expires_after
+from api_gateway.openai.idempotency import check_key, check_repeat
 from api_gateway.openai.pages import list_page
 from api_gateway.openai.requests import check_metadata
 from api_gateway.services.batch_service import BatchService
@@ -104,8 +105,7 @@ class OpenAIBatchService:
         """
         fields = _check_body(body)
         if idempotency_key is not None:
-            if not idempotency_key or len(idempotency_key) > _MAX_KEY:
-                raise invalid(f"Idempotency-Key must be 1 to {_MAX_KEY} characters", ("Idempotency-Key",))
+            check_key(idempotency_key, max_chars=_MAX_KEY)
             earlier = self._batches.by_idempotency_key(org_id, idempotency_key)
             if earlier is not None:
                 return self._replay(earlier, fields["request_hash"])
@@ -212,8 +212,7 @@ class OpenAIBatchService:
         return found
 
     def _replay(self, earlier: OpenAIBatchRecord, request_hash: str) -> dict[str, Any]:
-        if earlier.request_hash != request_hash:
-            raise Conflict("idempotency_key_reused", "this Idempotency-Key was used before with a different request")
+        check_repeat(earlier.request_hash, request_hash)
         return self._view(earlier)
 
     def _settle(self, record: OpenAIBatchRecord) -> OpenAIBatchRecord:

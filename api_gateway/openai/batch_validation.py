@@ -17,23 +17,21 @@ one cancelled while validating records nothing and ends ``cancelled``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from api_gateway.openai.batch_jobs import Lease
+from api_gateway.openai.batch_jobs import JobPorts, Lease
 from api_gateway.openai.batch_lines import BatchLine, LineError, check_line
 from api_gateway.openai.errors import param_of
 from api_gateway.openai.file_service import FileService
 from api_gateway.openai.response_service import ResponseService
 from api_gateway.openai.turn_requests import turn_parts
-from api_gateway.services.batch_service import BatchService
 from api_gateway.services.batch_staging import StagedBatch
 from api_gateway.services.errors import Conflict, NotFound, ServiceError, Unavailable
 from shared.db.batches import BatchRepository
-from shared.db.openai_batches import OpenAIBatchRecord, OpenAIBatchRepository
+from shared.db.openai_batches import OpenAIBatchRecord
 from shared.db.openai_files import FileRecord
-from shared.webhooks import EventType, WebhookSender
+from shared.webhooks import EventType
 
 __all__ = ["ENDPOINT", "MAX_ATTEMPTS", "MAX_ERRORS", "BatchValidation"]
 
@@ -55,30 +53,20 @@ class BatchValidation:
     """Validates batches and records their turns; built once per gateway."""
 
     def __init__(
-        self,
-        *,
-        batches: OpenAIBatchRepository,
-        aptix: BatchService,
-        aptix_batches: BatchRepository,
-        files: FileService,
-        responses: ResponseService,
-        clock: Callable[[], datetime],
-        webhook_sender: WebhookSender | None = None,
+        self, ports: JobPorts, *, aptix_batches: BatchRepository, files: FileService, responses: ResponseService
     ) -> None:
-        self._batches = batches
-        self._aptix = aptix
+        self._ports = ports
+        self._batches = ports.batches
+        self._aptix = ports.aptix
+        self._clock = ports.clock
         self._aptix_batches = aptix_batches
         self._files = files
         self._responses = responses
-        self._clock = clock
-        self._webhook_sender = webhook_sender
 
     def run(self, record: OpenAIBatchRecord, lease: Lease) -> None:
         """Validate the batch and record its turns, or fail it; or finish what an interrupted run left.
 
-        Raises:
-            LeaseLost: another gateway took the job over (this one wrote nothing).
-            JobStopped: the gateway is stopping (this one wrote nothing).
+        Raises: as :class:`~api_gateway.openai.batch_jobs.Work`.
         """
         batch_id, org_id = record.batch_id, record.org_id
         recorded = self._aptix_batches.get(batch_id, org_id=org_id)
@@ -88,7 +76,7 @@ class BatchValidation:
         if record.cancel_requested_at is not None:
             deliveries = self._batches.finish(batch_id, at=self._clock(), files=(),
                                               event=EventType.BATCH_CANCELLED.value)  # fmt: skip
-            self._send(deliveries or [])
+            self._ports.send(deliveries)
             return
         if record.job_attempts > MAX_ATTEMPTS:
             message = (f"The batch's validation was interrupted {MAX_ATTEMPTS} times (its gateways stopped); "
@@ -176,11 +164,7 @@ class BatchValidation:
     def _fail(self, batch_id: str, *, errors: list[LineError], total: int) -> None:
         deliveries = self._batches.fail(batch_id, errors=[error.as_json() for error in errors], total=total,
                                         at=self._clock())  # fmt: skip
-        self._send(deliveries)
-
-    def _send(self, deliveries: list[str]) -> None:
-        if deliveries and self._webhook_sender is not None:
-            self._webhook_sender.send(deliveries)
+        self._ports.send(deliveries)
 
 
 def _param(details: Any) -> str | None:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api_gateway.openai.errors import invalid
+from api_gateway.openai.idempotency import check_key, check_repeat
 from api_gateway.openai.items import listed_items
 from api_gateway.openai.requests import ResponseCreate, parse_create
 from api_gateway.openai.turn_requests import turn_parts
@@ -93,14 +94,10 @@ class ResponseService:
         """
         request = parse_create(body)
         if idempotency_key is not None:
-            if not idempotency_key or len(idempotency_key) > _MAX_KEY:
-                raise invalid(f"Idempotency-Key must be 1 to {_MAX_KEY} characters", ("Idempotency-Key",))
+            check_key(idempotency_key, max_chars=_MAX_KEY)
             earlier = self._responses.by_idempotency_key(org_id, idempotency_key)
             if earlier is not None:
-                if earlier.request_hash != request.request_hash:
-                    raise Conflict(
-                        "idempotency_key_reused", "this Idempotency-Key was used before with a different request"
-                    )
+                check_repeat(earlier.request_hash, request.request_hash)
                 return earlier, request
         self.check_model(request)
         if request.previous_response_id is not None:

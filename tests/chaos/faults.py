@@ -124,27 +124,7 @@ def openai_batch_faults(system: ChaosSystem, plan: FaultPlan, ledger: Ledger) ->
     load = BatchLoad(system.gateway_url, ledger=ledger, tag=f"{plan.name}-{plan.seed}")
     try:
         creator = _Background(lambda: load.create(keys, batches=max(2, rounds // 2), spread=window * 0.7))
-        rng = random.Random(f"{plan.name}-{plan.seed}")
-        started = time.monotonic()
-        for index in range(1, rounds + 1):
-            time.sleep(max(0.0, started + index * period - time.monotonic()))
-            if index == restart_at:
-                system.redis.shutdown_nosave()
-                time.sleep(3.0)
-                system.redis.start()
-                run.notes.append(f"Redis restarted at {time.monotonic() - started:.0f} s")
-                continue
-            try:
-                system.kill_worker(rng)
-            except LookupError:
-                run.notes.append(f"no ready worker to kill at {index * period:.0f} s")
-                continue
-            run.workers_killed += 1
-            system.spawn_worker()
-        creator.join()
-        for worker in list(system.workers):
-            system.wait_worker(worker)
-        run.fault_seconds = time.monotonic() - started
+        _kill_workers(system, plan, run, period=period, window=window, load=creator, redis_restart_at=restart_at)
         problems, notes = load.check_files(timeout=_BATCHES_TIMEOUT)
     finally:
         load.close()
@@ -328,14 +308,29 @@ def _kill_timings(plan: FaultPlan) -> tuple[float, float]:
 
 
 def _kill_workers(
-    system: ChaosSystem, plan: FaultPlan, run: FaultRun, *, period: float, window: float, load: _Background
+    system: ChaosSystem,
+    plan: FaultPlan,
+    run: FaultRun,
+    *,
+    period: float,
+    window: float,
+    load: _Background,
+    redis_restart_at: int | None = None,
 ) -> None:
     """Kill a random ready worker every ``period`` for ``window`` seconds (a replacement each time), wait for
-    ``load`` and for every worker to be ready again; counts the kills and the fault's length in ``run``."""
+    ``load`` and for every worker to be ready again; counts the kills and the fault's length in ``run``.
+    Round ``redis_restart_at`` (1 is the first), if given, restarts Redis (``SHUTDOWN NOSAVE``, started
+    again 3 s later) instead of killing a worker."""
     rng = random.Random(f"{plan.name}-{plan.seed}")
     started = time.monotonic()
     for index in range(1, int(window // period) + 1):
         time.sleep(max(0.0, started + index * period - time.monotonic()))
+        if index == redis_restart_at:
+            system.redis.shutdown_nosave()
+            time.sleep(3.0)
+            system.redis.start()
+            run.notes.append(f"Redis restarted at {time.monotonic() - started:.0f} s")
+            continue
         try:
             system.kill_worker(rng)
         except LookupError:
