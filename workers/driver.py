@@ -212,6 +212,8 @@ def _through_gate(ctx: StepContext, lease: Lease, *, suspect: bool) -> Iterator[
             logger.info("step %s of turn %s lost its last delivery; running it alone", lease.step_key, lease.turn_id)
             if not ctx.leases.record_alone(lease):
                 logger.warning("lost the lease of %s of turn %s before it ran", lease.step_key, lease.turn_id)
+        else:
+            logger.info("step %s of turn %s could not run alone within a lease", lease.step_key, lease.turn_id)
         yield alone
 
 

@@ -38,14 +38,15 @@ class ProcessGate:
     def shared(self) -> Iterator[None]:
         """Run the body beside the other ordinary steps (after any suspect that waits or runs)."""
         with self._changed:
-            self._changed.wait_for(lambda: not self._alone and not self._waiting)
+            if self._alone or self._waiting:
+                self._changed.wait_for(lambda: not self._alone and not self._waiting)
             self._sharing += 1
         try:
             yield
         finally:
             with self._changed:
                 self._sharing -= 1
-                if not self._sharing:
+                if not self._sharing and self._waiting:  # the last one out lets a waiting suspect in
                     self._changed.notify_all()
 
     @contextmanager
