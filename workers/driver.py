@@ -183,11 +183,12 @@ def _hold_back(ctx: StepContext, env: TurnEnvelope) -> Dispatch:
 
     A worker that dies takes every step it was running with it, and the broker gives them back together:
     without this, the steps that died beside a poison step would be taken together again, by one worker,
-    which the poison step kills again, until they too were given up. Sent again at a random time within
-    a lease (``APTIX_STEP_LEASE_SECONDS``), each runs apart from the others, so only the step that kills
-    its worker keeps losing deliveries. The caller releases the lease ``Release.HELD_BACK``: this delivery
-    is not counted, and the next one runs (alone: :func:`_through_gate`). A delivery that waited a lease
-    for its turn to run alone is sent again the same way.
+    to wait in line there to run alone, and die again with the poison step if it went first. Sent again
+    at a random time within a lease (``APTIX_STEP_LEASE_SECONDS``), each arrives apart from the others,
+    so only the step that kills its worker keeps losing deliveries. The caller releases the lease
+    ``Release.HELD_BACK``: this delivery is not counted, and the next one runs (alone:
+    :func:`_through_gate`). A delivery that waited a lease for its turn to run alone is sent again the
+    same way.
     """
     countdown = ctx.random() * ctx.settings.step_lease_seconds
     logger.info("step %s of turn %s lost its last delivery; running it in %.1fs", env.step_key, env.turn_id, countdown)
