@@ -124,8 +124,9 @@ class Settings(BaseSettings):
     step_lease_seconds: PositiveInt = 30
     """A step whose worker stopped this long ago is run again elsewhere."""
     step_max_deliveries: PositiveInt = 3
-    """Deliveries of one step whose worker died before the step ended (SIGKILL, segfault, out of memory) after
-    which the next delivery fails its turn ``worker_lost`` instead of running it (docs/faults.md, "Poison steps")."""
+    """Deliveries of one step that ran alone in their worker process and whose worker died before the step ended
+    (SIGKILL, segfault, out of memory), after which the next delivery fails its turn ``worker_lost`` instead of
+    running it; deliveries lost beside other steps do not count (docs/faults.md, "Poison steps")."""
     client_tool_timeout_seconds: PositiveInt = 86400
     """A turn waiting this long for client tool results fails."""
     max_body_bytes: PositiveInt = 4 * 1024 * 1024

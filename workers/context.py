@@ -32,6 +32,7 @@ from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.limiter import RateLimiter, Slot, Unlimited, limiter_keys, limits_for
 from workers.llm.types import LlmResponse
 from workers.metrics import WorkerMetrics
+from workers.process_gate import ProcessGate
 from workers.tools.executor import ToolExecutor
 from workers.tools.registry import ToolRegistry
 
@@ -149,6 +150,8 @@ class StepContext:
     """Jitter for retry delays; tests fix it."""
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     """The process's Prometheus collectors (:mod:`workers.metrics`); a private set when not given (tests)."""
+    gate: ProcessGate = field(default_factory=ProcessGate)
+    """Lets a step whose last delivery was lost run alone in this process (``workers.process_gate``)."""
     limiter: Callable[[str], LimiterPort] = field(default=lambda model: Unlimited())
     """The shared rate limiter of a model, by model name; none limits anything when not given (tests)."""
     admission: AdmissionSlots | None = None

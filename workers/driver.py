@@ -3,19 +3,20 @@
 It takes the step's lease, counts the delivery and loads the turn state in one Redis round trip (the
 state from Redis; else from the turn's durable checkpoint when the message is the step that checkpoint
 carries on with; else, for the turn's first message, from the recorded request), skips a step that
-already ran (redelivery), gives up a step whose worker died on each of its last
-``APTIX_STEP_MAX_DELIVERIES`` deliveries (a poison step: its turn fails ``worker_lost``), sends a step
-whose last delivery was lost again a random while later (apart from the steps that died with it),
-withdraws the text a lost run of a streaming turn's step relayed before the step runs again, keeps the lease
-renewed (by the process's one :class:`~workers.leases.LeaseRenewer`), runs the step and, in the same
-task, the steps after it that belong to the same layer (the AGN-032 entry steps are one layer:
-``shared.task_names.LAYER_OF``), writes a durable checkpoint after the steps the step map
-marks, hands the webhook deliveries a ``persist`` step's commit recorded to the webhooks queue,
-records each outcome and the turn's frontier (the next message), saves the state once (moving the
-turn's in-flight marker and giving the lease back, in one more round trip; when the chain ends there,
-the same write frees the turn's admission slot) and says which message to send next. What the steps
-did is counted (:mod:`workers.metrics`) once that save succeeded: a step runs again when its save
-failed, and a redelivered step that already ran is counted as a redelivery only.
+already ran (redelivery), gives up a step whose worker died ``APTIX_STEP_MAX_DELIVERIES`` times while
+the step ran alone in it (a poison step: its turn fails ``worker_lost``), sends a step whose last
+delivery was lost again a random while later (apart from the steps that died with it) and then runs it
+alone in its worker process (:mod:`workers.process_gate`), withdraws the text a lost run of a streaming
+turn's step relayed before the step runs again, keeps the lease renewed (by the process's one
+:class:`~workers.leases.LeaseRenewer`), runs the step and, in the same task, the steps after it that
+belong to the same layer (the AGN-032 entry steps are one layer: ``shared.task_names.LAYER_OF``), writes
+a durable checkpoint after the steps the step map marks, hands the webhook deliveries a ``persist``
+step's commit recorded to the webhooks queue, records each outcome and the turn's frontier (the next
+message), saves the state once (moving the turn's in-flight marker and giving the lease back, in one
+more round trip; when the chain ends there, the same write frees the turn's admission slot) and says
+which message to send next. What the steps did is counted (:mod:`workers.metrics`) once that save
+succeeded: a step runs again when its save failed, and a redelivered step that already ran is counted as
+a redelivery only.
 
 Every kind of "not now" ends here: the step's RetryAfter (the model could not answer), a step leased by
 another worker, a turn whose row is not visible yet, an unreachable Redis or database. The driver
@@ -33,6 +34,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import redis
@@ -116,12 +119,15 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
         raise StepBusy(env.step_key)
     saved, release = False, Release.ENDED
     try:
-        with ctx.leases.holding(lease):
-            if start.deliveries > ctx.settings.step_max_deliveries:
+        with ctx.leases.holding(lease), ExitStack() as gate:
+            if start.lost_alone >= ctx.settings.step_max_deliveries:
                 release = Release.GIVEN_UP
-                _give_up(ctx, env, lost=start.deliveries - 1)
+                _give_up(ctx, env, lost=start.lost_alone)
                 return None
             if start.deliveries > 1 and start.held_back_at != start.deliveries:
+                release = Release.HELD_BACK
+                return _hold_back(ctx, env)
+            if not gate.enter_context(_through_gate(ctx, lease, suspect=start.deliveries > 1)):
                 release = Release.HELD_BACK
                 return _hold_back(ctx, env)
             state = start.state or _load_durable(ctx, env)
@@ -149,7 +155,7 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
 
 
 def _give_up(ctx: StepContext, env: TurnEnvelope, *, lost: int) -> None:
-    """End the turn ``worker_lost``: the worker running its step died on each of the step's last ``lost`` deliveries.
+    """End the turn ``worker_lost``: the worker running its step died ``lost`` times while the step ran alone in it.
 
     The step does not run (it would kill this worker too). The turn ends as every early end does
     (:class:`~shared.turn_ending.TurnEnding`: database, webhook, event, in-flight marker, admission
@@ -161,7 +167,7 @@ def _give_up(ctx: StepContext, env: TurnEnvelope, *, lost: int) -> None:
     """
     message = (
         f"step {env.step.value!r} was given up: the worker running it died (killed, crashed or out of memory) "
-        f"on each of its {lost} deliveries"
+        f"each of the {lost} times it ran alone in its worker process"
     )
     error = ErrorInfo(code=ErrorCode.WORKER_LOST, message=message)
     ended = ctx.ending.end(env.turn_id, error, only_if=TurnStatus.in_flight())
@@ -177,14 +183,39 @@ def _hold_back(ctx: StepContext, env: TurnEnvelope) -> Dispatch:
 
     A worker that dies takes every step it was running with it, and the broker gives them back together:
     without this, the steps that died beside a poison step would be taken together again, by one worker,
-    which the poison step kills again, until they too were given up. Sent again at a random time within
-    a lease (``APTIX_STEP_LEASE_SECONDS``), each runs apart from the others, so only the step that kills
-    its worker keeps losing deliveries. The caller releases the lease ``Release.HELD_BACK``: this delivery
-    is not counted, and the next one runs.
+    to wait in line there to run alone, and die again with the poison step if it went first. Sent again
+    at a random time within a lease (``APTIX_STEP_LEASE_SECONDS``), each arrives apart from the others,
+    so only the step that kills its worker keeps losing deliveries. The caller releases the lease
+    ``Release.HELD_BACK``: this delivery is not counted, and the next one runs (alone:
+    :func:`_through_gate`). A delivery that waited a lease for its turn to run alone is sent again the
+    same way.
     """
     countdown = ctx.random() * ctx.settings.step_lease_seconds
     logger.info("step %s of turn %s lost its last delivery; running it in %.1fs", env.step_key, env.turn_id, countdown)
     return Dispatch(env, countdown=countdown)
+
+
+@contextmanager
+def _through_gate(ctx: StepContext, lease: Lease, *, suspect: bool) -> Iterator[bool]:
+    """Run the body beside this process's other steps or, for a ``suspect`` (its last delivery was lost),
+    alone in it, recorded as such in Redis (one round trip): should this process die while the body
+    runs, the step killed it, and its next delivery counts that (``StepStart.lost_alone``).
+
+    A suspect waits at most a lease (``APTIX_STEP_LEASE_SECONDS``, renewed meanwhile) for the steps
+    running here to finish; past that it yields False and the caller sends it again later.
+    """
+    if not suspect:
+        with ctx.gate.shared():
+            yield True
+        return
+    with ctx.gate.alone(timeout=ctx.settings.step_lease_seconds) as alone:
+        if alone:
+            logger.info("step %s of turn %s lost its last delivery; running it alone", lease.step_key, lease.turn_id)
+            if not ctx.leases.record_alone(lease):
+                logger.warning("lost the lease of %s of turn %s before it ran", lease.step_key, lease.turn_id)
+        else:
+            logger.info("step %s of turn %s could not run alone within a lease", lease.step_key, lease.turn_id)
+        yield alone
 
 
 def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally) -> Dispatch | None:

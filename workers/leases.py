@@ -66,6 +66,11 @@ class LeaseRenewer:
         decides what becomes of the step's delivery count (``shared.state.store.Release``)."""
         self._leases.release(lease, why=why)
 
+    def record_alone(self, lease: Lease) -> bool:
+        """Record that ``lease``'s delivery runs alone in this process (``StepLeases.record_alone``);
+        False: the lease was no longer ours."""
+        return self._leases.record_alone(lease)
+
     def held(self) -> list[Lease]:
         """The leases held now."""
         with self._lock:

@@ -22,9 +22,9 @@ class MemoryStateStore:
         self._lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._claims: dict[tuple[str, str], tuple[str, float]] = {}
-        self.deliveries: dict[tuple[str, str], tuple[int, int]] = {}
-        """Each step's delivery count and the number of the delivery last held back, by (turn id, step key)
-        (kept until deleted: no expiry here)."""
+        self.deliveries: dict[tuple[str, str], tuple[int, int, int]] = {}
+        """Each step's delivery count, the number of the delivery last held back and how many deliveries
+        ran alone, by (turn id, step key) (kept until deleted: no expiry here)."""
         self._cancelled: set[str] = set()
         self.markers: dict[str, float] = {}
         self.timers: dict[str, float] = {}
@@ -43,13 +43,15 @@ class MemoryStateStore:
             if not self._claim(lease, ttl_seconds):
                 return StepStart(cancelled=False, claimed=False)
             step = (lease.turn_id, lease.step_key)
-            before, held = self.deliveries.get(step, (0, 0))
-            self.deliveries[step] = (before + 1, held)
+            before, held, alone = self.deliveries.get(step, (0, 0, 0))
+            self.deliveries[step] = (before + 1, held, alone)
             raw = self._states.get(lease.turn_id)
             if raw is None and alive_until is not None:
                 self.markers[lease.turn_id] = alive_until
         state = None if raw is None else TurnState.model_validate_json(raw)
-        return StepStart(cancelled=False, claimed=True, state=state, deliveries=before + 1, held_back_at=held)
+        return StepStart(
+            cancelled=False, claimed=True, state=state, deliveries=before + 1, held_back_at=held, lost_alone=alone
+        )
 
     def save(
         self,
@@ -106,8 +108,23 @@ class MemoryStateStore:
             if why is Release.ENDED:
                 self.deliveries.pop(step, None)
             elif why is Release.HELD_BACK and step in self.deliveries:
-                count, _held = self.deliveries[step]
-                self.deliveries[step] = (count - 1, count)
+                count, _held, alone = self.deliveries[step]
+                self.deliveries[step] = (count - 1, count, alone)
+
+    def record_alone(self, lease: Lease) -> bool:
+        step = (lease.turn_id, lease.step_key)
+        with self._lock:
+            held = self._claims.get(step)
+            if held is None or held[0] != lease.owner or held[1] <= time.monotonic():
+                return False
+            count, held_back, alone = self.deliveries.get(step, (0, 0, 0))
+            self.deliveries[step] = (count, held_back, alone + 1)
+            return True
+
+    def lapse(self, lease: Lease) -> None:
+        """Let ``lease`` lapse now, as a dead worker's lease does once its TTL has passed."""
+        with self._lock:
+            self._claims.pop((lease.turn_id, lease.step_key), None)
 
     def _claim(self, lease: Lease, ttl_seconds: int) -> bool:
         held = self._claims.get((lease.turn_id, lease.step_key))

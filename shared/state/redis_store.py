@@ -6,8 +6,9 @@ markers the reconciler reads (one key per turn, ``alive_key``) and the parked ti
 (``TIMER_SHARDS`` sorted sets). Every script touches the keys of one turn (their hash tag: one
 cluster slot). A step costs two round trips of state work: ``begin`` (cancel check, lease, delivery
 count, load) and ``save`` (write, events, marker, lease and delivery count back and, when the turn's
-chain ended and the caller says so, its admission slot, pipelined with it); one more per renewal
-period renews every lease a worker process holds.
+chain ended and the caller says so, its admission slot, pipelined with it); a step whose last
+delivery was lost costs one more (``record_alone``); one more per renewal period renews every lease
+a worker process holds.
 """
 
 from __future__ import annotations
@@ -45,25 +46,26 @@ _PIPELINE_CHUNK = 1000
 
 # One round trip each, atomically, on the keys of one turn (one hash tag: one Redis Cluster slot).
 # ``begin`` takes a step's lease unless the turn was cancelled, counts the delivery (the hash KEYS[5]:
-# ``n`` deliveries, ``held`` the last held back, kept ARGV[6] seconds) and returns the count and the
-# state with it (with no state yet, it sets the turn's in-flight marker KEYS[4], kept ARGV[7] seconds);
-# a save deletes the delivery count of the step whose lease it gives back, and a release does what its
-# ``Release`` (ARGV[2]) says; a save is refused unless the stored version is the one the caller
-# loaded, moves (or removes) the turn's in-flight marker and gives the step's lease back; a lease is
-# renewed or released only by its holder, and a renewal pushes the marker forward (never back). A
-# save appends the events it carries (name, data pairs after ARGV[9]) to the turn's event log, with
-# the state's TTL and round. What a turn's last save does for its organisation's admission books is
-# ``shared.state.admission``'s script, in the same pipeline.
+# ``n`` deliveries, ``held`` the last held back, ``alone`` those run alone, kept ARGV[6] seconds) and
+# returns the counts and the state with them (with no state yet, it sets the turn's in-flight marker
+# KEYS[4], kept ARGV[7] seconds); ``record_alone`` counts a delivery run alone; a save deletes the
+# delivery count of the step whose lease it gives back, and a release does what its ``Release``
+# (ARGV[2]) says; a save is refused unless the stored version is the one the caller loaded, moves (or
+# removes) the turn's in-flight marker and gives the step's lease back; a lease is renewed or released
+# only by its holder, and a renewal pushes the marker forward (never back). A save appends the events it
+# carries (name, data pairs after ARGV[9]) to the turn's event log, with the state's TTL and round. What
+# a turn's last save does for its organisation's admission books is ``shared.state.admission``'s script,
+# in the same pipeline.
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
 local deliveries = redis.call('hincrby', KEYS[5], 'n', 1)
-local held = redis.call('hget', KEYS[5], 'held') or '0'
+local seen = redis.call('hmget', KEYS[5], 'held', 'alone')
 redis.call('expire', KEYS[5], ARGV[6])
 local state = redis.call('get', KEYS[1])
-if state then return {1, deliveries, held, state} end
+if state then return {1, deliveries, seen[1] or '0', seen[2] or '0', state} end
 if ARGV[4] ~= '' then redis.call('set', KEYS[4], ARGV[4], 'EX', ARGV[7]) end
-return {1, deliveries, held}
+return {1, deliveries, seen[1] or '0', seen[2] or '0'}
 """
 _SAVE = """
 if (redis.call('get', KEYS[2]) or '0') ~= ARGV[1] then return 0 end
@@ -113,6 +115,11 @@ elseif ARGV[2] == 'held_back' then
 end
 return redis.call('del', KEYS[1])
 """
+_RECORD_ALONE = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('hincrby', KEYS[2], 'alone', 1)
+return 1
+"""
 _POP_DUE = """
 local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 if #due > 0 then redis.call('zrem', KEYS[1], unpack(due)) end
@@ -139,6 +146,7 @@ class RedisStateStore:
         self._save = client.register_script(_SAVE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._record_alone = client.register_script(_RECORD_ALONE)
         self._pop_due = client.register_script(_POP_DUE)
         self._leave = leave_calls(client)
 
@@ -172,9 +180,15 @@ class RedisStateStore:
         found = self._begin(keys=keys, args=args)
         if found[0] != 1:
             return StepStart(cancelled=found[0] == 0, claimed=False)
-        state = TurnState.model_validate_json(found[3]) if len(found) > 3 else None
+        state = TurnState.model_validate_json(found[4]) if len(found) > 4 else None
+        deliveries, held_back_at, lost_alone = (int(count) for count in found[1:4])
         return StepStart(
-            cancelled=False, claimed=True, state=state, deliveries=int(found[1]), held_back_at=int(found[2])
+            cancelled=False,
+            claimed=True,
+            state=state,
+            deliveries=deliveries,
+            held_back_at=held_back_at,
+            lost_alone=lost_alone,
         )
 
     def save(
@@ -242,6 +256,10 @@ class RedisStateStore:
     def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
         keys = [claim_key(lease.turn_id, lease.step_key), deliveries_key(lease.turn_id, lease.step_key)]
         self._release(keys=keys, args=[lease.owner, why.value])
+
+    def record_alone(self, lease: Lease) -> bool:
+        keys = [claim_key(lease.turn_id, lease.step_key), deliveries_key(lease.turn_id, lease.step_key)]
+        return bool(self._record_alone(keys=keys, args=[lease.owner]))
 
     def cancel_many(self, turn_ids: Sequence[str], *, ttl_seconds: int) -> None:
         for start in range(0, len(turn_ids), _PIPELINE_CHUNK):

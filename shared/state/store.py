@@ -58,6 +58,9 @@ class StepStart:
     in a worker that lived (1 for the first; more when a worker died running it: ``APTIX_STEP_MAX_DELIVERIES``)."""
     held_back_at: int = 0
     """The delivery number at which a delivery of the step was last held back (:attr:`Release.HELD_BACK`); 0: never."""
+    lost_alone: int = 0
+    """How many of those lost deliveries ran alone in their worker process (:meth:`StepLeases.record_alone`):
+    the deaths this step caused, which ``APTIX_STEP_MAX_DELIVERIES`` limits."""
 
 
 class Release(StrEnum):
@@ -96,7 +99,8 @@ class TurnStates(Protocol):
         only the step's save or the release of its lease deletes it. So it counts the deliveries
         whose worker died before the step ended, whoever sent them (the broker after its visibility
         timeout, a prefork pool's requeue, the reconciler), plus this one; a retry (a RetryAfter,
-        an outage) ends with a save or a release first, and starts again at 1.
+        an outage) ends with a save or a release first, and starts again at 1. The same counter
+        says how many of the lost deliveries ran alone (:attr:`StepStart.lost_alone`).
         """
 
     def save(
@@ -142,6 +146,10 @@ class StepLeases(Protocol):
 
     def release(self, lease: Lease, *, why: Release = Release.ENDED) -> None:
         """Give a lease back (only its holder can), and end or keep the step's delivery count as ``why`` says."""
+
+    def record_alone(self, lease: Lease) -> bool:
+        """Record that the delivery holding ``lease`` runs alone in its worker process (only its holder can):
+        if it is lost, the next delivery's :attr:`StepStart.lost_alone` counts it. False: the lease was not ours."""
 
 
 class CancelFlags(Protocol):

@@ -1,9 +1,9 @@
 """Workers that die mid-step, with real worker processes (issue 25): a step that kills its worker on every
-delivery is given up after ``APTIX_STEP_MAX_DELIVERIES`` (its turn fails ``worker_lost``, the workers
-stop dying, the session takes a new turn), whether the message comes back through the broker's
-visibility timeout (a threads pool: the process dies, a supervisor starts another) or a prefork pool's
-requeue (only the child dies); and a worker killed while it relays a streamed answer leaves no text
-twice on the turn's event stream."""
+delivery is given up once it did so ``APTIX_STEP_MAX_DELIVERIES`` times while it ran alone in its worker
+process (its turn fails ``worker_lost``, the workers stop dying, the session takes a new turn), whether
+the message comes back through the broker's visibility timeout (a threads pool: the process dies, a
+supervisor starts another) or a prefork pool's requeue (only the child dies); and a worker killed while
+it relays a streamed answer leaves no text twice on the turn's event stream."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ DIE_TOOL = {
 }  # fmt: skip
 MAX_DELIVERIES = 3
 """``APTIX_STEP_MAX_DELIVERIES``'s default, which these systems run with."""
+RUNS = MAX_DELIVERIES + 1
+"""The runs of a poison step: its first delivery (not known to run alone), then one per delivery lost alone."""
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +80,17 @@ def test_a_step_that_kills_its_worker_on_every_delivery_fails_its_turn_worker_lo
     # When workers run it, a dead worker replaced as a supervisor would (a prefork parent replaces its child)
     worker, restarts, turn = _supervise(stack, system, turn_id, pool=pool)
 
-    # Then the step was run MAX_DELIVERIES times and given up: the turn failed worker_lost
+    # Then the step ran once, then MAX_DELIVERIES times alone, and was given up: the turn failed worker_lost
     assert turn["status"] == "failed", turn
     assert turn["error"]["code"] == "worker_lost", turn
-    assert system.tool_calls(key) == MAX_DELIVERIES
-    assert restarts == (MAX_DELIVERIES if pool == "threads" else 0)
+    assert f"each of the {MAX_DELIVERIES} times it ran alone" in turn["error"]["message"]
+    assert system.tool_calls(key) == RUNS
+    assert restarts == (RUNS if pool == "threads" else 0)
     # and the session takes a new turn, run by the worker that is still alive, which the poison no longer reaches
     follow_up = system.run_turn({"input": f"still there? {key}", "session_id": turn["session_id"]})
     assert follow_up["status"] == "completed", follow_up
     assert follow_up["output_text"] == f"Echo: still there? {key}"
-    assert worker.alive() and system.tool_calls(key) == MAX_DELIVERIES
+    assert worker.alive() and system.tool_calls(key) == RUNS
     events = [event.event for event in _events(system, turn_id)]
     assert events[-1] == "turn.failed"
 

@@ -186,4 +186,30 @@ def test_begin_counts_the_deliveries_a_save_or_a_release_ends(store: RedisStateS
     assert store.client.hget(deliveries_key(state.turn_id, step), "n") == b"2"
     store.release(live, why=Release.HELD_BACK)  # this delivery did not run: uncounted, and its number kept
     held = store.begin(live, ttl_seconds=30)
-    assert (held.deliveries, held.held_back_at) == (2, 2)
+    assert (held.deliveries, held.held_back_at, held.lost_alone) == (2, 2, 0)
+
+
+def test_a_delivery_recorded_as_run_alone_counts_at_the_next_delivery_until_the_step_ends(
+    store: RedisStateStore,
+) -> None:
+    # Given a step whose delivery ran alone (only the lease's holder can say so), then its worker died
+    state = _state()
+    store.save(state, ttl_seconds=60)
+    step = "0:4:llm_call:1"
+    dead = Lease(state.turn_id, step, "dead")
+    assert store.begin(dead, ttl_seconds=30).lost_alone == 0
+    assert not store.record_alone(Lease(state.turn_id, step, "not-the-holder"))
+    assert store.record_alone(dead)
+    store.client.delete(claim_key(state.turn_id, step))  # the lease lapsed
+    assert not store.record_alone(dead)  # a lapsed lease records nothing
+    # When the next deliveries begin (one held back), each finds it counted
+    live = Lease(state.turn_id, step, "live")
+    second = store.begin(live, ttl_seconds=30)
+    assert (second.deliveries, second.lost_alone) == (2, 1)
+    store.release(live, why=Release.HELD_BACK)
+    third = store.begin(live, ttl_seconds=30)
+    assert (third.deliveries, third.held_back_at, third.lost_alone) == (2, 2, 1)
+    # Then a step that ends in a live worker ends that count too
+    assert third.state is not None
+    store.save(third.state, ttl_seconds=60, release=live)
+    assert store.begin(live, ttl_seconds=30).lost_alone == 0

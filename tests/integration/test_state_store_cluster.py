@@ -41,8 +41,8 @@ pytestmark = pytest.mark.integration
 
 PORTS = (ports.TurnStates, ports.StepLeases, ports.CancelFlags, ports.InFlightMarkers, ports.Timers)
 EXERCISED = {
-    "load", "begin", "save", "drop", "claim", "renew", "release", "cancel_many", "is_cancelled", "mark_alive",
-    "alive_until", "forget", "forget_all", "prune_markers", "park", "pop_due",
+    "load", "begin", "save", "drop", "claim", "renew", "release", "record_alone", "cancel_many", "is_cancelled",
+    "mark_alive", "alive_until", "forget", "forget_all", "prune_markers", "park", "pop_due",
 }  # fmt: skip
 """The operations :func:`test_every_state_store_operation_runs_on_the_cluster` runs."""
 
@@ -108,6 +108,7 @@ def test_every_state_store_operation_runs_on_the_cluster(client: redis.Redis) ->
     store.release(Lease(first.turn_id, "0:2:llm_call:1", "w1"), why=Release.HELD_BACK)
     held_back = store.begin(Lease(first.turn_id, "0:2:llm_call:1", "w1"), ttl_seconds=30)
     assert (held_back.deliveries, held_back.held_back_at) == (1, 1)
+    assert store.record_alone(Lease(first.turn_id, "0:2:llm_call:1", "w1"))  # the lease and its count share a slot
     store.release(Lease(first.turn_id, "0:2:llm_call:1", "w1"), why=Release.GIVEN_UP)
     store.release(Lease(first.turn_id, "0:2:llm_call:1", "w1"))
 

@@ -1,10 +1,15 @@
-"""Deliveries whose worker died (issue 25): a step delivered past ``APTIX_STEP_MAX_DELIVERIES`` without
-ending is given up (its turn fails ``worker_lost``, its other copies are dropped, its session lives on);
-a retried step does not count; and a streaming turn's step run again after a lost delivery first
-withdraws the text the lost run relayed. On in-process fakes: a lost delivery is a begin whose lease
-lapses at once and that neither saves nor releases, as a worker killed mid-step leaves it."""
+"""Deliveries whose worker died (issue 25): a step whose worker died ``APTIX_STEP_MAX_DELIVERIES`` times
+while it ran alone there is given up (its turn fails ``worker_lost``, its other copies are dropped, its
+session lives on); deliveries lost beside other steps only make the step run alone next; a retried step
+does not count; and a streaming turn's step run again after a lost delivery first withdraws the text
+the lost run relayed. On in-process fakes: a lost delivery is a begin whose lease lapses at once and
+that neither saves nor releases, as a worker killed mid-step leaves it (recorded as run alone, first,
+when it ran alone)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -19,6 +24,7 @@ from shared.turn_events import MemoryTurnEventLog, TurnEvent
 from tests.unit.fakes import TURN_ID, FakeLlm, answer, drive, make_context, record_turn
 from workers.context import StepContext
 from workers.driver import run_step
+from workers.llm.types import LlmResponse
 from workers.reconciler import frontier
 from workers.text_relay import withdraw_lost_text
 
@@ -35,12 +41,31 @@ def _events(ctx: StepContext, turn_id: str = TURN_ID) -> list[TurnEvent]:
     return ctx.events.events(turn_id)
 
 
-def _lose(ctx: StepContext, env: TurnEnvelope, *, relayed: tuple[str, ...] = ()) -> None:
-    """One delivery of ``env`` whose worker died mid-step, after relaying ``relayed`` as text deltas."""
-    start = ctx.states.begin(Lease(env.turn_id, env.step_key, "dead-worker"), ttl_seconds=0)
+def _lose(ctx: StepContext, env: TurnEnvelope, *, alone: bool = False, relayed: tuple[str, ...] = ()) -> None:
+    """One delivery of ``env`` whose worker died mid-step (running it ``alone`` in the process, or beside
+    other steps), after relaying ``relayed`` as text deltas."""
+    lease = Lease(env.turn_id, env.step_key, "dead-worker")
+    start = _store(ctx).begin(lease, ttl_seconds=30)
     assert start.claimed
+    if alone:
+        assert _store(ctx).record_alone(lease)
+    _store(ctx).lapse(lease)
     for delta in relayed:
         ctx.events.append(env.turn_id, "output_text.delta", {"delta": delta})
+
+
+class _Watching(FakeLlm):
+    """A FakeLlm that notes the step's delivery counts (deliveries, held back at, run alone) at each call."""
+
+    def __init__(
+        self, store: MemoryStateStore, env: TurnEnvelope, seen: list[tuple[int, int, int]], *answers: LlmResponse
+    ) -> None:
+        super().__init__(*answers)
+        self._store, self._step, self._seen = store, (env.turn_id, env.step_key), seen
+
+    def create(self, request: dict[str, Any]) -> LlmResponse:
+        self._seen.append(self._store.deliveries[self._step])
+        return super().create(request)
 
 
 def _visible(events: list[TurnEvent]) -> str:
@@ -56,13 +81,14 @@ def _visible(events: list[TurnEvent]) -> str:
 # Poison steps
 
 
-def test_a_step_whose_worker_died_on_each_of_its_deliveries_fails_its_turn_worker_lost() -> None:
-    # Given a turn whose model call killed its worker on each of its three deliveries
+def test_a_step_whose_worker_died_each_of_three_times_it_ran_alone_fails_its_turn_worker_lost() -> None:
+    # Given a turn whose model call killed its worker beside other steps, then each of three times it ran alone
     llm = FakeLlm(answer("never asked"))
     ctx = make_context(llm)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
     for _ in range(3):
-        _lose(ctx, llm_step)
+        _lose(ctx, llm_step, alone=True)
 
     # When the message is delivered a fourth time
     with pytest.raises(TurnFailed) as failed:
@@ -74,7 +100,7 @@ def test_a_step_whose_worker_died_on_each_of_its_deliveries_fails_its_turn_worke
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status is TurnStatus.FAILED
     assert record.error is not None and record.error["code"] == ErrorCode.WORKER_LOST.value
-    assert "3 deliveries" in record.error["message"]
+    assert "each of the 3 times it ran alone" in record.error["message"]
     assert [event.event for event in _events(ctx)][-1] == "turn.failed"
     assert TURN_ID not in _store(ctx).markers
     # and another copy of the message is dropped without running the step or failing anything again
@@ -87,7 +113,7 @@ def test_the_session_of_a_turn_given_up_takes_its_next_turn() -> None:
     ctx = make_context(llm)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
     for _ in range(3):
-        _lose(ctx, llm_step)
+        _lose(ctx, llm_step, alone=True)
     with pytest.raises(TurnFailed):
         run_step(ctx, llm_step)
 
@@ -99,11 +125,11 @@ def test_the_session_of_a_turn_given_up_takes_its_next_turn() -> None:
 
 
 def test_a_re_drive_by_the_reconciler_counts_as_a_redelivery_does() -> None:
-    # Given a step whose worker died twice, once after the broker's redelivery
+    # Given a step whose worker died twice while it ran alone, once after the broker's redelivery
     ctx = make_context(FakeLlm(answer("never asked")), step_max_deliveries=2)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
-    _lose(ctx, llm_step)
-    _lose(ctx, llm_step)
+    _lose(ctx, llm_step, alone=True)
+    _lose(ctx, llm_step, alone=True)
 
     # When the reconciler finds the turn stalled and re-drives it from the frontier Redis recorded
     stalled = InFlightTurn(TURN_ID, TurnStatus.RUNNING, round=0, batch_id=None, redrives=0, org_id="o")
@@ -115,15 +141,31 @@ def test_a_re_drive_by_the_reconciler_counts_as_a_redelivery_does() -> None:
         run_step(ctx, redriven)
 
 
-def test_a_step_delivered_up_to_the_limit_runs() -> None:
+def test_a_step_that_lost_fewer_deliveries_alone_than_the_limit_runs() -> None:
     llm = FakeLlm(answer("made it"))
     ctx = make_context(llm, step_max_deliveries=3)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
-    for _ in range(2):
+    for alone in (False, True, False, True):
+        _lose(ctx, llm_step, alone=alone)
+
+    drive(ctx, llm_step)  # its fifth delivery: held back, then run
+
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status is TurnStatus.COMPLETED and record.output_text == "made it"
+
+
+def test_a_step_that_only_died_beside_other_steps_is_never_given_up() -> None:
+    # Given a step whose worker died five times while it ran beside other steps (a poison step's neighbour)
+    llm = FakeLlm(answer("made it"))
+    ctx = make_context(llm, step_max_deliveries=1)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    for _ in range(5):
         _lose(ctx, llm_step)
 
-    drive(ctx, llm_step)  # its third delivery
+    # When it is delivered again
+    drive(ctx, llm_step)
 
+    # Then it ran (alone, after its hold-back) and its turn completed
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status is TurnStatus.COMPLETED and record.output_text == "made it"
 
@@ -131,7 +173,7 @@ def test_a_step_delivered_up_to_the_limit_runs() -> None:
 def test_the_limit_is_a_setting() -> None:
     ctx = make_context(FakeLlm(answer("never asked")), step_max_deliveries=1)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
-    _lose(ctx, llm_step)
+    _lose(ctx, llm_step, alone=True)
 
     with pytest.raises(TurnFailed):
         run_step(ctx, llm_step)
@@ -165,9 +207,18 @@ def test_a_step_ended_in_a_live_worker_starts_its_count_again() -> None:
     assert store.begin(lease, ttl_seconds=30).deliveries == 2
     busy = store.begin(Lease(TURN_ID, lease.step_key, "other"), ttl_seconds=30)
     assert not busy.claimed and busy.deliveries == 0  # a copy that finds the step running does not count
+    assert not store.record_alone(Lease(TURN_ID, lease.step_key, "other"))  # nor can it say it runs alone
     store.release(lease, why=Release.HELD_BACK)  # held back: not counted, and remembered
     again = store.begin(lease, ttl_seconds=30)
-    assert (again.deliveries, again.held_back_at) == (2, 2)
+    assert (again.deliveries, again.held_back_at, again.lost_alone) == (2, 2, 0)
+    assert store.record_alone(lease)  # this delivery runs alone, and its worker dies: the next one counts it
+    store.lapse(lease)
+    after = store.begin(lease, ttl_seconds=30)
+    assert (after.deliveries, after.held_back_at, after.lost_alone) == (3, 2, 1)
+    store.release(lease, why=Release.HELD_BACK)  # held back again: what ran alone stays counted
+    assert store.begin(lease, ttl_seconds=30).lost_alone == 1
+    store.release(lease)  # this one lived: everything goes
+    assert store.begin(lease, ttl_seconds=30).lost_alone == 0
 
 
 def test_a_step_whose_last_delivery_was_lost_is_sent_again_a_while_later_and_then_runs() -> None:
@@ -187,6 +238,55 @@ def test_a_step_whose_last_delivery_was_lost_is_sent_again_a_while_later_and_the
     following = run_step(ctx, llm_step)
     assert following is not None and following.envelope.step is StepName.REASONER
     assert len(llm.requests) == 1
+
+
+def test_a_step_whose_last_delivery_was_lost_runs_alone_and_says_so_before_it_runs() -> None:
+    # Given a step whose worker died running it, held back once
+    ctx = make_context()
+    store = _store(ctx)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
+    assert run_step(ctx, llm_step) is not None  # the hold-back
+    seen: list[tuple[int, int, int]] = []
+    ctx = replace(ctx, llm=_Watching(store, llm_step, seen, answer("made it")))
+
+    # When it runs
+    run_step(ctx, llm_step)
+
+    # Then, while it ran, the store had recorded that this delivery ran alone
+    assert seen == [(2, 2, 1)]
+
+
+def test_an_ordinary_step_is_not_recorded_as_running_alone() -> None:
+    ctx = make_context()
+    store = _store(ctx)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    seen: list[tuple[int, int, int]] = []
+    ctx = replace(ctx, llm=_Watching(store, llm_step, seen, answer("made it")))
+
+    run_step(ctx, llm_step)
+
+    assert seen == [(1, 0, 0)]
+
+
+def test_a_suspect_that_cannot_run_alone_within_a_lease_is_sent_again_later() -> None:
+    # Given a step whose last delivery was lost, held back once, and an ordinary step running in this process
+    llm = FakeLlm(answer("made it"))
+    ctx = make_context(llm, step_lease_seconds=1)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
+    assert run_step(ctx, llm_step) is not None
+    with ctx.gate.shared():
+        # When it is delivered again, and the ordinary step is still running a lease later
+        later = run_step(ctx, llm_step)
+
+    # Then it did not run: it is sent again within a lease, uncounted and not recorded as run alone
+    assert later is not None and later.envelope == llm_step and 0 < later.countdown <= 1
+    assert llm.requests == []
+    assert _store(ctx).deliveries[(TURN_ID, llm_step.step_key)] == (1, 2, 0)
+    # and the delivery after it runs (alone: nothing else runs now)
+    following = run_step(ctx, llm_step)
+    assert following is not None and following.envelope.step is StepName.REASONER
 
 
 # Streamed text after a lost delivery

@@ -10,8 +10,8 @@ from shared.state import CancelFlags, InFlightMarkers, MemoryStateStore, RedisSt
 
 PORTS: list[type] = [TurnStates, StepLeases, CancelFlags, InFlightMarkers, Timers]
 STORES: list[type] = [RedisStateStore, MemoryStateStore]
-NOT_A_PORT = {"from_url", "flush"}
-"""A constructor, and the memory store's "Redis restarted empty" for tests."""
+NOT_A_PORT = {"from_url", "flush", "lapse"}
+"""A constructor, and the memory store's "Redis restarted empty" and "a dead worker's lease lapsed" for tests."""
 
 
 def _methods(cls: type) -> dict[str, inspect.Signature]:
