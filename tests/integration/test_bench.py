@@ -72,6 +72,40 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
         assert not client.keys("aptix:turn:*") and not client.exists("aptix:bench:bare:done")
 
 
+@pytest.mark.timeout(1200)
+def test_bench_peers_run_the_server_tool_turn_beside_aptix_and_the_bare_chain(services: None) -> None:
+    # When a small server-tool run goes through one gateway and one aptix worker, then through each peer
+    # (their virtualenvs in the checkout's shared cache, .venv-peers: the first run installs them)
+    done = subprocess.run(
+        [sys.executable, "-m", "aptix_cli", "bench", "--peers", "--scenario", "server-tool", "--turns", "20",
+         "--workers", "1", "--redis-url", redis_url(), "--database-url", database_admin_url()],
+        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
+        capture_output=True,
+        text=True,
+        timeout=1100,
+    )  # fmt: skip
+    out = done.stdout
+
+    # Then every turn of every system completed and each peer's CPU counts its process and its backends
+    assert done.returncode == 0, out + done.stderr
+    for peer in ("DBOS Transact, 3 steps", "LangGraph + Postgres saver"):
+        block = re.search(rf"^{re.escape(peer)}: 20 server-tool turns in one process\n(.*\n){{3}}", out, re.MULTILINE)
+        assert block, out
+        assert re.search(r"CPU per turn, ms:\s+peer [0-9.]+ \| postgres [0-9.]+ \| total [0-9.]+", block.group(0)), out
+        assert re.search(r"completed:\s+20 of 20", block.group(0)), out
+    # and the table puts them beside Aptix and the bare chain, each row with its numbers
+    row = r"[0-9.]+\s+[0-9.]+x\s+[0-9.]+\s+(?:[0-9.]+|n/a)\s+[0-9.]+x\s+[0-9.]+x"
+    for system in ("Aptix", "bare Celery chain", "DBOS Transact, 3 steps", "LangGraph + Postgres saver"):
+        assert re.search(rf"^  {re.escape(system)}\s+{row}$", out, re.MULTILINE), out
+
+    # And the peers' scratch databases are gone with the bench's own
+    database = re.search(r"scratch database (aptix_bench_\w+)", out)
+    assert database, out
+    with psycopg.connect(database_admin_url()) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (database.group(1) + "%",))
+        assert left.fetchall() == []
+
+
 @pytest.mark.timeout(420)
 def test_bench_two_orgs_reports_both_organisations_and_interactive_turns(services: None) -> None:
     # When two organisations' small batches run side by side through one gateway and one aptix worker
