@@ -76,6 +76,7 @@ class ManagedProcess:
         cwd: Its working directory (default: this process's).
         own_session: Start it in a session of its own with no stdin, so that :meth:`kill` ends
             the whole process group it leads (the chaos harness kills workers with their children).
+        stdin_pipe: Give it a pipe as stdin (``popen.stdin``), for a process driven by lines.
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class ManagedProcess:
         *,
         cwd: Path | None = None,
         own_session: bool = False,
+        stdin_pipe: bool = False,
     ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
@@ -96,7 +98,7 @@ class ManagedProcess:
             argv,
             env=env,
             cwd=cwd,
-            stdin=subprocess.DEVNULL if own_session else None,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL if own_session else None,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=own_session,
@@ -143,6 +145,8 @@ class ManagedProcess:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(timeout=10)
+        if self.popen.stdin is not None:
+            self.popen.stdin.close()
         self._log.close()
 
 
@@ -160,9 +164,12 @@ class ProcessGroup:
         self.processes: list[ManagedProcess] = []
         """The processes started and not stopped through the group, oldest first."""
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
-        """Start ``argv`` as ``name``, with ``env`` overriding the group's environment for it only."""
-        process = ManagedProcess(name, argv, {**self.env, **(env or {})}, self.log_dir)
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, *, stdin_pipe: bool = False
+    ) -> ManagedProcess:
+        """Start ``argv`` as ``name``, with ``env`` overriding the group's environment for it only (and a
+        pipe as its stdin with ``stdin_pipe``)."""
+        process = ManagedProcess(name, argv, {**self.env, **(env or {})}, self.log_dir, stdin_pipe=stdin_pipe)
         self.processes.append(process)
         return process
 

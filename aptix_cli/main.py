@@ -181,6 +181,17 @@ def _parser() -> argparse.ArgumentParser:
         "--task-events", action="store_true", help="turn the workers' task events on, as Flower does when it watches"
     )
     bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run the server-tool turn in the durable peers (DBOS Transact, LangGraph), each in a virtualenv "
+        "of its own, and compare",
+    )
+    bench.add_argument(
+        "--peers-dir",
+        default=None,
+        help="the cache folder of the peers' virtualenvs (default: .venv-peers in the checkout)",
+    )
+    bench.add_argument(
         "--embedded", action="store_true", help="the old in-process measurement, for machines without the services"
     )
     bench.add_argument("--threads", type=int, default=8, help="worker threads of --embedded (default 8)")
@@ -246,6 +257,10 @@ def _key_origin(args: argparse.Namespace) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    other_run = args.interactive or args.two_orgs or args.openai_batch or args.embedded or args.recovery_costs
+    if args.peers and (args.scenario not in ("server-tool", "all") or other_run):
+        sys.stderr.write("aptix bench: --peers runs beside the server-tool scenario (--scenario server-tool or all)\n")
+        return 2
     if args.recovery_costs:
         from aptix_cli.recovery_costs import run_recovery_costs
 
@@ -276,6 +291,8 @@ def _bench(args: argparse.Namespace) -> int:
         openai_batch=args.openai_batch,
         rss=args.rss,
         task_events=args.task_events,
+        peers=args.peers,
+        peers_dir=args.peers_dir,
     )
     return run_bench(options)
 

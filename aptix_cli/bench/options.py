@@ -45,3 +45,7 @@ class BenchOptions:
     the scenarios; with ``two_orgs``, two organisations' OpenAI batches side by side."""
     task_events: bool = False
     """Turn the workers' Celery task events on, as Flower does when it watches (they start off)."""
+    peers: bool = False
+    """Also run the server-tool turn in the durable peers (DBOS Transact, LangGraph), in the same run."""
+    peers_dir: str | None = None
+    """The cache folder of the peers' virtualenvs; None: ``.venv-peers`` in the checkout."""

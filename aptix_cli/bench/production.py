@@ -8,7 +8,9 @@ A run, all on a scratch PostgreSQL database and two scratch Redis databases (:mo
    CPU per turn of every process group (:mod:`.measure`, :mod:`.cpu`);
 3. stop the Aptix processes, start bare-chain Celery workers with the same pool plan, and run as
    many chains as turns over each scenario's hops, queue for queue (:mod:`.bare_chain`);
-4. print the comparison. With ``--interactive``, steps 2-4 are replaced by the p95 latency of
+4. print the comparison; with ``--peers``, run the same server-tool turns in each durable peer
+   (DBOS Transact, LangGraph: :mod:`.peers`) against the same scripted model and print them beside
+   Aptix and the bare chain. With ``--interactive``, steps 2-4 are replaced by the p95 latency of
    single turns on the idle system and under a batch of ``--turns`` turns; with ``--two-orgs``, by
    two organisations' batches side by side (:mod:`.two_orgs`); with ``--openai-batch``, by a file of
    ``--turns`` requests through OpenAI's Files and Batch API (:mod:`.openai_batch`).
@@ -26,6 +28,7 @@ import signal
 import sys
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 
 import psycopg
@@ -39,8 +42,18 @@ from aptix_cli.bench.machine import describe_machine
 from aptix_cli.bench.measure import ChainResult, TurnResult, measure_chains, measure_turns
 from aptix_cli.bench.openai_batch import run_openai_batch, run_openai_two_orgs
 from aptix_cli.bench.options import BenchOptions
+from aptix_cli.bench.peers import CONCURRENCY as PEER_CONCURRENCY
+from aptix_cli.bench.peers import PEERS, Peer, PeerResult, peer_python, repo_root, run_peer
 from aptix_cli.bench.processes import BenchProcesses, WorkerPlan, worker_plan
-from aptix_cli.bench.report import Report, chain_lines, comparison_table, ratio, turn_lines
+from aptix_cli.bench.report import (
+    Report,
+    chain_lines,
+    comparison_table,
+    peer_lines,
+    peers_table,
+    ratio,
+    turn_lines,
+)
 from aptix_cli.bench.rss import RssSampler
 from aptix_cli.bench.scenarios import SCENARIOS
 from aptix_cli.bench.server_stats import RedisServer, ServerStats, pg_commits
@@ -133,6 +146,7 @@ class _Run:
     def run(self, api_key: str, model_port: int) -> bool:
         """Every phase; whether every turn and chain completed."""
         self._header()
+        pythons = self._peer_pythons() if self.options.peers else {}
         model = self.processes.start_model(port=model_port, latency_ms=self.options.llm_latency_ms)
         gateway, url = self.processes.start_gateway()
         workers = self.processes.start_workers(self.options.workers, self.worker, self.control)
@@ -153,7 +167,9 @@ class _Run:
                 return self.ok
             results = [(name, self._scenario(api, name, meter, workers)) for name in self.options.scenarios]
         self.processes.stop([*workers, gateway])
-        self._bare_chains(results)
+        rows = self._bare_chains(results)
+        if self.options.peers:
+            self._peers(rows, pythons, f"http://127.0.0.1:{model_port}")
         return self.ok
 
     def _openai_batch(self, url: str, api_key: str, gateway: ManagedProcess) -> bool:
@@ -182,6 +198,13 @@ class _Run:
         self.report.field("each aptix worker", self.worker.describe())
         events = "on (as when Flower watches)" if options.task_events else "off (until Flower asks for them)"
         self.report.field("task events", events)
+        if options.peers:
+            each = "; ".join(f"{peer.title} ({', '.join(peer.requirements)})" for peer in PEERS)
+            self.report.field(
+                "durable peers",
+                f"{each}; each in one process of its own virtualenv on a scratch database of its own, at most "
+                f"{PEER_CONCURRENCY} turns at a time, after a warm-up of up to {_WARM_UP_TURNS} turns",
+            )
         self.report.field(
             "CPU counted",
             "gateway; workers (every aptix worker with all its descendants); redis (redis-server); "
@@ -301,7 +324,7 @@ class _Run:
         )
         self.ok = self.ok and idle.all_completed and loaded.all_completed and batch.all_completed
 
-    def _bare_chains(self, results: Sequence[tuple[str, TurnResult]]) -> None:
+    def _bare_chains(self, results: Sequence[tuple[str, TurnResult]]) -> list[tuple[str, TurnResult, ChainResult]]:
         workers = self.processes.start_bare_workers(self.options.workers, self.worker, self.control)
         self._task_events()
         pids = [process.pid for process in workers]
@@ -339,6 +362,48 @@ class _Run:
             "w/o gateway: the same without the gateway's CPU, which the bare chain has no part for)"
         )
         self.report.lines(comparison_table(rows, total_of=TOTAL_OF, bare_total_of=BARE_TOTAL_OF))
+        return rows
+
+    def _peer_pythons(self) -> dict[str, Path]:
+        """Each peer's virtualenv's interpreter, made first where it is missing (before anything is measured)."""
+        cache = Path(self.options.peers_dir) if self.options.peers_dir else repo_root() / ".venv-peers"
+        return {peer.name: peer_python(peer, cache, progress=sys.stderr) for peer in PEERS}
+
+    def _peers(self, rows: Sequence[tuple[str, TurnResult, ChainResult]], pythons: dict[str, Path], model: str) -> None:
+        """The server-tool turns in each peer, on the same scripted model, then the table of all of them."""
+        server_tool = [(turns, chains) for name, turns, chains in rows if name == "server-tool"]
+        results = [self._peer(peer, pythons[peer.name], model) for peer in PEERS]
+        self.report.line()
+        self.report.line(
+            "Aptix, the bare chain and the durable peers, the server-tool turn (CPU per turn: every process of the "
+            "system, PostgreSQL's server processes and the system's backends included; vs: CPU per turn / that of "
+            "Aptix, of the bare chain)"
+        )
+        if server_tool:
+            aptix, chains = server_tool[0]
+            self.report.lines(peers_table(aptix, chains, results, total_of=TOTAL_OF, bare_total_of=BARE_TOTAL_OF))
+        else:
+            self.ok = False
+            self.report.field("not compared", "the server-tool turns' hops were not found, so no bare chain ran")
+
+    def _peer(self, peer: Peer, python: Path, model: str) -> PeerResult:
+        database, dsn = self.services.peer_database(peer.name)
+        self.report.line()
+        sys.stderr.write(f"aptix bench: running {peer.name}\n")
+        result = run_peer(
+            peer,
+            python,
+            self.processes.group,
+            model_url=model,
+            dsn=dsn,
+            postgres=lambda table: self.services.database_members(table, database),
+            turns=self.options.turns,
+            warm_up=min(_WARM_UP_TURNS, self.options.turns),
+            directive=SCENARIOS["server-tool"].directive,
+        )
+        self.report.lines(peer_lines(result))
+        self.ok = self.ok and result.all_completed
+        return result
 
 
 def _environment(options: BenchOptions, scratch: Scratch, api_key: str, model_port: int) -> dict[str, str]:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from aptix_cli.bench.measure import ChainResult, TurnResult
+from aptix_cli.bench.peers import PeerResult
 from aptix_cli.bench.server_stats import ServerFigures
 from aptix_cli.bench.stats import RunFigures
 from aptix_cli.progress import STATUS_ORDER
@@ -17,6 +18,8 @@ __all__ = [
     "comparison_table",
     "cpu_cells",
     "latency_cell",
+    "peer_lines",
+    "peers_table",
     "ratio",
     "server_lines",
     "statuses_cell",
@@ -24,6 +27,8 @@ __all__ = [
 ]
 
 _LABEL_WIDTH = 25
+_PEER_TOTAL_OF = ("peer", "postgres")
+"""A peer's CPU groups: its process tree; PostgreSQL's server processes and the peer database's backends."""
 
 
 class Report:
@@ -121,6 +126,52 @@ def comparison_table(
                 ratio(without_gateway, chain_cpu),
             )
         )
+    return _table(header, body)
+
+
+def peer_lines(result: PeerResult) -> list[str]:
+    """The block of one durable peer's run."""
+    wall = f"{result.seconds:.1f} s from the first turn started to the last ended"
+    return [
+        f"{result.peer.title}: {result.turns} server-tool turns in one process",
+        _field("throughput", f"{result.rate:.1f} turns/s ({wall})"),
+        _field("CPU per turn, ms", cpu_cells(result.cpu_ms, total_of=_PEER_TOTAL_OF, apart=())),
+        _field("completed", f"{result.completed} of {result.turns}"),
+    ]
+
+
+def peers_table(
+    aptix: TurnResult,
+    chains: ChainResult,
+    peers: Sequence[PeerResult],
+    *,
+    total_of: Sequence[str],
+    bare_total_of: Sequence[str],
+) -> list[str]:
+    """The server-tool turn in Aptix, the bare chain and each peer: turns/s and CPU per turn, with ratios."""
+    aptix_cpu = _total(aptix.cpu_ms, total_of)
+    chain_cpu = _total(chains.cpu_ms, bare_total_of)
+    systems = [
+        ("Aptix", aptix.run.figures.rate, aptix_cpu, aptix.cpu_ms.get("postgres")),
+        ("bare Celery chain", chains.figures.rate, chain_cpu, None),
+        *(
+            (peer.peer.title, peer.rate, _total(peer.cpu_ms, _PEER_TOTAL_OF), peer.cpu_ms.get("postgres"))
+            for peer in peers
+        ),
+    ]
+    header = ["system", "turns/s", "speed vs Aptix", "CPU/turn ms", "of it postgres", "vs Aptix", "vs bare chain"]
+    body = [
+        (
+            name,
+            f"{rate:.1f}",
+            ratio(rate, aptix.run.figures.rate),
+            f"{cpu:.2f}",
+            _ms(postgres),
+            ratio(cpu, aptix_cpu),
+            ratio(cpu, chain_cpu),
+        )
+        for name, rate, cpu, postgres in systems
+    ]
     return _table(header, body)
 
 

@@ -1,11 +1,12 @@
 """Scratch services: a PostgreSQL database and two Redis databases of the bench's own, gone afterwards.
 
 :class:`ScratchServices` creates ``aptix_bench_<random>`` on the given PostgreSQL server and
-migrates it, and claims two empty Redis databases (state and broker) from index 8 upward (the test
-suite claims from 15 downward), or one on each server when the state store has a server of its own
-(``--state-url``; a Redis Cluster is used whole, its ``aptix:*`` keys deleted at the end); on exit,
-also after Ctrl-C or a failure, it drops the database and flushes the claimed Redis databases. It also
-finds the services' processes for the CPU accounting.
+migrates it (and, asked, an empty database of the same prefix per durable peer:
+:meth:`ScratchServices.peer_database`), and claims two empty Redis databases (state and broker)
+from index 8 upward (the test suite claims from 15 downward), or one on each server when the state
+store has a server of its own (``--state-url``; a Redis Cluster is used whole, its ``aptix:*`` keys
+deleted at the end); on exit, also after Ctrl-C or a failure, it drops the databases and flushes
+the claimed Redis databases. It also finds the services' processes for the CPU accounting.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class ScratchServices:
         self._servers: list[tuple[str, redis.Redis]] | None = None
         self._run_id = uuid.uuid4().hex
         self._database: str | None = None
+        self._peer_databases: list[str] = []
         self._admin_connection: psycopg.Connection[tuple[object, ...]] | None = None
         self.scratch: Scratch | None = None
 
@@ -87,14 +89,14 @@ class ScratchServices:
         self.cleanup()
 
     def cleanup(self) -> None:
-        """Drop the scratch database and flush the claimed Redis databases (safe to call twice)."""
+        """Drop the scratch databases and flush the claimed Redis databases (safe to call twice)."""
         if self._admin_connection is not None:
             self._admin_connection.close()
             self._admin_connection = None
-        if self._database is not None:
+        for name in [*self._peer_databases, *([self._database] if self._database is not None else [])]:
             with psycopg.connect(self._dsn(self._admin.database or "postgres"), autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self._database)))
-            self._database = None
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        self._database, self._peer_databases = None, []
         for server, index in self._claims:
             redis_client(redis_db_url(server, index)).flushdb()
         self._claims = []
@@ -163,13 +165,29 @@ class ScratchServices:
         Backends of other databases (other test runs on a shared server) are left out; the server
         processes (postmaster, writers, checkpointer, autovacuum launcher) are shared work.
         """
+        return self.database_members(table, self._database)
+
+    def database_members(self, table: ProcessTable, database: str | None) -> Collection[int]:
+        """The PostgreSQL server's own processes and the backends of ``database`` (as :meth:`postgres_members`)."""
         rows = self._admin_rows(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s OR backend_type <> 'client backend'",
-            (self._database,),
+            (database,),
         )
         pids = {int(pid) for (pid,) in rows if isinstance(pid, int)}
         postmasters = {table[pid].ppid for pid in pids if pid in table}
         return {pid for pid in pids | postmasters if pid in table and table[pid].comm.startswith("postgres")}
+
+    def peer_database(self, peer: str) -> tuple[str, str]:
+        """Create an empty database for a durable peer, dropped with the rest at the end.
+
+        Returns:
+            Its name and its psycopg connection string.
+        """
+        name = f"aptix_bench_{self._run_id[:12]}_{peer}"
+        with psycopg.connect(self._dsn(self._admin.database or "postgres"), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        self._peer_databases.append(name)
+        return name, self._dsn(name)
 
     def _create(self) -> Scratch:
         name = f"aptix_bench_{self._run_id[:12]}"

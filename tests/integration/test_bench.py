@@ -21,29 +21,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.timeout(420)
 def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(services: None) -> None:
     # When a small plain run goes through one gateway and one aptix worker
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aptix_cli",
-            "bench",
-            "--scenario",
-            "plain",
-            "--turns",
-            "20",
-            "--workers",
-            "1",
-            "--rss",
-            "--redis-url",
-            redis_url(),
-            "--database-url",
-            database_admin_url(),
-        ],
-        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    done = _bench("--scenario", "plain", "--turns", "20", "--workers", "1", "--rss")
     out = done.stdout
 
     # Then it succeeds and prints the hops the turns ran, the CPU of every group and the bare chain
@@ -72,17 +50,37 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
         assert not client.keys("aptix:turn:*") and not client.exists("aptix:bench:bare:done")
 
 
+@pytest.mark.timeout(1200)
+def test_bench_peers_run_the_server_tool_turn_beside_aptix_and_the_bare_chain(services: None) -> None:
+    # When a small server-tool run goes through one gateway and one aptix worker, then through each peer
+    # (their virtualenvs in the checkout's shared cache, .venv-peers: the first run installs them)
+    done = _bench("--peers", "--scenario", "server-tool", "--turns", "20", "--workers", "1", timeout=1100)
+    out = done.stdout
+
+    # Then every turn of every system completed and each peer's CPU counts its process and its backends
+    assert done.returncode == 0, out + done.stderr
+    for peer in ("DBOS Transact, 3 steps", "LangGraph + Postgres saver"):
+        block = re.search(rf"^{re.escape(peer)}: 20 server-tool turns in one process\n(.*\n){{3}}", out, re.MULTILINE)
+        assert block, out
+        assert re.search(r"CPU per turn, ms:\s+peer [0-9.]+ \| postgres [0-9.]+ \| total [0-9.]+", block.group(0)), out
+        assert re.search(r"completed:\s+20 of 20", block.group(0)), out
+    # and the table puts them beside Aptix and the bare chain, each row with its numbers
+    row = r"[0-9.]+\s+[0-9.]+x\s+[0-9.]+\s+(?:[0-9.]+|n/a)\s+[0-9.]+x\s+[0-9.]+x"
+    for system in ("Aptix", "bare Celery chain", "DBOS Transact, 3 steps", "LangGraph + Postgres saver"):
+        assert re.search(rf"^  {re.escape(system)}\s+{row}$", out, re.MULTILINE), out
+
+    # And the peers' scratch databases are gone with the bench's own
+    database = re.search(r"scratch database (aptix_bench_\w+)", out)
+    assert database, out
+    with psycopg.connect(database_admin_url()) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", (database.group(1) + "%",))
+        assert left.fetchall() == []
+
+
 @pytest.mark.timeout(420)
 def test_bench_two_orgs_reports_both_organisations_and_interactive_turns(services: None) -> None:
     # When two organisations' small batches run side by side through one gateway and one aptix worker
-    done = subprocess.run(
-        [sys.executable, "-m", "aptix_cli", "bench", "--two-orgs", "--turns", "60", "--workers", "1",
-         "--redis-url", redis_url(), "--database-url", database_admin_url()],
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("APTIX_")}, "APTIX_ORG_MAX_IN_FLIGHT": "4"},
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )  # fmt: skip
+    done = _bench("--two-orgs", "--turns", "60", "--workers", "1", env={"APTIX_ORG_MAX_IN_FLIGHT": "4"})
     out = done.stdout
     # Then every turn completed and it printed each organisation's figures and the interactive latencies
     assert done.returncode == 0, out + done.stderr
@@ -94,14 +92,7 @@ def test_bench_two_orgs_reports_both_organisations_and_interactive_turns(service
 @pytest.mark.timeout(420)
 def test_bench_openai_batch_runs_a_file_end_to_end_and_prints_its_figures(services: None) -> None:
     # When a small file goes through the Files and Batch API on one gateway and one aptix worker
-    done = subprocess.run(
-        [sys.executable, "-m", "aptix_cli", "bench", "--openai-batch", "--turns", "80", "--workers", "1",
-         "--redis-url", redis_url(), "--database-url", database_admin_url()],
-        env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )  # fmt: skip
+    done = _bench("--openai-batch", "--turns", "80", "--workers", "1")
     out = done.stdout
     # Then every request completed and each figure was printed
     assert done.returncode == 0, out + done.stderr
@@ -120,14 +111,7 @@ def test_bench_with_the_state_store_on_a_cluster_counts_state_and_broker_apart(s
     try:
         cluster.start()
         # When a small plain run goes through it
-        done = subprocess.run(
-            [sys.executable, "-m", "aptix_cli", "bench", "--scenario", "plain", "--turns", "20", "--workers", "1",
-             "--redis-url", redis_url(), "--state-url", cluster.url, "--database-url", database_admin_url()],
-            env={k: v for k, v in os.environ.items() if not k.startswith("APTIX_")},
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )  # fmt: skip
+        done = _bench("--scenario", "plain", "--turns", "20", "--workers", "1", "--state-url", cluster.url)
         out = done.stdout
         # Then the turns complete, and the state store's figures (summed over the nodes) and the broker's are apart
         assert done.returncode == 0, out + done.stderr
@@ -141,3 +125,15 @@ def test_bench_with_the_state_store_on_a_cluster_counts_state_and_broker_apart(s
         client.close()
     finally:
         cluster.stop()
+
+
+def _bench(*args: str, timeout: int = 400, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``aptix bench ARGS`` on the test services, with no ``APTIX_*`` setting but ``env``'s."""
+    return subprocess.run(
+        [sys.executable, "-m", "aptix_cli", "bench", *args, "--redis-url", redis_url(),
+         "--database-url", database_admin_url()],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("APTIX_")}, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )  # fmt: skip

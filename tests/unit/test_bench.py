@@ -19,6 +19,8 @@ from aptix_cli.bench.scenarios import CLIENT_TOOL, SCENARIOS
 from aptix_cli.bench.services import redis_db_url
 from aptix_cli.bench.stats import RunFigures, percentile, run_figures, turn_latency
 from aptix_cli.launcher import free_port
+from benchmarks import peer_turn
+from scripted_llm.script import ScriptState
 from tests.support.waiting import wait_for
 
 PLAIN_STEPS = [
@@ -173,6 +175,23 @@ def test_scenarios_ask_the_scripted_model_for_their_calls() -> None:
     client = SCENARIOS["client-tool"].request(0)
     assert client["tools"] == [CLIENT_TOOL]
     assert f"[[call:{CLIENT_TOOL['name']} " in client["input"]
+
+
+def test_peer_turn_is_the_server_tool_turn_the_scripted_model_answers() -> None:
+    # Given the scripted model and the server-tool scenario's user text, as a peer sends it
+    model = ScriptState()
+    asked = peer_turn.user(peer_turn.user_text(4, SCENARIOS["server-tool"].directive))
+
+    # When the peer calls the model, runs the tool it asks for, and calls it again with the output
+    call = peer_turn.function_call(model.answer(peer_turn.request([asked]), seq=1).body)
+    output = peer_turn.tool_output(call, peer_turn.get_current_time())
+    answer = model.answer(peer_turn.request([asked, call, output]), seq=2).body
+
+    # Then the first answer was the tool call and the second the text with the tool's output
+    assert call["name"] == "get_current_time"
+    assert peer_turn.answer_text(answer).startswith("Tool results: get_current_time=")
+    with pytest.raises(ValueError, match="no function call"):
+        peer_turn.function_call(answer)
 
 
 def test_report_cells() -> None:
