@@ -3,10 +3,11 @@
 It takes the step's lease, counts the delivery and loads the turn state in one Redis round trip (the
 state from Redis; else from the turn's durable checkpoint when the message is the step that checkpoint
 carries on with; else, for the turn's first message, from the recorded request), skips a step that
-already ran (redelivery), gives up a step whose worker died ``APTIX_STEP_MAX_DELIVERIES`` times while
-the step ran alone in it (a poison step: its turn fails ``worker_lost``), sends a step whose last
-delivery was lost again a random while later (apart from the steps that died with it) and then runs it
-alone in its worker process (:mod:`workers.process_gate`), withdraws the text a lost run of a streaming
+already ran (redelivery), gives up a step whose worker died on each of its last
+``APTIX_STEP_MAX_DELIVERIES`` deliveries, the last while the step ran alone in it (a poison step: its
+turn fails ``worker_lost``), sends a step whose last delivery was lost again a random while later (apart
+from the steps that died with it), runs a step that lost all but one of those deliveries alone in its
+worker process (:mod:`workers.process_gate`), withdraws the text a lost run of a streaming
 turn's step relayed before the step runs again, keeps the lease renewed (by the process's one
 :class:`~workers.leases.LeaseRenewer`), runs the step and, in the same task, the steps after it that
 belong to the same layer (the AGN-032 entry steps are one layer: ``shared.task_names.LAYER_OF``), writes
@@ -120,14 +121,15 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     saved, release = False, Release.ENDED
     try:
         with ctx.leases.holding(lease), ExitStack() as gate:
-            if start.lost_alone >= ctx.settings.step_max_deliveries:
+            lost, limit = start.deliveries - 1, ctx.settings.step_max_deliveries
+            if lost >= limit and start.lost_alone:
                 release = Release.GIVEN_UP
-                _give_up(ctx, env, lost=start.lost_alone)
+                _give_up(ctx, env, lost=lost, alone=start.lost_alone)
                 return None
-            if start.deliveries > 1 and start.held_back_at != start.deliveries:
+            if lost and start.held_back_at != start.deliveries:
                 release = Release.HELD_BACK
                 return _hold_back(ctx, env)
-            if not gate.enter_context(_through_gate(ctx, lease, suspect=start.deliveries > 1)):
+            if not gate.enter_context(_through_gate(ctx, lease, suspect=lost >= max(1, limit - 1))):
                 release = Release.HELD_BACK
                 return _hold_back(ctx, env)
             state = start.state or _load_durable(ctx, env)
@@ -154,8 +156,9 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
                 logger.warning("could not release the lease of %s; it lapses by itself", env.step_key)
 
 
-def _give_up(ctx: StepContext, env: TurnEnvelope, *, lost: int) -> None:
-    """End the turn ``worker_lost``: the worker running its step died ``lost`` times while the step ran alone in it.
+def _give_up(ctx: StepContext, env: TurnEnvelope, *, lost: int, alone: int) -> None:
+    """End the turn ``worker_lost``: the worker running its step died on each of its ``lost`` deliveries, ``alone`` of
+    them while the step ran alone in it (so the step itself killed it).
 
     The step does not run (it would kill this worker too). The turn ends as every early end does
     (:class:`~shared.turn_ending.TurnEnding`: database, webhook, event, in-flight marker, admission
@@ -167,7 +170,7 @@ def _give_up(ctx: StepContext, env: TurnEnvelope, *, lost: int) -> None:
     """
     message = (
         f"step {env.step.value!r} was given up: the worker running it died (killed, crashed or out of memory) "
-        f"each of the {lost} times it ran alone in its worker process"
+        f"on each of its {lost} deliveries, {alone} of them while it ran alone in its worker process"
     )
     error = ErrorInfo(code=ErrorCode.WORKER_LOST, message=message)
     ended = ctx.ending.end(env.turn_id, error, only_if=TurnStatus.in_flight())
@@ -197,9 +200,11 @@ def _hold_back(ctx: StepContext, env: TurnEnvelope) -> Dispatch:
 
 @contextmanager
 def _through_gate(ctx: StepContext, lease: Lease, *, suspect: bool) -> Iterator[bool]:
-    """Run the body beside this process's other steps or, for a ``suspect`` (its last delivery was lost),
-    alone in it, recorded as such in Redis (one round trip): should this process die while the body
-    runs, the step killed it, and its next delivery counts that (``StepStart.lost_alone``).
+    """Run the body beside this process's other steps or, for a ``suspect`` (it lost all but one of the
+    deliveries that give it up: ``APTIX_STEP_MAX_DELIVERIES`` - 1, at least one), alone in it, recorded as
+    such in Redis (one round trip): should this process die while the body runs, the step killed it, and
+    its next delivery counts that (``StepStart.lost_alone``). A step that lost fewer runs beside the
+    others: a worker that dies loses every step it runs, and most of them run again at once, sharing.
 
     A suspect waits at most a lease (``APTIX_STEP_LEASE_SECONDS``, renewed meanwhile) for the steps
     running here to finish; past that it yields False and the caller sends it again later.

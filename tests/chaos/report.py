@@ -19,9 +19,9 @@ from tests.chaos.load import SETTLED_STATUSES, Ledger
 __all__ = ["FaultReport", "FaultRun", "build_report", "render_fault", "render_summary"]
 
 MAX_DELIVERIES = 3
-"""``APTIX_STEP_MAX_DELIVERIES`` of the chaos system (the default): the deliveries of a poison step lost while
-it ran alone; its tool runs at most once more (its first delivery, which ran beside other steps)."""
-MAX_POISON_RUNS = MAX_DELIVERIES + 1
+"""``APTIX_STEP_MAX_DELIVERIES`` of the chaos system (the default): the lost deliveries of a poison step, the last
+while it ran alone, after which it is given up."""
+MAX_POISON_RUNS = MAX_DELIVERIES
 """The most runs of a poison turn's tool."""
 _POISON_END = "failed worker_lost"
 EXPECTED_MODEL_CALLS = 2

@@ -81,7 +81,7 @@ def _visible(events: list[TurnEvent]) -> str:
 # Poison steps
 
 
-def test_a_step_whose_worker_died_each_of_three_times_it_ran_alone_fails_its_turn_worker_lost() -> None:
+def test_a_step_whose_worker_died_on_each_of_its_deliveries_the_last_alone_fails_its_turn_worker_lost() -> None:
     # Given a turn whose model call killed its worker beside other steps, then each of three times it ran alone
     llm = FakeLlm(answer("never asked"))
     ctx = make_context(llm)
@@ -100,7 +100,7 @@ def test_a_step_whose_worker_died_each_of_three_times_it_ran_alone_fails_its_tur
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status is TurnStatus.FAILED
     assert record.error is not None and record.error["code"] == ErrorCode.WORKER_LOST.value
-    assert "each of the 3 times it ran alone" in record.error["message"]
+    assert "on each of its 4 deliveries, 3 of them while it ran alone" in record.error["message"]
     assert [event.event for event in _events(ctx)][-1] == "turn.failed"
     assert TURN_ID not in _store(ctx).markers
     # and another copy of the message is dropped without running the step or failing anything again
@@ -141,17 +141,32 @@ def test_a_re_drive_by_the_reconciler_counts_as_a_redelivery_does() -> None:
         run_step(ctx, redriven)
 
 
-def test_a_step_that_lost_fewer_deliveries_alone_than_the_limit_runs() -> None:
+def test_a_step_that_lost_fewer_deliveries_than_the_limit_runs_though_one_ran_alone() -> None:
     llm = FakeLlm(answer("made it"))
     ctx = make_context(llm, step_max_deliveries=3)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
-    for alone in (False, True, False, True):
+    for alone in (False, True):
         _lose(ctx, llm_step, alone=alone)
 
-    drive(ctx, llm_step)  # its fifth delivery: held back, then run
+    drive(ctx, llm_step)  # its third delivery: held back, then run
 
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status is TurnStatus.COMPLETED and record.output_text == "made it"
+
+
+def test_a_step_runs_alone_only_once_it_lost_all_but_one_of_the_deliveries_that_give_it_up() -> None:
+    # Given a step whose worker died once (the limit 3: it runs alone once it lost 2)
+    ctx = make_context(step_max_deliveries=3)
+    store = _store(ctx)
+    llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
+    assert run_step(ctx, llm_step) is not None  # the hold-back
+    seen: list[tuple[int, int, int]] = []
+    ctx = replace(ctx, llm=_Watching(store, llm_step, seen, answer("made it"), answer("made it")))
+    with ctx.gate.shared():  # an ordinary step runs in this process meanwhile: the step does not wait for it
+        run_step(ctx, llm_step)
+    # Then it ran beside it, not recorded as alone
+    assert seen == [(2, 2, 0)]
 
 
 def test_a_step_that_only_died_beside_other_steps_is_never_given_up() -> None:
@@ -240,11 +255,12 @@ def test_a_step_whose_last_delivery_was_lost_is_sent_again_a_while_later_and_the
     assert len(llm.requests) == 1
 
 
-def test_a_step_whose_last_delivery_was_lost_runs_alone_and_says_so_before_it_runs() -> None:
-    # Given a step whose worker died running it, held back once
-    ctx = make_context()
+def test_a_suspect_step_runs_alone_and_says_so_before_it_runs() -> None:
+    # Given a step whose worker died twice running it (the limit 3: a suspect), held back
+    ctx = make_context(step_max_deliveries=3)
     store = _store(ctx)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
     _lose(ctx, llm_step)
     assert run_step(ctx, llm_step) is not None  # the hold-back
     seen: list[tuple[int, int, int]] = []
@@ -254,7 +270,7 @@ def test_a_step_whose_last_delivery_was_lost_runs_alone_and_says_so_before_it_ru
     run_step(ctx, llm_step)
 
     # Then, while it ran, the store had recorded that this delivery ran alone
-    assert seen == [(2, 2, 1)]
+    assert seen == [(3, 3, 1)]
 
 
 def test_an_ordinary_step_is_not_recorded_as_running_alone() -> None:
@@ -270,10 +286,12 @@ def test_an_ordinary_step_is_not_recorded_as_running_alone() -> None:
 
 
 def test_a_suspect_that_cannot_run_alone_within_a_lease_is_sent_again_later() -> None:
-    # Given a step whose last delivery was lost, held back once, and an ordinary step running in this process
+    # Given a suspect step (two deliveries lost, the limit 3), held back once, and an ordinary step
+    # running in this process
     llm = FakeLlm(answer("made it"))
-    ctx = make_context(llm, step_lease_seconds=1)
+    ctx = make_context(llm, step_lease_seconds=1, step_max_deliveries=3)
     llm_step = drive(ctx, record_turn(ctx), until=StepName.LLM_CALL)[-1].envelope
+    _lose(ctx, llm_step)
     _lose(ctx, llm_step)
     assert run_step(ctx, llm_step) is not None
     with ctx.gate.shared():
@@ -283,7 +301,7 @@ def test_a_suspect_that_cannot_run_alone_within_a_lease_is_sent_again_later() ->
     # Then it did not run: it is sent again within a lease, uncounted and not recorded as run alone
     assert later is not None and later.envelope == llm_step and 0 < later.countdown <= 1
     assert llm.requests == []
-    assert _store(ctx).deliveries[(TURN_ID, llm_step.step_key)] == (1, 2, 0)
+    assert _store(ctx).deliveries[(TURN_ID, llm_step.step_key)] == (2, 3, 0)
     # and the delivery after it runs (alone: nothing else runs now)
     following = run_step(ctx, llm_step)
     assert following is not None and following.envelope.step is StepName.REASONER
