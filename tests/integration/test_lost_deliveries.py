@@ -36,8 +36,8 @@ DIE_TOOL = {
 }  # fmt: skip
 MAX_DELIVERIES = 3
 """``APTIX_STEP_MAX_DELIVERIES``'s default, which these systems run with."""
-RUNS = MAX_DELIVERIES + 1
-"""The runs of a poison step: its first delivery (not known to run alone), then one per delivery lost alone."""
+RUNS = MAX_DELIVERIES
+"""The runs of a poison step: one per lost delivery, the last of them alone in its worker process."""
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +80,10 @@ def test_a_step_that_kills_its_worker_on_every_delivery_fails_its_turn_worker_lo
     # When workers run it, a dead worker replaced as a supervisor would (a prefork parent replaces its child)
     worker, restarts, turn = _supervise(stack, system, turn_id, pool=pool)
 
-    # Then the step ran once, then MAX_DELIVERIES times alone, and was given up: the turn failed worker_lost
+    # Then the step ran MAX_DELIVERIES times, the last alone, and was given up: the turn failed worker_lost
     assert turn["status"] == "failed", turn
     assert turn["error"]["code"] == "worker_lost", turn
-    assert f"each of the {MAX_DELIVERIES} times it ran alone" in turn["error"]["message"]
+    assert f"on each of its {MAX_DELIVERIES} deliveries, 1 of them while it ran alone" in turn["error"]["message"]
     assert system.tool_calls(key) == RUNS
     assert restarts == (RUNS if pool == "threads" else 0)
     # and the session takes a new turn, run by the worker that is still alive, which the poison no longer reaches
