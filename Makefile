@@ -29,11 +29,12 @@ lock: $(BIN)/python
 services: install-test
 	$(BIN)/python -m tests.services_check
 
-# The browser tests' Chromium: installed with apt-get when it is missing and the machine allows it
-# (root, apt-get); otherwise tests/browser_check.py says how, and those tests fail saying the same.
+# The system tools the suite runs (the browser tests' Chromium, the network fault test's iptables):
+# installed with apt-get when missing and the machine allows it (root, apt-get); otherwise
+# tests/system_tools.py says how, and the tests that need them say the same.
 .PHONY: browser
 browser: install-test
-	$(BIN)/python -m tests.browser_check
+	$(BIN)/python -m tests.system_tools
 
 # The real-traffic Responses API fixtures, when they sit beside the checkout (they are not part of
 # it); an APTIX_FIXTURES_DIR from the environment wins. Without them those tests say they did not run.

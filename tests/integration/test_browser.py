@@ -16,10 +16,10 @@ import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
-from tests.browser_check import EXECUTABLE, HOW_TO_INSTALL
 from tests.integration.conftest import System
 from tests.support.flower import Flower
 from tests.support.waiting import wait_for
+from tests.system_tools import EXECUTABLE, HOW_TO_INSTALL
 
 pytestmark = pytest.mark.integration
 

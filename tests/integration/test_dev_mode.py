@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,12 +47,14 @@ def test_dev_serves_turns_and_a_client_tool_round_trip_without_external_services
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=tmp_path,
+        start_new_session=True,  # its own process group: the client and `aptix dev` end together below
     )
     try:
-        process.wait(timeout=120)
+        process.wait(timeout=100)
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)  # `aptix dev` too, not the client alone
+            process.wait()
     output = (tmp_path / "dev.log").read_text()
     # Then it printed how to use it, and served a plain turn and a client-tool pause and re-entry
     assert process.returncode == 0, output
@@ -72,6 +75,9 @@ import json, re, signal, subprocess, sys, time
 import httpx
 
 port, argv = sys.argv[1], sys.argv[2:]
+# Ctrl-C as a terminal sends it: a run started in the background (make test &) ignores SIGINT, and an
+# ignored signal stays ignored across exec, so `aptix dev` would never see it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 dev = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 key, lines = None, []
 deadline = time.monotonic() + 60
