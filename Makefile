@@ -29,7 +29,7 @@ lock: $(BIN)/python
 services: install-test
 	$(BIN)/python -m tests.services_check
 
-# The system tools the suite runs (the browser tests' Chromium, the network fault test's iptables):
+# The system tools the suite runs (the browser tests' Chromium, the network faults' iptables and faketime):
 # installed with apt-get when missing and the machine allows it (root, apt-get); otherwise
 # tests/system_tools.py says how, and the tests that need them say the same.
 .PHONY: browser
@@ -55,7 +55,7 @@ chaos: install-test services
 # The network faults: the gateway and each worker on a host of its own (network namespaces, links cut,
 # slowed, made lossy; a clock ahead). Root only: elsewhere it says why and exits non-zero.
 .PHONY: chaos-net
-chaos-net: install-test services
+chaos-net: install-test services browser
 	$(BIN)/python -m tests.chaos --net $(CHAOS_ARGS)
 
 clean:

@@ -1,4 +1,4 @@
-"""Makes sure the suite has the system tools it runs (Chromium, iptables); says how to get them if not.
+"""Makes sure the suite has the system tools it runs (Chromium, iptables, faketime); says how to get them if not.
 
 ``python -m tests.system_tools`` (``make test`` runs it before the suite) does nothing for a tool
 already on PATH. Without one it installs the tool's Debian package where the machine allows it
@@ -19,7 +19,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CHROMIUM", "EXECUTABLE", "HOW_TO_INSTALL", "INSTALL", "IPTABLES", "UPDATE", "SystemTool", "ensure_tool"]
+__all__ = [
+    "CHROMIUM", "EXECUTABLE", "FAKETIME", "HOW_TO_INSTALL", "INSTALL", "IPTABLES", "UPDATE",
+    "SystemTool", "ensure_tool",
+]  # fmt: skip
 
 EXECUTABLE = "chromium"
 """The browser the tests start (Playwright with ``executable_path``): whatever ``chromium`` PATH finds."""
@@ -56,6 +59,13 @@ IPTABLES = SystemTool(
     "(`make test` does it by itself when it runs as root and apt-get is there)",
 )
 """The network fault test's iptables (tests/chaos/net cuts, slows and drops links with it)."""
+FAKETIME = SystemTool(
+    "faketime",
+    ("apt-get", "install", "-y", "-q", "faketime"),
+    "`make chaos-net`'s clock fault needs libfaketime: `sudo apt-get install faketime` (`make test` and "
+    "`make chaos-net` do it by themselves when they run as root and apt-get is there)",
+)
+"""``make chaos-net``'s clock fault (a worker host's clock ahead) runs the worker under libfaketime."""
 
 Which = Callable[[str], str | None]
 Run = Callable[[Sequence[str]], int]
@@ -103,6 +113,6 @@ def _say(line: str) -> None:
 
 
 if __name__ == "__main__":
-    for needed in (CHROMIUM, IPTABLES):
+    for needed in (CHROMIUM, IPTABLES, FAKETIME):
         present, said = ensure_tool(needed, which=shutil.which, is_root=os.geteuid() == 0, run=_run, say=_say)
         (sys.stdout if present else sys.stderr).write(said + "\n")
