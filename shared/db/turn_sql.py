@@ -47,16 +47,19 @@ IN_FLIGHT = tuple(status.value for status in TurnStatus if status.is_in_flight)
 
 _TURNS: Table = TurnRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 _SNAPSHOTS: Table = ProviderSnapshotRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
+_RECORD_FIELDS = tuple(field.name for field in fields(TurnRecord))
+_STARTED = {
+    "status": TurnStatus.RUNNING.value, "updated_at": bindparam("p_now"), "deadline_at": bindparam("p_deadline")
+}  # fmt: skip
+"""What a turn's start writes: running, with a fresh reconciler deadline."""
 START: Update = (
-    update(_TURNS)
-    .where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status.notin_(TERMINAL))
-    .values(status=TurnStatus.RUNNING.value, updated_at=bindparam("p_now"), deadline_at=bindparam("p_deadline"))
+    update(_TURNS).where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status.notin_(TERMINAL)).values(_STARTED)
 )
 START_QUEUED: ReturningUpdate[Any] = (
     update(_TURNS)
     .where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status == TurnStatus.QUEUED.value)
-    .values(status=TurnStatus.RUNNING.value, updated_at=bindparam("p_now"), deadline_at=bindparam("p_deadline"))
-    .returning(*(_TURNS.c[name] for name in (field.name for field in fields(TurnRecord))))
+    .values(_STARTED)
+    .returning(*(_TURNS.c[name] for name in _RECORD_FIELDS))
 )
 """``START`` of a turn that never started, returning its record (as it is after the start) in the same statement."""
 PUSH_DEADLINE: Update = (
@@ -111,7 +114,6 @@ _STORED_PROGRESS = {
 }
 """How far the stored checkpoint got: the number of its ``steps_done`` (a plain JSON column on both)."""
 _NEW_TURN_FIELDS = tuple(field.name for field in fields(NewTurn))
-_RECORD_FIELDS = tuple(field.name for field in fields(TurnRecord))
 
 
 def finish_values(turn_id: str, outcome: TurnOutcome, *, now: datetime) -> dict[str, Any]:
