@@ -33,9 +33,11 @@ __all__ = [
     "START_QUEUED",
     "TERMINAL",
     "TOUCH_SESSION",
+    "checkpoint_statement",
     "finish_values",
     "new_turn_row",
     "new_turn_values",
+    "snapshot_values",
     "to_record",
     "upsert_snapshot",
 ]
@@ -108,6 +110,7 @@ TOUCH_SESSION = (
 CLEAR_TRANSCRIPT = delete(_TRANSCRIPT).where(_TRANSCRIPT.c.turn_id == bindparam("p_turn_id"))
 ADD_TRANSCRIPT = insert(_TRANSCRIPT)
 _UPSERT_SNAPSHOT: dict[tuple[str, bool], Insert] = {}
+_CHECKPOINT: Update | None = None
 _STORED_PROGRESS = {
     "postgresql": "(SELECT count(*) FROM json_object_keys(provider_snapshots.state -> 'steps_done'))",
     "sqlite": "(SELECT count(*) FROM json_each(provider_snapshots.state, '$.steps_done'))",
@@ -164,20 +167,41 @@ def upsert_snapshot(
     PostgreSQL, say) and comes back with the step's result never puts the turn back behind what the
     worker that took the step over recorded since.
     """
-    name = orm.get_bind().dialect.name
-    statement = _UPSERT_SNAPSHOT.get((name, only_if_newer))
+    statement = _upsert_snapshot(orm.get_bind().dialect.name, only_if_newer=only_if_newer)
+    orm.execute(statement, snapshot_values(turn_id, state, now=now, only_if_newer=only_if_newer))
+
+
+def snapshot_values(turn_id: str, state: dict[str, Any], *, now: datetime, only_if_newer: bool) -> dict[str, Any]:
+    """The parameters of a checkpoint's upsert (``upsert_snapshot``, ``CHECKPOINT``)."""
+    values = {"p_turn_id": turn_id, "p_state": state, "p_now": now}
+    if only_if_newer:
+        values["p_progress"] = len(state.get("steps_done") or {})
+    return values
+
+
+def checkpoint_statement() -> Update:
+    """PostgreSQL's checkpoint of a running turn as one statement: the snapshot's upsert (``only_if_newer``)
+    in a data-modifying ``WITH``, and the turn's deadline push. Sent in autocommit, it is one round trip
+    where a transaction of the two is four (``BEGIN``, the two, ``COMMIT``); a statement is atomic by itself.
+    SQLite has no data-modifying ``WITH``: it runs the two in a transaction."""
+    global _CHECKPOINT
+    if _CHECKPOINT is None:
+        snapshot = _upsert_snapshot("postgresql", only_if_newer=True).cte("snapshot")
+        _CHECKPOINT = PUSH_DEADLINE.add_cte(snapshot)
+    return _CHECKPOINT
+
+
+def _upsert_snapshot(dialect_name: str, *, only_if_newer: bool) -> Insert:
+    statement = _UPSERT_SNAPSHOT.get((dialect_name, only_if_newer))
     if statement is None:
-        dialect = postgresql if name == "postgresql" else sqlite
+        dialect = postgresql if dialect_name == "postgresql" else sqlite
         insert = dialect.insert(_SNAPSHOTS).values(
             turn_id=bindparam("p_turn_id"), state=bindparam("p_state"), updated_at=bindparam("p_now")
         )
         # The state goes over the wire (and through the JSON encoder) once: the update takes the
         # row the insert proposed.
         replace = {"state": insert.excluded.state, "updated_at": insert.excluded.updated_at}
-        where = text(f"{_STORED_PROGRESS[name]} <= :p_progress") if only_if_newer else None
+        where = text(f"{_STORED_PROGRESS[dialect_name]} <= :p_progress") if only_if_newer else None
         statement = insert.on_conflict_do_update(index_elements=["turn_id"], set_=replace, where=where)
-        _UPSERT_SNAPSHOT[(name, only_if_newer)] = statement
-    values = {"p_turn_id": turn_id, "p_state": state, "p_now": now}
-    if only_if_newer:
-        values["p_progress"] = len(state.get("steps_done") or {})
-    orm.execute(statement, values)
+        _UPSERT_SNAPSHOT[(dialect_name, only_if_newer)] = statement
+    return statement

@@ -44,6 +44,8 @@ __all__ = [
 
 _CANCEL_CHUNK = 1000
 """Ids per ``IN (...)`` list of a bulk read or write."""
+_AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
+"""A statement that is its own transaction: no ``BEGIN`` and ``COMMIT`` round trips around it."""
 
 
 class SessionBusy(Exception):
@@ -159,11 +161,18 @@ class TurnRepository:
         return bool(result.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
 
     def checkpoint(self, turn_id: str, state: dict[str, Any], *, now: datetime, deadline_at: datetime) -> None:
-        """Keep ``state`` as the turn's newest durable checkpoint and push its deadline (one transaction).
+        """Keep ``state`` as the turn's newest durable checkpoint and push its deadline, at once (on PostgreSQL one
+        statement in autocommit, one round trip; on SQLite one transaction).
 
         A stored checkpoint that got further (a worker that took the step over and moved on, or the
         commit point) stays: a stale worker's late checkpoint never puts the turn back.
         """
+        with self._db() as orm:
+            if orm.get_bind().dialect.name == "postgresql":  # one statement in autocommit: one round trip
+                values = sql.snapshot_values(turn_id, state, now=now, only_if_newer=True)
+                values["p_deadline"] = deadline_at
+                orm.connection(execution_options=_AUTOCOMMIT).execute(sql.checkpoint_statement(), values)
+                return
         with self._db.begin() as orm:
             sql.upsert_snapshot(orm, turn_id, state, now=now, only_if_newer=True)
             orm.execute(sql.PUSH_DEADLINE, {"p_turn_id": turn_id, "p_deadline": deadline_at, "p_now": now})

@@ -1,4 +1,5 @@
-"""A stale worker's checkpoint never puts a turn back (issue 25: a worker host cut off for 30 s comes back).
+"""A stale worker's checkpoint never puts a turn back (issue 25: a worker host cut off for 30 s comes back);
+a checkpoint pushes its turn's deadline, and on PostgreSQL costs one round trip (issue 28).
 
 The worker that held a step when its host was cut off loses the step's lease; another worker runs the
 step again and carries the turn on, checkpointing it further (or to its commit point). When the first
@@ -9,12 +10,14 @@ database checkpoint had no such guard). On PostgreSQL and on SQLite, whose SQL d
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.pool import StaticPool
 
 from shared.db.engine import normalise_database_url, session_factory
 from shared.db.turns import NewTurn, TurnRepository
@@ -76,3 +79,54 @@ def test_a_checkpoint_that_got_as_far_or_further_replaces_the_stored_one(turns: 
     snapshot = repository.load_snapshot(turn_id)
     assert again is not None and again["marker"] == "again"
     assert snapshot is not None and snapshot["marker"] == "next"
+
+
+def test_a_checkpoint_pushes_its_turns_deadline_even_when_a_newer_checkpoint_stands(
+    turns: tuple[TurnRepository, str],
+) -> None:
+    repository, turn_id = turns
+    # Given a checkpoint after 5 steps
+    repository.checkpoint(turn_id, _state(5, "newer"), now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+    # When a checkpoint that got less far comes later (the turn is still moving: its worker is alive)
+    later = FIXED_NOW + timedelta(seconds=30)
+    repository.checkpoint(turn_id, _state(2, "stale"), now=later, deadline_at=later + timedelta(seconds=60))
+    # Then the deadline moved, and the newer checkpoint stands
+    record = repository.get(turn_id)
+    assert record is not None and record.deadline_at == later + timedelta(seconds=60)
+    snapshot = repository.load_snapshot(turn_id)
+    assert snapshot is not None and snapshot["marker"] == "newer"
+
+
+def test_a_checkpoint_on_postgresql_is_one_round_trip(database_url: str) -> None:
+    # Given a running turn on PostgreSQL, its repository on one connection whose messages libpq traces
+    engine = create_engine(normalise_database_url(database_url), poolclass=StaticPool)
+    repository = TurnRepository(session_factory(engine))
+    turn_id = f"turn_{uuid.uuid4().hex}"
+    repository.create(
+        NewTurn(turn_id=turn_id, session_id=f"sess_{uuid.uuid4().hex}", org_id="o", user_id="u", new_session=True,
+                requested_mode=None, request={"input": "q"}, request_hash="h"),
+        now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60),
+    )  # fmt: skip
+    repository.mark_running(turn_id, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+    raw = engine.raw_connection()
+    pgconn = raw.driver_connection.pgconn  # type: ignore[union-attr]  # psycopg's connection
+    raw.close()
+    try:
+        # When the turn is checkpointed
+        with tempfile.TemporaryFile("w+") as sent:
+            pgconn.trace(sent.fileno())
+            deadline = FIXED_NOW + timedelta(seconds=90)
+            repository.checkpoint(turn_id, _state(4, "traced"), now=FIXED_NOW, deadline_at=deadline)
+            pgconn.untrace()
+            sent.seek(0)
+            messages = [line.split("\t")[3] for line in sent.read().splitlines() if line.split("\t")[1:2] == ["F"]]
+        # Then the client sent one statement and waited once (one Sync; no BEGIN, no COMMIT)
+        assert messages.count("Sync") + messages.count("Query") == 1, messages
+        assert messages.count("Parse") + messages.count("Query") == 1, messages
+        # And both writes landed
+        record = repository.get(turn_id)
+        assert record is not None and record.deadline_at == deadline
+        snapshot = repository.load_snapshot(turn_id)
+        assert snapshot is not None and snapshot["marker"] == "traced"
+    finally:
+        engine.dispose()
