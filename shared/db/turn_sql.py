@@ -10,7 +10,22 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Table, bindparam, delete, insert, or_, select, text, update
+from sqlalchemy import (
+    Row,
+    Select,
+    Table,
+    Text,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert, ReturningUpdate, Update
@@ -34,6 +49,8 @@ __all__ = [
     "TERMINAL",
     "TOUCH_SESSION",
     "checkpoint_statement",
+    "commit_statement",
+    "commit_values",
     "finish_values",
     "new_turn_row",
     "new_turn_values",
@@ -111,6 +128,7 @@ CLEAR_TRANSCRIPT = delete(_TRANSCRIPT).where(_TRANSCRIPT.c.turn_id == bindparam(
 ADD_TRANSCRIPT = insert(_TRANSCRIPT)
 _UPSERT_SNAPSHOT: dict[tuple[str, bool], Insert] = {}
 _CHECKPOINT: Update | None = None
+_COMMIT: dict[bool, Select[Any]] = {}
 _STORED_PROGRESS = {
     "postgresql": "(SELECT count(*) FROM json_object_keys(provider_snapshots.state -> 'steps_done'))",
     "sqlite": "(SELECT count(*) FROM json_each(provider_snapshots.state, '$.steps_done'))",
@@ -205,3 +223,70 @@ def _upsert_snapshot(dialect_name: str, *, only_if_newer: bool) -> Insert:
         statement = insert.on_conflict_do_update(index_elements=["turn_id"], set_=replace, where=where)
         _UPSERT_SNAPSHOT[(dialect_name, only_if_newer)] = statement
     return statement
+
+
+def commit_statement(*, in_flight: bool) -> Select[Any]:
+    """PostgreSQL's commit point as one statement (sent in autocommit: one round trip, where the
+    transaction of ``TurnRepository.commit`` is seven): ``FINISH`` (or ``FINISH_IN_FLIGHT`` for a turn
+    that pauses) in a data-modifying ``WITH``, and, only when it wrote, the transcript (its items
+    upserted by ``(turn_id, seq)``, any beyond them deleted), the snapshot's upsert and the session's
+    last use. It returns the turn's ``(session_id, org_id)``, or no row when the turn had ended
+    otherwise. The parts touch different rows, so the order PostgreSQL runs them in does not matter.
+    Parameters: ``commit_values``."""
+    if in_flight in _COMMIT:
+        return _COMMIT[in_flight]
+    finished = (FINISH_IN_FLIGHT if in_flight else FINISH).cte("finished")
+    wrote = exists(select(finished.c.session_id))
+    cleared = delete(_TRANSCRIPT).where(
+        _TRANSCRIPT.c.turn_id == bindparam("p_turn_id"), _TRANSCRIPT.c.seq >= bindparam("p_items"), wrote
+    )
+    items = (
+        func.unnest(
+            bindparam("p_roles", type_=postgresql.ARRAY(Text)), bindparam("p_contents", type_=postgresql.ARRAY(Text))
+        )
+        .table_valued("role", "content", with_ordinality="ordinal")
+        .render_derived()
+    )
+    add = postgresql.insert(_TRANSCRIPT).from_select(
+        ["session_id", "turn_id", "seq", "role", "content", "created_at"],
+        select(
+            finished.c.session_id, bindparam("p_turn_id"), items.c.ordinal - 1, items.c.role, items.c.content,
+            bindparam("p_now", type_=_TRANSCRIPT.c.created_at.type),
+        ).select_from(finished).join(items, true()),
+    )  # fmt: skip
+    added = add.on_conflict_do_update(
+        constraint="uq_transcript_turn_seq",
+        set_={name: add.excluded[name] for name in ("session_id", "role", "content", "created_at")},
+    )
+    keep = postgresql.insert(_SNAPSHOTS).from_select(
+        ["turn_id", "state", "updated_at"],
+        select(bindparam("p_turn_id"), bindparam("p_state", type_=_SNAPSHOTS.c.state.type), bindparam("p_now")).where(
+            wrote
+        ),
+    )
+    kept = keep.on_conflict_do_update(
+        index_elements=["turn_id"], set_={"state": keep.excluded.state, "updated_at": keep.excluded.updated_at}
+    )
+    touched = (
+        update(_SESSIONS).where(_SESSIONS.c.session_id == finished.c.session_id).values(updated_at=bindparam("p_now"))
+    )
+    written: Select[Any] = select(finished.c.session_id, finished.c.org_id)
+    _COMMIT[in_flight] = written.add_cte(
+        cleared.cte("cleared"), added.cte("added"), kept.cte("kept"), touched.cte("touched")
+    )
+    return _COMMIT[in_flight]
+
+
+def commit_values(
+    turn_id: str, outcome: TurnOutcome, *, transcript: list[tuple[str, str]], snapshot: dict[str, Any], now: datetime
+) -> dict[str, Any]:
+    """The parameters of ``commit_statement``."""
+    values = finish_values(turn_id, outcome, now=now)
+    values.update(
+        p_items=len(transcript),
+        p_roles=[role for role, _ in transcript],
+        p_contents=[content for _, content in transcript],
+        p_state=snapshot,
+        p_now=now,
+    )
+    return values

@@ -216,6 +216,7 @@ class TurnRepository:
         transcript: list[tuple[str, str]],
         snapshot: dict[str, Any],
         now: datetime,
+        org_id: str | None = None,
     ) -> Committed | None:
         """The commit point: the turn's outcome, transcript items, state snapshot and session's last use, at once.
 
@@ -223,10 +224,21 @@ class TurnRepository:
         reached a terminal status (cancelled, say) is left as it is. With a webhook outbox, the same
         transaction records the status's webhook event (``shared.db.webhook_outbox``).
 
+        On PostgreSQL, when no webhook event is to be recorded (no outbox, or ``org_id``, the turn's
+        organisation, gets none), the commit is one statement in autocommit (``sql.commit_statement``):
+        one round trip instead of seven.
+
         Returns:
             What was written, with the webhook deliveries to send now; None when the turn was already
             terminal and nothing was written.
         """
+        if self._webhooks is None or (org_id is not None and not self._webhooks.applies_to(org_id)):
+            with self._db() as orm:
+                if orm.get_bind().dialect.name == "postgresql":
+                    one = sql.commit_statement(in_flight=outcome.status.is_in_flight)
+                    values = sql.commit_values(turn_id, outcome, transcript=transcript, snapshot=snapshot, now=now)
+                    written = orm.connection(execution_options=_AUTOCOMMIT).execute(one, values).one_or_none()
+                    return None if written is None else Committed([])
         statement = sql.FINISH_IN_FLIGHT if outcome.status.is_in_flight else sql.FINISH
         deliveries: list[str] = []
         self._prepare_webhooks()

@@ -44,7 +44,12 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         transcript = [("user", state.user_input), ("assistant", state.output_text or "")]
     now = ctx.clock()
     committed = ctx.turns.commit(
-        state.turn_id, TurnOutcome.of(state), transcript=transcript, snapshot=state.checkpoint(), now=now
+        state.turn_id,
+        TurnOutcome.of(state),
+        transcript=transcript,
+        snapshot=state.checkpoint(),
+        now=now,
+        org_id=state.org_id,
     )
     if committed is None:
         return success(Stop(committed=None))
