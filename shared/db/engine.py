@@ -9,11 +9,13 @@ the kind's default; deploy/README.md adds up what the deployment files open.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 import pydantic_core
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.settings import Settings
@@ -25,6 +27,7 @@ __all__ = [
     "create_db_engine",
     "engine_for",
     "normalise_database_url",
+    "one_statement",
     "pool_size_for",
     "session_factory",
 ]
@@ -149,6 +152,27 @@ def _to_json(value: Any) -> str:
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     """A session factory whose objects stay readable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def one_statement(db: sessionmaker[Session]) -> Iterator[Connection]:
+    """A connection for a write whose statements each stand alone (one statement, or a statement and a read
+    that need not see one snapshot): on PostgreSQL each is its own transaction (autocommit), so a write is
+    one round trip where a transaction of it is three (``BEGIN``, the statement, ``COMMIT``). On SQLite,
+    where a round trip is a function call, they run in one transaction as before.
+
+    Not for statements that must land together: those need a transaction (or one statement, as
+    ``TurnRepository.checkpoint`` and ``commit`` build on PostgreSQL).
+    """
+    with db() as orm:
+        if orm.get_bind().dialect.name == "postgresql":
+            yield orm.connection(execution_options=_AUTOCOMMIT)
+            return
+        with orm.begin():
+            yield orm.connection()
+
+
+_AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

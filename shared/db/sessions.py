@@ -11,6 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.dml import ReturningInsert
 
+from shared.db.engine import one_statement
 from shared.db.tables import ModeHistoryRow, SessionRow
 
 __all__ = ["ModeHistoryRecord", "SessionRecord", "SessionRepository"]
@@ -73,15 +74,15 @@ class SessionRepository:
     ) -> tuple[SessionRecord, bool]:
         """Create the session unless it exists (a redelivered creator step finds it).
 
-        One statement, ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, in one transaction; a second
-        read only when the session was there already.
+        One statement, ``INSERT ... ON CONFLICT DO NOTHING RETURNING``, its own transaction (one round trip
+        on PostgreSQL: ``one_statement``); a second read only when the session was there already.
 
         Returns:
             The session and whether this call created it.
         """
         values = {"p_session_id": session_id, "p_org_id": org_id, "p_user_id": user_id, "p_mode": mode, "p_now": now}
-        with self._db.begin() as orm:
-            created = orm.execute(_create_statement(orm), values).scalar_one_or_none() is not None
+        with one_statement(self._db) as conn:
+            created = conn.execute(_create_statement(conn.dialect.name), values).scalar_one_or_none() is not None
         if created:
             record = SessionRecord(
                 session_id=session_id, org_id=org_id, user_id=user_id, mode=mode, version=1, created_at=now,
@@ -159,8 +160,7 @@ def _record(record: type[_Record], row: SessionRow | ModeHistoryRow) -> _Record:
     return record(**{field.name: getattr(row, field.name) for field in fields(record)})
 
 
-def _create_statement(orm: Session) -> ReturningInsert[tuple[str]]:
-    name = orm.get_bind().dialect.name
+def _create_statement(name: str) -> ReturningInsert[tuple[str]]:
     statement = _CREATE.get(name)
     if statement is None:
         dialect = postgresql if name == "postgresql" else sqlite

@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db import turn_sql as sql
+from shared.db.engine import one_statement
 from shared.db.records import Committed, Ended, InFlightTurn, NewTurn, TurnOutcome, TurnRecord
 from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
 from shared.db.webhook_outbox import WebhookOutbox
@@ -44,8 +45,6 @@ __all__ = [
 
 _CANCEL_CHUNK = 1000
 """Ids per ``IN (...)`` list of a bulk read or write."""
-_AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
-"""A statement that is its own transaction: no ``BEGIN`` and ``COMMIT`` round trips around it."""
 
 
 class SessionBusy(Exception):
@@ -79,6 +78,7 @@ class TurnRepository:
         """
         self._db = db
         self._webhooks = webhooks
+        self._on_postgresql = db.kw["bind"].dialect.name == "postgresql"
 
     @contextmanager
     def creating(self, turn: NewTurn, *, now: datetime, deadline_at: datetime) -> Iterator[Created]:
@@ -150,15 +150,17 @@ class TurnRepository:
     def start(self, turn_id: str, *, now: datetime, deadline_at: datetime) -> TurnRecord | None:
         """The turn's start, if it never started: a queued turn moves to running (its deadline pushed) and its
         record comes back from the same statement; None when it is not queued (started, finished or unknown)."""
-        with self._db.begin() as orm:
-            row = orm.execute(sql.START_QUEUED, {"p_turn_id": turn_id, "p_now": now, "p_deadline": deadline_at}).first()
+        with one_statement(self._db) as conn:
+            row = conn.execute(
+                sql.START_QUEUED, {"p_turn_id": turn_id, "p_now": now, "p_deadline": deadline_at}
+            ).first()
         return None if row is None else sql.to_record(row)
 
     def mark_running(self, turn_id: str, *, now: datetime, deadline_at: datetime) -> bool:
         """Move a queued turn to running (the turn's start); False when it already finished (e.g. cancelled)."""
-        with self._db.begin() as orm:
-            result = orm.execute(sql.START, {"p_turn_id": turn_id, "p_now": now, "p_deadline": deadline_at})
-        return bool(result.rowcount)  # type: ignore[attr-defined]  # CursorResult has rowcount
+        with one_statement(self._db) as conn:
+            result = conn.execute(sql.START, {"p_turn_id": turn_id, "p_now": now, "p_deadline": deadline_at})
+        return bool(result.rowcount)
 
     def checkpoint(self, turn_id: str, state: dict[str, Any], *, now: datetime, deadline_at: datetime) -> None:
         """Keep ``state`` as the turn's newest durable checkpoint and push its deadline, at once (on PostgreSQL one
@@ -167,12 +169,12 @@ class TurnRepository:
         A stored checkpoint that got further (a worker that took the step over and moved on, or the
         commit point) stays: a stale worker's late checkpoint never puts the turn back.
         """
-        with self._db() as orm:
-            if orm.get_bind().dialect.name == "postgresql":  # one statement in autocommit: one round trip
-                values = sql.snapshot_values(turn_id, state, now=now, only_if_newer=True)
-                values["p_deadline"] = deadline_at
-                orm.connection(execution_options=_AUTOCOMMIT).execute(sql.checkpoint_statement(), values)
-                return
+        if self._on_postgresql:
+            values = sql.snapshot_values(turn_id, state, now=now, only_if_newer=True)
+            values["p_deadline"] = deadline_at
+            with one_statement(self._db) as conn:
+                conn.execute(sql.checkpoint_statement(), values)
+            return
         with self._db.begin() as orm:
             sql.upsert_snapshot(orm, turn_id, state, now=now, only_if_newer=True)
             orm.execute(sql.PUSH_DEADLINE, {"p_turn_id": turn_id, "p_deadline": deadline_at, "p_now": now})
@@ -232,13 +234,13 @@ class TurnRepository:
             What was written, with the webhook deliveries to send now; None when the turn was already
             terminal and nothing was written.
         """
-        if self._webhooks is None or (org_id is not None and not self._webhooks.applies_to(org_id)):
-            with self._db() as orm:
-                if orm.get_bind().dialect.name == "postgresql":
-                    one = sql.commit_statement(in_flight=outcome.status.is_in_flight)
-                    values = sql.commit_values(turn_id, outcome, transcript=transcript, snapshot=snapshot, now=now)
-                    written = orm.connection(execution_options=_AUTOCOMMIT).execute(one, values).one_or_none()
-                    return None if written is None else Committed([])
+        webhooks = self._webhooks is not None and (org_id is None or self._webhooks.applies_to(org_id))
+        if self._on_postgresql and not webhooks:
+            one = sql.commit_statement(in_flight=outcome.status.is_in_flight)
+            values = sql.commit_values(turn_id, outcome, transcript=transcript, snapshot=snapshot, now=now)
+            with one_statement(self._db) as conn:
+                written = conn.execute(one, values).one_or_none()
+            return None if written is None else Committed([])
         statement = sql.FINISH_IN_FLIGHT if outcome.status.is_in_flight else sql.FINISH
         deliveries: list[str] = []
         self._prepare_webhooks()
