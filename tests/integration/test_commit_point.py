@@ -6,7 +6,6 @@ outbox row is written in it)."""
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from shared.db.turns import NewTurn, TurnOutcome, TurnRepository
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.turn import PendingToolCall, TurnStatus, Usage
 from shared.webhooks import WebhookConfig
+from tests.support.pg_trace import traced
 from tests.unit.fakes import FIXED_NOW, sqlite_engine
 
 pytestmark = pytest.mark.integration
@@ -165,38 +165,22 @@ def test_a_commit_on_postgresql_is_one_round_trip_unless_it_records_a_webhook(da
     try:
         # Given a running turn of an organisation without webhooks, on one connection libpq traces
         db = _started(engine, turns)
-        raw = engine.raw_connection()
-        pgconn = raw.driver_connection.pgconn  # type: ignore[union-attr]  # psycopg's connection
-        raw.close()
         # When it commits
-        with tempfile.TemporaryFile("w+") as sent:
-            pgconn.trace(sent.fileno())
+        with traced(engine) as sent:
             assert _commit(db, TurnStatus.COMPLETED, "the answer", [("user", "q"), ("assistant", "the answer")], at=9)
-            pgconn.untrace()
-            sent.seek(0)
-            messages = [fields[3] for fields in _sent(sent.read())]
         # Then the client sent one statement and waited once (no BEGIN, no COMMIT)
-        assert messages.count("Sync") + messages.count("Query") == 1, messages
+        assert (sent.round_trips, sent.transactions) == (1, 0), sent.messages
         assert len(_rows(db)["transcript"]) == 2
 
         # And a turn of an organisation with webhooks commits in a transaction that records its event
         hooked = _started(engine, turns, org_id="hooked")
-        with tempfile.TemporaryFile("w+") as sent:
-            pgconn.trace(sent.fileno())
+        with traced(engine) as sent:
             committed = turns.commit(
                 hooked.turn_id, _outcome(TurnStatus.COMPLETED, "a"), transcript=[("user", "q"), ("assistant", "a")],
                 snapshot={}, now=_at(9), org_id="hooked",
             )  # fmt: skip
-            pgconn.untrace()
-            sent.seek(0)
-            queries = [fields[4] for fields in _sent(sent.read()) if fields[3] == "Query"]
         assert committed is not None and len(committed.deliveries) == 1
-        assert any("BEGIN" in query for query in queries) and any("COMMIT" in query for query in queries), queries
+        assert sent.transactions == 1 and any("COMMIT" in query for query in sent.queries), sent.messages
         assert _rows(hooked)["status"] == TurnStatus.COMPLETED
     finally:
         engine.dispose()
-
-
-def _sent(trace: str) -> list[list[str]]:
-    """The messages the client sent in a libpq trace: time, F, length, type, contents (tab-separated)."""
-    return [fields for fields in (line.split("\t") for line in trace.splitlines()) if fields[1:2] == ["F"]]

@@ -9,7 +9,6 @@ side of the same budget is ``tests/unit/test_round_trips.py``.
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -18,6 +17,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.pool import StaticPool
 
 from shared.db.engine import normalise_database_url
+from tests.support.pg_trace import traced
 from tests.unit.fakes import FakeLlm, answer, calls, catalog_with_counted_tool, make_context, record_turn
 from workers.driver import run_step
 
@@ -42,24 +42,11 @@ def test_every_database_write_of_a_server_tool_turn_is_one_round_trip(engine: En
     llm = FakeLlm(calls(("c1", "counted_tool", {"key": key})), answer("done"))
     ctx = make_context(llm, catalog=catalog_with_counted_tool(), engine=engine)
     message = record_turn(ctx, turn_id=f"turn_{key}", session_id=f"sess_{key}")
-    raw = engine.raw_connection()
-    pgconn = raw.driver_connection.pgconn  # type: ignore[union-attr]  # psycopg's connection
-    raw.close()
-
     hops: list[tuple[str, int, int]] = []
     while True:
-        with tempfile.TemporaryFile("w+") as sent:
-            pgconn.trace(sent.fileno())
-            try:
-                dispatch = run_step(ctx, message)
-            finally:
-                pgconn.untrace()
-            sent.seek(0)
-            messages = [fields[3:5] for fields in (line.split("\t") for line in sent.read().splitlines())
-                        if fields[1:2] == ["F"]]  # fmt: skip
-        round_trips = sum(1 for kind, *_ in messages if kind in ("Sync", "Query"))
-        transactions = sum(1 for kind, *text in messages if kind == "Query" and "BEGIN" in "".join(text))
-        hops.append((message.step.value, round_trips, transactions))
+        with traced(engine) as sent:
+            dispatch = run_step(ctx, message)
+        hops.append((message.step.value, sent.round_trips, sent.transactions))
         if dispatch is None:
             break
         message = dispatch.envelope
