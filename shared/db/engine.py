@@ -154,6 +154,9 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+_AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
+
+
 @contextmanager
 def one_statement(db: sessionmaker[Session]) -> Iterator[Connection]:
     """A connection for a write whose statements each stand alone (one statement, or a statement and a read
@@ -170,9 +173,6 @@ def one_statement(db: sessionmaker[Session]) -> Iterator[Connection]:
             return
         with orm.begin():
             yield orm.connection()
-
-
-_AUTOCOMMIT = {"isolation_level": "AUTOCOMMIT"}
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

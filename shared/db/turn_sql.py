@@ -190,7 +190,7 @@ def upsert_snapshot(
 
 
 def snapshot_values(turn_id: str, state: dict[str, Any], *, now: datetime, only_if_newer: bool) -> dict[str, Any]:
-    """The parameters of a checkpoint's upsert (``upsert_snapshot``, ``CHECKPOINT``)."""
+    """The parameters of a checkpoint's upsert (``upsert_snapshot``, ``checkpoint_statement``)."""
     values = {"p_turn_id": turn_id, "p_state": state, "p_now": now}
     if only_if_newer:
         values["p_progress"] = len(state.get("steps_done") or {})
