@@ -1,9 +1,10 @@
 """Persistence (AGN-027 layer F): the commit point of a turn.
 
-Reads: the turn's outcome in the state. Writes, in one database transaction: the turn row (its
-``TurnOutcome``: status, mode, output, pending tool calls, error, usage, trace), its transcript
-items (user input and answer, for the next turns' context), a snapshot of the state (to rehydrate
-a paused turn when Redis lost it), the session's last use and, when the turn's organisation gets
+Reads: the turn's outcome in the state. Writes, all or nothing (one statement on PostgreSQL, else
+one transaction): the turn row (its ``TurnOutcome``: status, mode, output, pending tool calls,
+error, usage, trace), its transcript items (user input and answer, for the next turns' context), a
+snapshot of the state (to rehydrate a paused turn when Redis lost it), the session's last use and,
+when the turn's organisation gets
 webhooks, the status's webhook event (and its batch's, if this was the batch's last turn in flight)
 as outbox rows (``shared.db.webhook_outbox``; a webhook never fails the turn). Then, when it wrote, the
 turn's tokens so far into its organisation's count of the day it was created (``shared.state.token_usage``,
