@@ -33,9 +33,16 @@ _TURNS = 1500
 _CHUNK = 100
 
 
+_OTHER_TURNS = 6000
+"""Turns of another organisation's batch recorded first: in production a batch is a small part of ``turns``.
+Without them the table is little more than the batch under test, and PostgreSQL rightly reads a page near
+its end with a sequential scan of the whole small table (what earlier tests left there decided it)."""
+
+
 @pytest.fixture(scope="module")
 def engine(database_url: str) -> Iterator[Engine]:
     engine = create_db_engine(database_url)
+    _batch(BatchRepository(session_factory(engine)), _OTHER_TURNS, org_id="others")
     yield engine
     engine.dispose()
 
@@ -94,19 +101,21 @@ def test_the_end_of_batch_check_reads_one_index_entry_per_batch_in_progress(engi
         assert read_rows <= _batches_in_progress(engine) and removed == 0, json.dumps(plan, indent=1)
 
 
-def _batch(batches: BatchRepository, size: int, *, reused: list[ReusedTurn] | None = None) -> tuple[str, list[str]]:
+def _batch(
+    batches: BatchRepository, size: int, *, reused: list[ReusedTurn] | None = None, org_id: str = "plans"
+) -> tuple[str, list[str]]:
     """Record a batch of ``size`` queued turns and the ``reused`` ones in the other places; its id and its turns'."""
     batch_id = f"batch_{uuid.uuid4().hex}"
     reused = reused or []
     taken = {r.batch_index for r in reused}
     indexes = [index for index in range(size + len(reused)) if index not in taken]
     turns = (
-        NewTurn(turn_id=f"turn_{uuid.uuid4().hex}", session_id=f"sess_{uuid.uuid4().hex}", org_id="plans",
+        NewTurn(turn_id=f"turn_{uuid.uuid4().hex}", session_id=f"sess_{uuid.uuid4().hex}", org_id=org_id,
                 user_id="u", new_session=True, requested_mode=None, request={"input": "q" * 200}, request_hash="h",
                 batch_id=batch_id, batch_index=index)
         for index in indexes
     )  # fmt: skip
-    record = BatchRecord(batch_id=batch_id, org_id="plans", user_id="u", total=len(indexes) + len(reused),
+    record = BatchRecord(batch_id=batch_id, org_id=org_id, user_id="u", total=len(indexes) + len(reused),
                          created_at=FIXED_NOW, reused=len(reused))  # fmt: skip
     with batches.creating(record, turns, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(hours=1),
                           reused=reused) as turn_ids:  # fmt: skip
