@@ -25,6 +25,7 @@ import collections.abc
 import json
 import types
 import typing
+from functools import cache
 from typing import Any, NotRequired, Required, get_args, get_origin
 
 from openai.types.responses import Response, ResponseStreamEvent
@@ -197,7 +198,7 @@ def _union(value: Any, members: tuple[Any, ...], path: str) -> list[str]:
 def _typed_dict(value: Any, tp: Any, path: str) -> list[str]:
     if not isinstance(value, dict):
         return [f"{path}: expected an object ({tp.__name__}), got {type(value).__name__}"]
-    hints = get_type_hints(tp, include_extras=True)
+    hints = _hints(tp)
     problems = [f"{_join(path, key)}: not a field of {tp.__name__} (the API refuses unknown parameters)"
                 for key in value if key not in hints]  # fmt: skip
     problems += [f"{_join(path, key)}: missing (required by {tp.__name__})" for key in tp.__required_keys__
@@ -237,8 +238,17 @@ def _shape_of(value: Any) -> str:
     return "object" if isinstance(value, dict) else "list" if isinstance(value, list) else "scalar"
 
 
+@cache
+def _hints(tp: Any) -> dict[str, Any]:
+    """A TypedDict's field types, worked out once per type: ``get_type_hints`` evaluates every annotation
+    each call, and the session's check of every model request (tens of thousands) called it per value,
+    for two minutes and more."""
+    return get_type_hints(tp, include_extras=True)
+
+
+@cache
 def _type_tags(tp: Any) -> tuple[Any, ...]:
-    hint = get_type_hints(tp, include_extras=True).get("type")
+    hint = _hints(tp).get("type")
     return get_args(_unwrap(hint)) if hint is not None and get_origin(_unwrap(hint)) is typing.Literal else ()
 
 
