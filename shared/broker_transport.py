@@ -19,12 +19,15 @@ brings them back as it does after any lost connection.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
 
-__all__ = ["SentinelTransport", "Transport"]
+__all__ = ["Captured", "SentinelTransport", "Transport", "capturing"]
 
 
 class _SharedClient:
@@ -48,8 +51,62 @@ class _SharedClient:
         return client
 
 
+class Captured:
+    """The Redis commands kombu's Redis transport would send to publish one message, taken instead of sent.
+
+    kombu's producer batches (``Producer.batch``) route each message through the channel as for a
+    publish, and give the batch the final Redis commands (``PublishBatch.add``); inside
+    :func:`capturing`, a :class:`Channel` hands them this object, which keeps them and sends nothing.
+    The message is kombu's own, byte for byte, with a delivery tag of its own. The step sender
+    (``shared.step_sender``) gives the command to the state store's save, which runs it in its
+    round trip.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.commands: list[tuple[str, tuple[Any, ...]]] = []
+
+    def publish(self, message: Any, **kwargs: Any) -> Any:
+        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
+
+    def add(self, name: str, *args: Any) -> None:
+        self.commands.append((name, args))
+
+    def flush(self) -> None:
+        """Nothing to send: the commands are the caller's."""
+
+    def discard(self) -> None:
+        self.commands.clear()
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+_capture = threading.local()  # gevent's monkey-patching makes it one per greenlet
+
+
+@contextmanager
+def capturing() -> Iterator[list[Captured]]:
+    """Within the block, a :class:`Channel`'s producer batches take their commands instead of sending
+    them; the list yielded gets each batch's :class:`Captured` (in this thread or greenlet only)."""
+    taken: list[Captured] = []
+    _capture.taken = taken
+    try:
+        yield taken
+    finally:
+        _capture.taken = None
+
+
 class Channel(_SharedClient, kombu_redis.Channel):
-    """A Redis channel that reuses its synchronous client."""
+    """A Redis channel that reuses its synchronous client, and whose publishes can be taken (:func:`capturing`)."""
+
+    def create_publish_batch(self, max_size: int) -> Any:
+        taken = getattr(_capture, "taken", None)
+        if taken is None:
+            return super().create_publish_batch(max_size)  # type: ignore[no-untyped-call]  # kombu is untyped
+        batch = Captured(self)
+        taken.append(batch)
+        return batch
 
 
 class SentinelChannel(_SharedClient, kombu_redis.SentinelChannel):

@@ -34,6 +34,7 @@ from shared.redis_cluster import async_cluster_client, cluster_client, is_cluste
 
 __all__ = [
     "SENTINEL_SCHEME",
+    "SERVER_SCHEMES",
     "SentinelUrl",
     "async_redis_client",
     "broker_connection",
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 SENTINEL_SCHEME = "sentinel"
-_SERVER_SCHEMES = ("redis", "rediss", "unix")
+SERVER_SCHEMES = ("redis", "rediss", "unix")
 _SENTINEL_PORT = 26379
 
 
@@ -98,7 +99,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl | None:
 
 def is_redis_url(url: str) -> bool:
     """Whether ``url`` names a Redis server or a Sentinel-managed primary (not some other broker)."""
-    return url.partition("://")[0].lower() in (*_SERVER_SCHEMES, SENTINEL_SCHEME)
+    return url.partition("://")[0].lower() in (*SERVER_SCHEMES, SENTINEL_SCHEME)
 
 
 def check_redis_url(url: str) -> str:

@@ -27,6 +27,15 @@ holds the two equal against a real ``send_task`` on real Redis, so this is the o
 publish signals are sent as ``send_task`` sends them, so with telemetry on (``shared.telemetry``) the
 OpenTelemetry instrumentation writes each message's trace context into its headers; each message
 goes out in its turn's trace.
+
+**Beside the state.** When the broker is the state store's Redis server (the default:
+``APTIX_BROKER_URL`` unset, or another database of the same server), a worker's next step does not
+take a round trip of its own: :meth:`StepSender.push` builds the message as a publish would (kombu
+routes it through a producer batch whose Redis command is taken, not sent:
+``shared.broker_transport.capturing``) and the driver's save of the turn's state pushes it in its
+own script (``shared.state.BrokerPush``), so the message goes if and only if the state was written.
+Not with publish signals connected (telemetry writes each message's trace context as it is sent),
+nor for a parked message, nor on a Sentinel-managed or another broker: those are sent as above.
 """
 
 from __future__ import annotations
@@ -44,12 +53,14 @@ from kombu.exceptions import OperationalError as BrokerError
 from kombu.utils.uuid import uuid
 from redis import RedisError
 
+from shared.broker_transport import Channel, capturing
 from shared.models.envelope import TurnEnvelope
-from shared.state import Timers
+from shared.redis_clients import SERVER_SCHEMES
+from shared.state import BrokerPush, Timers
 from shared.task_names import TASK_QUEUES, task_name
 from shared.telemetry import turn_spans
 
-__all__ = ["SEND_ERRORS", "Broker", "CeleryBroker", "StepSender"]
+__all__ = ["SEND_ERRORS", "BesideState", "Broker", "CeleryBroker", "StepSender", "beside_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +89,7 @@ class StepSender:
         timers: Timers,
         park_after: float,
         clock: Callable[[], float] = time.time,
+        pushes: Callable[[TurnEnvelope, float], BrokerPush | None] | None = None,
     ) -> None:
         """Build the sender.
 
@@ -88,8 +100,11 @@ class StepSender:
                 ``workers.retry.park_after(settings)``; ``math.inf`` for a process that only sends
                 now (the gateway).
             clock: the wall clock (Unix time), for a parked message's due time.
+            pushes: builds a step's message for the state store's save to push (:meth:`push`); None
+                when the broker is not beside the state store.
         """
         self._broker = broker
+        self._pushes = pushes
         self._timers = timers
         self._park_after = park_after
         self._clock = clock
@@ -117,6 +132,14 @@ class StepSender:
                 self._timers.park(envelope.model_dump_json(), due=due)
             return
         self._broker.publish(envelopes, countdown=countdown)
+
+    def push(self, envelope: TurnEnvelope, countdown: float = 0.0) -> BrokerPush | None:
+        """The message of sending ``envelope`` after ``countdown`` seconds, built but not sent, for the
+        state store's save to push in its round trip; None when it must go through :meth:`send` (the
+        broker is not beside the state store, publish signals are connected, or it would be parked)."""
+        if self._pushes is None or countdown > self._park_after:
+            return None
+        return self._pushes(envelope, countdown)
 
     def release_due(self, *, now: float) -> int:
         """Send the parked messages that are due (``now``: Unix time), in one round trip; how many.
@@ -169,8 +192,7 @@ class CeleryBroker:
             return
         # Read once per call, not per message: what send_task reads on every call.
         conf = self._conf
-        parent = self._app.current_worker_task  # the task these are sent from, in a worker
-        ids = (parent.request.root_id or parent.request.id, parent.request.id) if parent else (None, None)
+        ids = self._ids()
         signalled = bool(signals.before_task_publish.receivers or signals.after_task_publish.receivers)
         with self._app.producer_or_acquire() as producer, producer.connection._reraise_as_library_errors():
             if len(envelopes) == 1:
@@ -179,6 +201,29 @@ class CeleryBroker:
             with producer.batch(max_size=len(envelopes)):
                 for envelope in envelopes:
                     self._publish(producer, envelope, countdown, conf, ids, signalled, retry=False)
+
+    def push(self, envelope: TurnEnvelope, countdown: float, *, db: int | None) -> BrokerPush | None:
+        """The message :meth:`publish` would send for ``envelope``, as the ``LPUSH`` kombu would send it,
+        for a save to push on a broker beside the state store (``db``: the broker's database when it is
+        not the state store's); None when publish signals are connected or the broker's channel is not a
+        Redis channel of ``shared.broker_transport`` (nothing is sent either way)."""
+        if signals.before_task_publish.receivers or signals.after_task_publish.receivers:
+            return None
+        with self._app.producer_or_acquire() as producer, producer.connection._reraise_as_library_errors():
+            if type(producer.channel) is not Channel:
+                return None
+            with capturing() as taken, producer.batch(max_size=1):
+                self._publish(producer, envelope, countdown, self._conf, self._ids(), False, retry=False)
+        commands = [command for batch in taken for command in batch.commands]
+        if len(commands) != 1 or commands[0][0] != "lpush":
+            return None  # kombu would send more than the message (a queue with an expiry): send it apart
+        key, payload = commands[0][1]
+        return BrokerPush(key=str(key), payload=payload, db=db)
+
+    def _ids(self) -> tuple[str | None, str | None]:
+        """The root and parent task ids of messages sent from the task running now (None outside one)."""
+        parent = self._app.current_worker_task  # the task these are sent from, in a worker
+        return (parent.request.root_id or parent.request.id, parent.request.id) if parent else (None, None)
 
     def _publish(
         self,
@@ -244,3 +289,27 @@ class _PublishConf:
     compression: str | None
     delivery_mode: str | int
     retry_policy: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BesideState:
+    """A broker on the state store's Redis server."""
+
+    db: int | None
+    """The broker's database, when it is not the state store's; None: the same."""
+
+
+def beside_state(state_url: str, broker_url: str) -> BesideState | None:
+    """Whether the broker at ``broker_url`` is the state store's Redis server at ``state_url``: both plain
+    Redis servers (``redis://``, ``rediss://``, ``unix://``: not a Sentinel-managed primary, not a
+    cluster), with the same address and credentials; None when it is not."""
+    from redis.connection import parse_url
+
+    schemes = {url.partition("://")[0].lower() for url in (state_url, broker_url)}
+    if not schemes <= set(SERVER_SCHEMES):
+        return None
+    state, broker = parse_url(state_url), parse_url(broker_url)  # type: ignore[no-untyped-call]  # redis-py
+    state_db, broker_db = int(state.pop("db", 0) or 0), int(broker.pop("db", 0) or 0)
+    if state != broker:
+        return None
+    return BesideState(db=None if broker_db == state_db else broker_db)

@@ -18,9 +18,18 @@ from shared.db.sessions import SessionRepository
 from shared.db.tool_runs import ToolRunRepository
 from shared.db.turns import TurnRepository
 from shared.db.webhook_outbox import WebhookOutbox
+from shared.models.envelope import TurnEnvelope
 from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
-from shared.state import CancelFlags, InFlightMarkers, RedisStateStore, StepLeases, Timers, TurnStates
+from shared.state import (
+    BrokerPush,
+    CancelFlags,
+    InFlightMarkers,
+    RedisStateStore,
+    StepLeases,
+    Timers,
+    TurnStates,
+)
 from shared.state.admission import AdmissionQueue
 from shared.state.redis_store import connect
 from shared.state.token_usage import TokenUsage
@@ -158,6 +167,8 @@ class StepContext:
     """The organisations' admission slots, which a turn ended outside ``persist`` leaves (none when not given)."""
     webhook_sender: WebhookSender | None = None
     """Sends the webhook deliveries a commit or an early end recorded (none when not given: the sweep does)."""
+    push: Callable[[TurnEnvelope, float], BrokerPush | None] = field(default=lambda envelope, countdown: None)
+    """The next step's message for the save to push (``StepSender.push``); None: the task sends it."""
     token_usage: TokenUsagePort | None = None
     """Counts each committed turn's tokens for its organisation's daily budget (none when not given)."""
 

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from sqlalchemy.exc import DBAPIError
@@ -71,6 +71,8 @@ class Dispatch:
     countdown: float = 0.0
     failed: ErrorInfo | None = None
     """The error this step failed the turn with (the message then persists the failure), else None."""
+    sent: bool = False
+    """Whether the save already put the message on its queue (a broker beside the state store)."""
 
 
 def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
@@ -144,7 +146,7 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
                 withdraw_lost_text(ctx.events, env.turn_id)
             tally = MessageTally()
             dispatch = _run_layer(ctx, env, state, tally)
-            _save(ctx, state, lease, dispatch)
+            dispatch = _save(ctx, state, lease, dispatch)
             saved = True
             ctx.metrics.count_message(tally)
             return dispatch
@@ -247,17 +249,22 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
         current = dispatch.envelope
 
 
-def _save(ctx: StepContext, state: TurnState, lease: Lease, dispatch: Dispatch | None) -> None:
-    """Save the state, moving the turn's in-flight marker and giving the lease back, in one round trip.
+def _save(ctx: StepContext, state: TurnState, lease: Lease, dispatch: Dispatch | None) -> Dispatch | None:
+    """Save the state, moving the turn's in-flight marker and giving the lease back, in one round trip;
+    the message to send next, marked sent when the same write put it on its queue.
 
     When no message follows (the turn finished or paused), the same write takes the turn out of
     flight: its marker goes and it leaves its organisation's admission slot (``shared.state.admission``).
+    When the broker is the state store's Redis server, the same write sends the next message
+    (``StepSender.push``): it goes if and only if the state was written, and the task sends nothing.
     """
     if dispatch is None:
         ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True)
-    else:
-        alive_until = ctx.alive_until(dispatch.countdown)
-        ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until, release=lease)
+        return None
+    alive_until = ctx.alive_until(dispatch.countdown)
+    push = ctx.push(dispatch.envelope, dispatch.countdown)
+    ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until, release=lease, push=push)
+    return dispatch if push is None else replace(dispatch, sent=True)
 
 
 def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:

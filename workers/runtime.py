@@ -10,12 +10,13 @@ admission scheduler from a worker bootstep (which an embedded worker, ``aptix de
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import httpx
@@ -35,7 +36,7 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.state.legacy import retire_legacy_keys
-from shared.step_sender import Broker, StepSender
+from shared.step_sender import Broker, CeleryBroker, StepSender, beside_state
 from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
@@ -131,6 +132,7 @@ class WorkerRuntime:
             webhook_sender=webhook_sender(self._settings, self._send_webhook, stored),
         )
         self._steps = build_step_sender(self._broker, self._ctx.timers, self._settings)
+        self._ctx = replace(self._ctx, push=self._steps.push)
         if self._send_webhook is not None:
             if self._http is not None:
                 self._http.close()
@@ -227,8 +229,14 @@ class WorkerRuntime:
 
 def build_step_sender(broker: Broker, timers: Timers, settings: Settings) -> StepSender:
     """The step sender of a worker, a reconciler or a scheduler process: it sends to ``broker`` and
-    parks in ``timers`` the waits the retry policy says to park (:func:`workers.retry.park_after`)."""
-    return StepSender(broker, timers=timers, park_after=retry.park_after(settings))
+    parks in ``timers`` the waits the retry policy says to park (:func:`workers.retry.park_after`).
+    A Celery broker on the state store's Redis server lets the driver's save push the next step
+    (:meth:`~shared.step_sender.StepSender.push`)."""
+    beside = beside_state(settings.redis_url, settings.effective_broker_url)
+    pushes = None
+    if isinstance(broker, CeleryBroker) and beside is not None:
+        pushes = functools.partial(broker.push, db=beside.db)
+    return StepSender(broker, timers=timers, park_after=retry.park_after(settings), pushes=pushes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

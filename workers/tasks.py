@@ -3,7 +3,8 @@ and the webhook task: one attempt at one delivery.
 
 Everything else is the driver's (:func:`workers.driver.run_step`), including every retry. A message
 the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
-is recorded, so running it again only sends that next message.
+is recorded, so running it again only sends that next message. With the broker on the state store's
+Redis server, the driver's save has sent the next message already (``Dispatch.sent``).
 
 A task whose step failed its turn ends by raising :class:`~shared.errors.TurnFailed`, after the
 driver recorded the failure and after the next message (persist) was sent: Celery marks the task
@@ -91,13 +92,14 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         dispatch = run_step(runtime.context, envelope)
         if dispatch is None:
             return
-        try:
-            runtime.steps.send([dispatch.envelope], countdown=dispatch.countdown)
-        except SEND_ERRORS as exc:
-            logger.warning(
-                "could not send %s of turn %s (%s); requeueing", dispatch.envelope.step_key, envelope.turn_id, exc
-            )
-            raise Reject(exc, requeue=True) from exc
+        if not dispatch.sent:  # else the driver's save put it on its queue
+            try:
+                runtime.steps.send([dispatch.envelope], countdown=dispatch.countdown)
+            except SEND_ERRORS as exc:
+                logger.warning(
+                    "could not send %s of turn %s (%s); requeueing", dispatch.envelope.step_key, envelope.turn_id, exc
+                )
+                raise Reject(exc, requeue=True) from exc
         if dispatch.failed is not None:
             raise TurnFailed(dispatch.failed.code.value, dispatch.failed.message)
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shared.errors import StateConflict
-from shared.state.store import EventSink, Lease, Release, StepStart, take_unsent_events
+from shared.state.store import BrokerPush, EventSink, Lease, Release, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["MemoryStateStore"]
@@ -61,7 +61,10 @@ class MemoryStateStore:
         alive_until: float | None = None,
         release: Lease | None = None,
         leave_admission: bool = False,
+        push: BrokerPush | None = None,
     ) -> None:
+        if push is not None:
+            raise ValueError("the memory state store has no broker to push a step message to")
         with self._lock:
             raw = self._states.get(state.turn_id)
             current = None if raw is None else TurnState.model_validate_json(raw).version

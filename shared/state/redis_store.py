@@ -5,8 +5,9 @@ Besides the documents it keeps the step leases and delivery counts, the cancel f
 markers the reconciler reads (one key per turn, ``alive_key``) and the parked timers of long waits
 (``TIMER_SHARDS`` sorted sets). Every script touches the keys of one turn (their hash tag: one
 cluster slot). A step costs two round trips of state work: ``begin`` (cancel check, lease, delivery
-count, load) and ``save`` (write, events, marker, lease and delivery count back and, when the turn's
-chain ended and the caller says so, its admission slot, pipelined with it); a step whose last
+count, load) and ``save`` (write, events, marker, lease and delivery count back, the next step's
+message when the broker shares the server and, when the turn's chain ended and the caller says so,
+its admission slot, pipelined with it); a step whose last
 delivery was lost costs one more (``record_alone``); one more per renewal period renews every lease
 a worker process holds.
 """
@@ -36,7 +37,7 @@ from shared.state.keys import (
     version_key,
 )
 from shared.state.scripts import ScriptCall, pipelined
-from shared.state.store import DELIVERIES_SECONDS, Lease, Release, StepStart, take_unsent_events
+from shared.state.store import DELIVERIES_SECONDS, BrokerPush, Lease, Release, StepStart, take_unsent_events
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore", "connect"]
@@ -53,7 +54,11 @@ _PIPELINE_CHUNK = 1000
 # (ARGV[2]) says; a save is refused unless the stored version is the one the caller loaded, moves (or
 # removes) the turn's in-flight marker and gives the step's lease back; a lease is renewed or released
 # only by its holder, and a renewal pushes the marker forward (never back). A save appends the events it
-# carries (name, data pairs after ARGV[9]) to the turn's event log, with the state's TTL and round. What
+# carries (name, data pairs after ARGV[12]) to the turn's event log, with the state's TTL and round, and
+# last, when ARGV[11] names a broker list, pushes the turn's next step message ARGV[12] on it (in
+# database ARGV[10] of the server, when that is not ''): the message goes if and only if the state
+# was written. A broker list is not a declared key: a push is only asked of a single Redis server
+# (``shared.step_sender``), never of a cluster. What
 # a turn's last save does for its organisation's admission books is ``shared.state.admission``'s script,
 # in the same pipeline.
 _BEGIN = """
@@ -78,11 +83,15 @@ else
 end
 if KEYS[5] and redis.call('get', KEYS[5]) == ARGV[6] then redis.call('del', KEYS[5]) end
 if KEYS[6] then redis.call('del', KEYS[6]) end
-if #ARGV > 9 then
-  for i = 10, #ARGV, 2 do
+if #ARGV > 12 then
+  for i = 13, #ARGV, 2 do
     redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[8])
   end
   redis.call('expire', KEYS[4], ARGV[4])
+end
+if ARGV[11] ~= '' then
+  if ARGV[10] ~= '' then redis.call('select', ARGV[10]) end
+  redis.call('lpush', ARGV[11], ARGV[12])
 end
 return 1
 """
@@ -199,6 +208,7 @@ class RedisStateStore:
         alive_until: float | None = None,
         release: Lease | None = None,
         leave_admission: bool = False,
+        push: BrokerPush | None = None,
     ) -> None:
         """See :meth:`TurnStates.save`. The turn's keys are written by one script; with ``leave_admission``
         its organisation's in-flight set (another slot on a cluster) is written by the admission script
@@ -214,6 +224,8 @@ class RedisStateStore:
             str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
             "" if alive_until is None else repr(alive_until), "" if release is None else release.owner,
             self.max_events, state.round, 0 if alive_until is None else _marker_ttl(alive_until),
+            "" if push is None or push.db is None else push.db, "" if push is None else push.key,
+            "" if push is None else push.payload,
         ]  # fmt: skip
         if release is not None:
             keys += [claim_key(release.turn_id, release.step_key), deliveries_key(release.turn_id, release.step_key)]

@@ -18,6 +18,7 @@ from shared.state.turn_state import TurnState
 
 __all__ = [
     "DELIVERIES_SECONDS",
+    "BrokerPush",
     "CancelFlags",
     "EventSink",
     "InFlightMarkers",
@@ -44,6 +45,22 @@ class Lease:
     turn_id: str
     step_key: str
     owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerPush:
+    """A step message a save puts on its broker queue in the same round trip (``shared.step_sender``).
+
+    It is the one command kombu's Redis transport would send for the message (an ``LPUSH`` of the
+    message to its queue's list for its priority), for a broker on the state store's Redis server.
+    """
+
+    key: str
+    """The broker list the message goes to."""
+    payload: str
+    """The message, as kombu puts it on the list."""
+    db: int | None = None
+    """The broker's database on the server, when it is not the state store's; None: the same."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +128,7 @@ class TurnStates(Protocol):
         alive_until: float | None = None,
         release: Lease | None = None,
         leave_admission: bool = False,
+        push: BrokerPush | None = None,
     ) -> None:
         """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``.
 
@@ -124,7 +142,9 @@ class TurnStates(Protocol):
         - with ``leave_admission``, the turn leaves its organisation's turns in flight and the
           admission scheduler is woken (the books are ``shared.state.admission``'s: the save does
           for a turn whose chain ended what ``AdmissionQueue.finished`` does, without its round trip;
-          the memory store keeps no admission books).
+          the memory store keeps no admission books);
+        - ``push``, the turn's next step message, goes on its broker queue: sent if and only if the
+          state was written (the memory store has no broker: it refuses a push).
 
         Raises:
             StateConflict: when another writer saved first (nothing was written).

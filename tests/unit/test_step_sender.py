@@ -11,7 +11,7 @@ from kombu.exceptions import OperationalError
 
 from shared.models.envelope import TurnEnvelope
 from shared.state import MemoryStateStore
-from shared.step_sender import StepSender
+from shared.step_sender import StepSender, beside_state
 from shared.task_names import StepName
 from tests.unit.fakes import FakeBroker
 
@@ -70,3 +70,34 @@ def test_a_parked_item_that_is_not_an_envelope_is_dropped() -> None:
     broker, store = FakeBroker(), MemoryStateStore()
     store.park("not json", due=NOW)
     assert _sender(broker, store).release_due(now=NOW) == 0 and broker.published == []
+
+
+@pytest.mark.parametrize(
+    ("state_url", "broker_url", "db"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0", None),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379", None),
+        ("redis://127.0.0.1:6379/8", "redis://127.0.0.1:6379/9", 9),
+        ("redis://:pw@10.0.0.5:6380/1", "redis://:pw@10.0.0.5:6380/2", 2),
+        ("unix:///run/redis.sock?db=1", "unix:///run/redis.sock?db=3", 3),
+    ],
+)
+def test_a_broker_beside_the_state_store(state_url: str, broker_url: str, db: int | None) -> None:
+    beside = beside_state(state_url, broker_url)
+    assert beside is not None and beside.db == db
+
+
+@pytest.mark.parametrize(
+    ("state_url", "broker_url"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"),  # another server
+        ("redis://10.0.0.5:6379/0", "redis://10.0.0.6:6379/0"),
+        ("redis://:a@10.0.0.5:6379/0", "redis://:b@10.0.0.5:6379/1"),  # other credentials
+        ("redis://10.0.0.5:6379/0", "rediss://10.0.0.5:6379/0"),  # TLS on one side only
+        ("sentinel://s1:26379/main", "sentinel://s1:26379/main"),  # a failover can move either
+        ("redis+cluster://n1:7000", "redis://n1:7000/0"),
+        ("redis://10.0.0.5:6379/0", "amqp://guest@10.0.0.5//"),
+    ],
+)
+def test_a_broker_not_beside_the_state_store(state_url: str, broker_url: str) -> None:
+    assert beside_state(state_url, broker_url) is None

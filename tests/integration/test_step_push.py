@@ -1,0 +1,154 @@
+"""A step message pushed by the state store's save (``StepSender.push``, ``BrokerPush``) on a real Redis: the same
+bytes ``send_task`` sends, on the same list, sent if and only if the state was written, in the broker's own
+database of the server; and never taken where it cannot be (publish signals connected, another broker)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import redis
+from celery import Celery, signals
+
+from shared.broker import create_producer
+from shared.errors import StateConflict
+from shared.models.envelope import TurnEnvelope
+from shared.settings import Settings
+from shared.state import MemoryStateStore, RedisStateStore, TurnState
+from shared.step_sender import CeleryBroker, StepSender
+from shared.task_names import StepName
+from tests.conftest import redis_databases
+from tests.support.step_messages import ENVELOPES, messages, send_task, without_ids
+from tests.unit.fakes import FakeLlm, answer, make_context, record_turn
+from workers.context import lease_renewer
+from workers.driver import run_step
+from workers.runtime import build_step_sender
+
+pytestmark = pytest.mark.integration
+
+
+def _state(turn_id: str) -> TurnState:
+    return TurnState(turn_id=turn_id, session_id="s", org_id="o", user_id="u", new_session=True, user_input="hi")
+
+
+def _sender(app: Celery, state_url: str, broker_url: str) -> StepSender:
+    """A worker's step sender for a state store at ``state_url`` and a broker at ``broker_url``."""
+    settings = Settings(redis_url=state_url, broker_url=broker_url)
+    return build_step_sender(CeleryBroker(app, retry=False), MemoryStateStore(), settings)
+
+
+@pytest.fixture
+def two_databases(services: None) -> Iterator[tuple[str, str]]:
+    """(state URL, broker URL): two empty databases of the local Redis server."""
+    with redis_databases(2) as (state_url, broker_url):
+        yield state_url, broker_url
+
+
+@pytest.mark.parametrize("countdown", [0.0, 2.5])
+def test_a_pushed_step_message_is_byte_for_byte_the_one_send_task_sends(
+    two_databases: tuple[str, str], countdown: float
+) -> None:
+    # Given a broker in another database of the state store's server
+    state_url, broker_url = two_databases
+    app = create_producer(Settings(broker_url=broker_url, redis_url=state_url))
+    sender, store = _sender(app, state_url, broker_url), RedisStateStore.from_url(state_url)
+    for envelope in ENVELOPES:
+        # When each envelope goes through send_task, then is pushed by a save of its turn's state
+        send_task(app, envelope, countdown)
+        push = sender.push(envelope, countdown)
+        assert push is not None and push.db == int(broker_url.rsplit("/", 1)[1])
+        store.save(_state(envelope.turn_id), ttl_seconds=60, push=push)
+    # Then both lie on the same list, the same bytes ids and ETA aside; and nothing went to the state's database
+    for envelope in ENVELOPES:
+        by_send_task, pushed = (without_ids(raw) for raw in messages(broker_url, envelope))
+        assert pushed == by_send_task
+    state_lists = [key for key in store.client.keys("*") if store.client.type(key) == b"list"]
+    assert state_lists == []
+
+
+def test_a_save_that_is_refused_pushes_nothing(two_databases: tuple[str, str]) -> None:
+    # Given a turn whose state another worker saved since this one loaded it
+    state_url, broker_url = two_databases
+    app = create_producer(Settings(broker_url=broker_url, redis_url=state_url))
+    sender, store = _sender(app, state_url, broker_url), RedisStateStore.from_url(state_url)
+    envelope = TurnEnvelope(turn_id="turn_refused", step=StepName.REASONER, hop=3)
+    store.save(_state(envelope.turn_id), ttl_seconds=60)
+    stale = _state(envelope.turn_id)  # version 0: the stored one is 1
+    # When its save carries the next step's message
+    with pytest.raises(StateConflict):
+        store.save(stale, ttl_seconds=60, push=sender.push(envelope))
+    # Then the message was not sent either; the same save from the stored version sends it once
+    assert messages(broker_url, envelope) == []
+    current = _state(envelope.turn_id)
+    current.version = 1
+    store.save(current, ttl_seconds=60, push=sender.push(envelope))
+    (raw,) = messages(broker_url, envelope)
+    assert json.loads(raw)["headers"]["task"] == "aptix.step.reasoner"
+
+
+def test_a_broker_in_the_state_stores_own_database_is_pushed_to_without_a_database_switch(
+    redis_db_url: str, redis_client: redis.Redis
+) -> None:
+    app = create_producer(Settings(broker_url=redis_db_url, redis_url=redis_db_url))
+    envelope = TurnEnvelope(turn_id="turn_same_db", step=StepName.COMPOSE, hop=4, priority=3)
+    push = _sender(app, redis_db_url, redis_db_url).push(envelope)
+    assert push is not None and push.db is None
+    RedisStateStore(redis_client).save(_state(envelope.turn_id), ttl_seconds=60, push=push)
+    assert len(messages(redis_db_url, envelope)) == 1
+
+
+def test_no_message_is_taken_with_publish_signals_connected_or_for_a_parked_wait(
+    two_databases: tuple[str, str],
+) -> None:
+    state_url, broker_url = two_databases
+    app = create_producer(Settings(broker_url=broker_url, redis_url=state_url))
+    sender = _sender(app, state_url, broker_url)
+    envelope = TurnEnvelope(turn_id="turn_signalled", step=StepName.REASONER, hop=1)
+    assert sender.push(envelope, sender.park_after + 1) is None  # parked in the state store's timers instead
+
+    def on_publish(**_kwargs: object) -> None:  # what telemetry's instrumentation connects
+        pass
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    try:
+        assert sender.push(envelope) is None  # the task sends it: the signal sees it go
+    finally:
+        signals.before_task_publish.disconnect(on_publish)
+    assert messages(broker_url, envelope) == []  # taking a message never sends it
+
+
+def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_none(
+    two_databases: tuple[str, str],
+) -> None:
+    # Given a worker whose state store and broker share a Redis server (two databases), as by default
+    state_url, broker_url = two_databases
+    app = create_producer(Settings(broker_url=broker_url, redis_url=state_url))
+    store = RedisStateStore.from_url(state_url)
+    ctx = make_context(FakeLlm(answer("hi")))
+    ctx = replace(
+        ctx, states=store, cancel_flags=store, in_flight=store, timers=store,
+        leases=lease_renewer(store, ctx.settings), push=_sender(app, state_url, broker_url).push,
+    )  # fmt: skip
+    first = record_turn(ctx)
+    # When each message the driver hands on is taken from the broker and run, as a worker does
+    ran, dispatch = [], run_step(ctx, first)
+    while dispatch is not None:
+        # Then every next step was sent by the save that recorded it, and it is on its queue
+        assert dispatch.sent
+        (raw,) = messages(broker_url, dispatch.envelope)
+        payload = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
+        assert TurnEnvelope.model_validate(payload) == dispatch.envelope
+        _take(broker_url, raw)
+        ran.append(dispatch.envelope.step)
+        dispatch = run_step(ctx, dispatch.envelope)
+    assert ran == [StepName.REASONER, StepName.COMPOSE, StepName.LLM_CALL, StepName.REASONER, StepName.PERSIST]
+    row = ctx.turns.get(first.turn_id)
+    assert row is not None and row.status == "completed"
+
+
+def _take(broker_url: str, raw: bytes) -> None:
+    client = redis.Redis.from_url(broker_url)
+    assert sum(client.lrem(key, 1, raw) for key in client.keys("*") if client.type(key) == b"list") == 1
