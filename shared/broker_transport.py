@@ -4,7 +4,10 @@ kombu builds a new ``redis.Redis`` (over the same connection pool) for every mes
 and every ack; redis-py 8 fills a table of ~300 response callbacks in each, which measured 5 % of a
 worker's CPU. A client over a pool is safe to share between threads and greenlets, so the channel
 keeps one, and builds a new one only when its pool was replaced (after a fork or a disconnect).
-Everything else is kombu's: the Sentinel channel asks the sentinels for the primary's address on each
+Two more, for the driver's save (``shared.step_sender``): a publish whose Redis command is taken rather
+than sent (:func:`capturing`), and an acknowledgement a save already made on Redis
+(:func:`acknowledged_by_save`), whose ack then costs no round trip. Everything else is kombu's: the
+Sentinel channel asks the sentinels for the primary's address on each
 new connection, and its pool drops its connections when that address changed (a failover).
 
 One guard: a channel whose connection already let go of its transport (``transport.client`` is None)
@@ -20,14 +23,16 @@ brings them back as it does after any lost connection.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
-__all__ = ["Captured", "SentinelTransport", "Transport", "capturing"]
+__all__ = ["Captured", "QoS", "SentinelTransport", "Transport", "acknowledged_by_save", "capturing"]
 
 
 class _SharedClient:
@@ -97,8 +102,39 @@ def capturing() -> Iterator[list[Captured]]:
         _capture.taken = None
 
 
+_ACKED_KEPT = 10000
+"""Delivery tags :func:`acknowledged_by_save` remembers for the ack that follows (a prefork pool's child saves,
+its parent acks: the child's tags are forgotten oldest first, and such an ack costs its round trip)."""
+_acked_by_save: OrderedDict[str, None] = OrderedDict()
+_acked_lock = threading.Lock()
+
+
+def acknowledged_by_save(delivery_tag: str) -> None:
+    """Say that the message of ``delivery_tag`` was acknowledged on Redis by the save of its step's state
+    (``shared.state.BrokerPush.ack``): kombu's ack of it in this process then only forgets it in memory."""
+    with _acked_lock:
+        _acked_by_save[delivery_tag] = None
+        while len(_acked_by_save) > _ACKED_KEPT:
+            _acked_by_save.popitem(last=False)
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis acknowledgements, minus the round trip of an ack a save already made on Redis."""
+
+    def ack(self, delivery_tag: Any) -> None:
+        with _acked_lock:
+            done = _acked_by_save.pop(delivery_tag, False) is None
+        if done:
+            virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]  # kombu is untyped
+            return
+        super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+
+
 class Channel(_SharedClient, kombu_redis.Channel):
-    """A Redis channel that reuses its synchronous client, and whose publishes can be taken (:func:`capturing`)."""
+    """A Redis channel that reuses its synchronous client, whose publishes can be taken (:func:`capturing`),
+    and whose acks skip Redis for messages a save acknowledged there (:func:`acknowledged_by_save`)."""
+
+    QoS = QoS
 
     def create_publish_batch(self, max_size: int) -> Any:
         taken = getattr(_capture, "taken", None)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -133,13 +133,15 @@ class StepSender:
             return
         self._broker.publish(envelopes, countdown=countdown)
 
-    def push(self, envelope: TurnEnvelope, countdown: float = 0.0) -> BrokerPush | None:
+    def push(self, envelope: TurnEnvelope, countdown: float = 0.0, ack: str | None = None) -> BrokerPush | None:
         """The message of sending ``envelope`` after ``countdown`` seconds, built but not sent, for the
-        state store's save to push in its round trip; None when it must go through :meth:`send` (the
-        broker is not beside the state store, publish signals are connected, or it would be parked)."""
+        state store's save to push in its round trip, and to acknowledge there the message of delivery tag
+        ``ack`` (the one the step ran from); None when it must go through :meth:`send` (the broker is not
+        beside the state store, publish signals are connected, or it would be parked)."""
         if self._pushes is None or countdown > self._park_after:
             return None
-        return self._pushes(envelope, countdown)
+        push = self._pushes(envelope, countdown)
+        return push if push is None or ack is None else replace(push, ack=ack)
 
     def release_due(self, *, now: float) -> int:
         """Send the parked messages that are due (``now``: Unix time), in one round trip; how many.
@@ -206,19 +208,22 @@ class CeleryBroker:
         """The message :meth:`publish` would send for ``envelope``, as the ``LPUSH`` kombu would send it,
         for a save to push on a broker beside the state store (``db``: the broker's database when it is
         not the state store's); None when publish signals are connected or the broker's channel is not a
-        Redis channel of ``shared.broker_transport`` (nothing is sent either way)."""
+        Redis channel of ``shared.broker_transport`` without a ``global_keyprefix`` (nothing is sent either
+        way). Its acknowledgement keys are the channel's (``BrokerPush.ack`` sets the tag)."""
         if signals.before_task_publish.receivers or signals.after_task_publish.receivers:
             return None
         with self._app.producer_or_acquire() as producer, producer.connection._reraise_as_library_errors():
-            if type(producer.channel) is not Channel:
-                return None
+            channel = producer.channel
+            if type(channel) is not Channel or channel.global_keyprefix:
+                return None  # another broker; or kombu's client prefixes every key, which a script would not
+            unacked = {"unacked_key": channel.unacked_key, "unacked_index_key": channel.unacked_index_key}
             with capturing() as taken, producer.batch(max_size=1):
                 self._publish(producer, envelope, countdown, self._conf, self._ids(), False, retry=False)
         commands = [command for batch in taken for command in batch.commands]
         if len(commands) != 1 or commands[0][0] != "lpush":
             return None  # kombu would send more than the message (a queue with an expiry): send it apart
         key, payload = commands[0][1]
-        return BrokerPush(key=str(key), payload=payload, db=db)
+        return BrokerPush(key=str(key), payload=payload, db=db, **unacked)
 
     def _ids(self) -> tuple[str | None, str | None]:
         """The root and parent task ids of messages sent from the task running now (None outside one)."""

@@ -167,8 +167,9 @@ class StepContext:
     """The organisations' admission slots, which a turn ended outside ``persist`` leaves (none when not given)."""
     webhook_sender: WebhookSender | None = None
     """Sends the webhook deliveries a commit or an early end recorded (none when not given: the sweep does)."""
-    push: Callable[[TurnEnvelope, float], BrokerPush | None] = field(default=lambda envelope, countdown: None)
-    """The next step's message for the save to push (``StepSender.push``); None: the task sends it."""
+    push: Callable[[TurnEnvelope, float, str | None], BrokerPush | None] = field(default=lambda *_args: None)
+    """The next step's message for the save to push, acknowledging the message of the delivery tag given
+    (``StepSender.push``); None: the task sends it."""
     token_usage: TokenUsagePort | None = None
     """Counts each committed turn's tokens for its organisation's daily budget (none when not given)."""
 

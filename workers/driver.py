@@ -73,10 +73,13 @@ class Dispatch:
     """The error this step failed the turn with (the message then persists the failure), else None."""
     sent: bool = False
     """Whether the save already put the message on its queue (a broker beside the state store)."""
+    acked: bool = False
+    """Whether that save also acknowledged the message the step ran from (``shared.state.BrokerPush.ack``)."""
 
 
-def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
-    """Run one step of one turn.
+def run_step(ctx: StepContext, env: TurnEnvelope, *, delivery_tag: str | None = None) -> Dispatch | None:
+    """Run one step of one turn; ``delivery_tag``: the broker's tag of the message it came in, which the
+    save that ends the step acknowledges when it also sends the next message (:func:`_save`).
 
     Returns:
         The message to send next (possibly this same step, later), or None when the chain ends,
@@ -88,7 +91,7 @@ def run_step(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
     """
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
         try:
-            return _run(ctx, env)
+            return _run(ctx, env, delivery_tag)
         except TurnFailed:
             raise  # the step was given up on (``worker_lost``): its turn is recorded as failed
         except Exception as exc:
@@ -107,7 +110,7 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
     ctx.ending.end(turn_id, ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message))
 
 
-def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
+def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None) -> Dispatch | None:
     lease = Lease(env.turn_id, env.step_key, owner=f"{ctx.hostname}:{uuid.uuid4().hex}")
     start = ctx.states.begin(
         lease,
@@ -146,7 +149,7 @@ def _run(ctx: StepContext, env: TurnEnvelope) -> Dispatch | None:
                 withdraw_lost_text(ctx.events, env.turn_id)
             tally = MessageTally()
             dispatch = _run_layer(ctx, env, state, tally)
-            dispatch = _save(ctx, state, lease, dispatch)
+            dispatch = _save(ctx, state, lease, dispatch, delivery_tag)
             saved = True
             ctx.metrics.count_message(tally)
             return dispatch
@@ -249,22 +252,25 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
         current = dispatch.envelope
 
 
-def _save(ctx: StepContext, state: TurnState, lease: Lease, dispatch: Dispatch | None) -> Dispatch | None:
+def _save(
+    ctx: StepContext, state: TurnState, lease: Lease, dispatch: Dispatch | None, delivery_tag: str | None
+) -> Dispatch | None:
     """Save the state, moving the turn's in-flight marker and giving the lease back, in one round trip;
     the message to send next, marked sent when the same write put it on its queue.
 
     When no message follows (the turn finished or paused), the same write takes the turn out of
     flight: its marker goes and it leaves its organisation's admission slot (``shared.state.admission``).
     When the broker is the state store's Redis server, the same write sends the next message
-    (``StepSender.push``): it goes if and only if the state was written, and the task sends nothing.
+    (``StepSender.push``) and acknowledges the one the step came in (``delivery_tag``): both happen if
+    and only if the state was written, and the task sends nothing (nor does its ack touch Redis).
     """
     if dispatch is None:
         ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True)
         return None
     alive_until = ctx.alive_until(dispatch.countdown)
-    push = ctx.push(dispatch.envelope, dispatch.countdown)
+    push = ctx.push(dispatch.envelope, dispatch.countdown, delivery_tag)
     ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=alive_until, release=lease, push=push)
-    return dispatch if push is None else replace(dispatch, sent=True)
+    return dispatch if push is None else replace(dispatch, sent=True, acked=push.ack is not None)
 
 
 def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:

@@ -4,7 +4,8 @@ and the webhook task: one attempt at one delivery.
 Everything else is the driver's (:func:`workers.driver.run_step`), including every retry. A message
 the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
 is recorded, so running it again only sends that next message. With the broker on the state store's
-Redis server, the driver's save has sent the next message already (``Dispatch.sent``).
+Redis server, the driver's save has sent the next message already (``Dispatch.sent``) and acknowledged
+this one on Redis (``Dispatch.acked``: Celery's ack of it then stays in memory).
 
 A task whose step failed its turn ends by raising :class:`~shared.errors.TurnFailed`, after the
 driver recorded the failure and after the next message (persist) was sent: Celery marks the task
@@ -29,6 +30,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from shared.broker_transport import acknowledged_by_save
 from shared.errors import TurnFailed
 from shared.models.envelope import TurnEnvelope
 from shared.step_sender import SEND_ERRORS
@@ -89,9 +91,12 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         envelope = _validate(layer, payload)
         if envelope is None:
             return
-        dispatch = run_step(runtime.context, envelope)
+        tag = (self.request.properties or {}).get("delivery_tag")
+        dispatch = run_step(runtime.context, envelope, delivery_tag=tag)
         if dispatch is None:
             return
+        if dispatch.acked and tag is not None:  # by the save that sent the next step: Celery's ack then skips Redis
+            acknowledged_by_save(tag)
         if not dispatch.sent:  # else the driver's save put it on its queue
             try:
                 runtime.steps.send([dispatch.envelope], countdown=dispatch.countdown)

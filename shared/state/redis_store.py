@@ -54,13 +54,14 @@ _PIPELINE_CHUNK = 1000
 # (ARGV[2]) says; a save is refused unless the stored version is the one the caller loaded, moves (or
 # removes) the turn's in-flight marker and gives the step's lease back; a lease is renewed or released
 # only by its holder, and a renewal pushes the marker forward (never back). A save appends the events it
-# carries (name, data pairs after ARGV[12]) to the turn's event log, with the state's TTL and round, and
+# carries (name, data pairs after ARGV[15]) to the turn's event log, with the state's TTL and round, and
 # last, when ARGV[11] names a broker list, pushes the turn's next step message ARGV[12] on it (in
-# database ARGV[10] of the server, when that is not ''): the message goes if and only if the state
-# was written. A broker list is not a declared key: a push is only asked of a single Redis server
-# (``shared.step_sender``), never of a cluster. What
-# a turn's last save does for its organisation's admission books is ``shared.state.admission``'s script,
-# in the same pipeline.
+# database ARGV[10] of the server, when that is not '') and acknowledges the message of delivery tag
+# ARGV[13] (when not ''), deleting its entries in kombu's unacked hash ARGV[14] and index ARGV[15]: the
+# message goes, and the one it follows is acknowledged, if and only if the state was written. The broker's
+# keys are not declared keys: a push is only asked of a single Redis server (``shared.step_sender``),
+# never of a cluster. What a turn's last save does for its organisation's admission books is
+# ``shared.state.admission``'s script, in the same pipeline.
 _BEGIN = """
 if ARGV[3] == '1' and redis.call('exists', KEYS[2]) == 1 then return {0} end
 if not redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[2]) then return {2} end
@@ -83,8 +84,8 @@ else
 end
 if KEYS[5] and redis.call('get', KEYS[5]) == ARGV[6] then redis.call('del', KEYS[5]) end
 if KEYS[6] then redis.call('del', KEYS[6]) end
-if #ARGV > 12 then
-  for i = 13, #ARGV, 2 do
+if #ARGV > 15 then
+  for i = 16, #ARGV, 2 do
     redis.call('xadd', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'event', ARGV[i], 'data', ARGV[i + 1], 'round', ARGV[8])
   end
   redis.call('expire', KEYS[4], ARGV[4])
@@ -92,6 +93,10 @@ end
 if ARGV[11] ~= '' then
   if ARGV[10] ~= '' then redis.call('select', ARGV[10]) end
   redis.call('lpush', ARGV[11], ARGV[12])
+  if ARGV[13] ~= '' then
+    redis.call('zrem', ARGV[15], ARGV[13])
+    redis.call('hdel', ARGV[14], ARGV[13])
+  end
 end
 return 1
 """
@@ -225,7 +230,8 @@ class RedisStateStore:
             "" if alive_until is None else repr(alive_until), "" if release is None else release.owner,
             self.max_events, state.round, 0 if alive_until is None else _marker_ttl(alive_until),
             "" if push is None or push.db is None else push.db, "" if push is None else push.key,
-            "" if push is None else push.payload,
+            "" if push is None else push.payload, "" if push is None or push.ack is None else push.ack,
+            "" if push is None else push.unacked_key, "" if push is None else push.unacked_index_key,
         ]  # fmt: skip
         if release is not None:
             keys += [claim_key(release.turn_id, release.step_key), deliveries_key(release.turn_id, release.step_key)]

@@ -49,7 +49,8 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class BrokerPush:
-    """A step message a save puts on its broker queue in the same round trip (``shared.step_sender``).
+    """A step message a save puts on its broker queue in the same round trip (``shared.step_sender``), and
+    the message it acknowledges there.
 
     It is the one command kombu's Redis transport would send for the message (an ``LPUSH`` of the
     message to its queue's list for its priority), for a broker on the state store's Redis server.
@@ -61,6 +62,12 @@ class BrokerPush:
     """The message, as kombu puts it on the list."""
     db: int | None = None
     """The broker's database on the server, when it is not the state store's; None: the same."""
+    ack: str | None = None
+    """The delivery tag of the message whose step this save ends, acknowledged in the same script (kombu's
+    unacked entries deleted: ``unacked_index`` and ``unacked``), so the broker never gives it back once its
+    step's save landed; None: the task acknowledges it as usual."""
+    unacked_key: str = "unacked"
+    unacked_index_key: str = "unacked_index"
 
 
 @dataclass(frozen=True, slots=True)

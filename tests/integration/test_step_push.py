@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -13,13 +14,14 @@ import pytest
 import redis
 from celery import Celery, signals
 
-from shared.broker import create_producer
+from shared.broker import create_producer, unacked_depth
+from shared.broker_transport import acknowledged_by_save
 from shared.errors import StateConflict
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import MemoryStateStore, RedisStateStore, TurnState
 from shared.step_sender import CeleryBroker, StepSender
-from shared.task_names import StepName
+from shared.task_names import Queue, StepName
 from tests.conftest import redis_databases
 from tests.support.step_messages import ENVELOPES, messages, send_task, without_ids
 from tests.unit.fakes import FakeLlm, answer, make_context, record_turn
@@ -133,6 +135,7 @@ def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_non
         leases=lease_renewer(store, ctx.settings), push=_sender(app, state_url, broker_url).push,
     )  # fmt: skip
     first = record_turn(ctx)
+    broker = redis.Redis.from_url(broker_url)
     # When each message the driver hands on is taken from the broker and run, as a worker does
     ran, dispatch = [], run_step(ctx, first)
     while dispatch is not None:
@@ -141,14 +144,45 @@ def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_non
         (raw,) = messages(broker_url, dispatch.envelope)
         payload = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
         assert TurnEnvelope.model_validate(payload) == dispatch.envelope
-        _take(broker_url, raw)
+        tag = _take(broker, raw)
         ran.append(dispatch.envelope.step)
-        dispatch = run_step(ctx, dispatch.envelope)
+        dispatch = run_step(ctx, dispatch.envelope, delivery_tag=tag)
+        # and the message the step came in was acknowledged by the same save, unless the chain ended there
+        held = broker.hexists("unacked", tag) or broker.zscore("unacked_index", tag) is not None
+        assert held is (dispatch is None)
+        assert dispatch is None or dispatch.acked
     assert ran == [StepName.REASONER, StepName.COMPOSE, StepName.LLM_CALL, StepName.REASONER, StepName.PERSIST]
     row = ctx.turns.get(first.turn_id)
     assert row is not None and row.status == "completed"
 
 
-def _take(broker_url: str, raw: bytes) -> None:
-    client = redis.Redis.from_url(broker_url)
-    assert sum(client.lrem(key, 1, raw) for key in client.keys("*") if client.type(key) == b"list") == 1
+def _take(broker: redis.Redis, raw: bytes) -> str:
+    """Take the message ``raw`` off its list and hold it unacknowledged, as kombu's consumer does; its delivery tag."""
+    assert sum(broker.lrem(key, 1, raw) for key in broker.keys("*") if broker.type(key) == b"list") == 1
+    tag = str(json.loads(raw)["properties"]["delivery_tag"])
+    broker.zadd("unacked_index", {tag: time.time()})
+    broker.hset("unacked", tag, json.dumps([raw.decode(), "", "pipeline"]))
+    return tag
+
+
+def test_kombus_ack_of_a_message_a_save_acknowledged_does_not_touch_redis(
+    redis_db_url: str, redis_client: redis.Redis
+) -> None:
+    # Given two step messages a consumer holds unacknowledged (two tasks in progress)
+    app = create_producer(Settings(broker_url=redis_db_url, redis_url=redis_db_url))
+    StepSender(CeleryBroker(app, retry=False), timers=MemoryStateStore(), park_after=30).send(
+        [TurnEnvelope(turn_id=f"turn_{n}", step=StepName.REASONER, hop=1) for n in range(2)]
+    )
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue("pipeline")
+        first, second = queue.get(timeout=5), queue.get(timeout=5)
+        assert unacked_depth(redis_client)[Queue.PIPELINE] == 2
+        # When the first one's save acknowledged it (said, not done here), and the task then acks both
+        acknowledged_by_save(first.delivery_tag)
+        first.ack()
+        second.ack()
+        # Then kombu forgot both, but only the second's ack went to Redis
+        assert redis_client.hexists("unacked", first.delivery_tag)
+        assert not redis_client.hexists("unacked", second.delivery_tag)
+        assert {first.delivery_tag, second.delivery_tag} <= connection.default_channel.qos._dirty  # acked
+        queue.close()
