@@ -29,7 +29,8 @@ OpenTelemetry instrumentation writes each message's trace context into its heade
 goes out in its turn's trace.
 
 **Beside the state.** When the broker is the state store's Redis server (the default:
-``APTIX_BROKER_URL`` unset, or another database of the same server), a worker's next step does not
+``APTIX_BROKER_URL`` unset, or another database of the same server whose scripts can ``SELECT`` it:
+:func:`scripts_reach`), a worker's next step does not
 take a round trip of its own: :meth:`StepSender.push` builds the message as a publish would (kombu
 routes it through a producer batch whose Redis command is taken, not sent:
 ``shared.broker_transport.capturing``) and the driver's save of the turn's state pushes it in its
@@ -47,6 +48,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Protocol
 
+import redis
 from celery import Celery, signals
 from kombu.exceptions import BatchPublishError
 from kombu.exceptions import OperationalError as BrokerError
@@ -60,7 +62,7 @@ from shared.state import BrokerPush, Timers
 from shared.task_names import TASK_QUEUES, task_name
 from shared.telemetry import turn_spans
 
-__all__ = ["SEND_ERRORS", "BesideState", "Broker", "CeleryBroker", "StepSender", "beside_state"]
+__all__ = ["SEND_ERRORS", "BesideState", "Broker", "CeleryBroker", "StepSender", "beside_state", "scripts_reach"]
 
 logger = logging.getLogger(__name__)
 
@@ -318,3 +320,30 @@ def beside_state(state_url: str, broker_url: str) -> BesideState | None:
     if state != broker:
         return None
     return BesideState(db=None if broker_db == state_db else broker_db)
+
+
+_SELECT_PROBE = "redis.call('select', ARGV[1]) redis.call('set', KEYS[1], '1', 'EX', 60) return 1"
+
+
+def scripts_reach(state_url: str, broker_url: str, db: int) -> bool:
+    """Whether a script run on the state store's server reaches the broker's database ``db`` by ``SELECT``,
+    as Redis's scripts do (a database a script selects is its own, since Redis 2.8.12). Only a server that
+    says it is Redis (``INFO server``) is asked, then one probe key is written by a script and read back
+    (deleted after): fakeredis (``aptix dev``'s embedded server) has no ``INFO`` and does not keep a
+    script's ``SELECT`` apart from its caller's, and a proxy may refuse ``SELECT``. False for any of
+    these, or an unreachable server: the steps are then sent apart."""
+    key = f"aptix:select-probe:{uuid()}"
+    state, broker = redis.Redis.from_url(state_url), redis.Redis.from_url(broker_url)
+    try:
+        if "redis_version" not in state.info("server"):
+            return False
+        state.eval(_SELECT_PROBE, 1, key, db)
+        reached = broker.get(key) is not None
+        broker.delete(key)
+        state.delete(key)
+        return reached
+    except redis.RedisError:
+        return False
+    finally:
+        state.close()
+        broker.close()

@@ -36,7 +36,7 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.state.legacy import retire_legacy_keys
-from shared.step_sender import Broker, CeleryBroker, StepSender, beside_state
+from shared.step_sender import Broker, CeleryBroker, StepSender, beside_state, scripts_reach
 from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
@@ -232,10 +232,13 @@ def build_step_sender(broker: Broker, timers: Timers, settings: Settings) -> Ste
     parks in ``timers`` the waits the retry policy says to park (:func:`workers.retry.park_after`).
     A Celery broker on the state store's Redis server lets the driver's save push the next step
     (:meth:`~shared.step_sender.StepSender.push`)."""
-    beside = beside_state(settings.redis_url, settings.effective_broker_url)
     pushes = None
+    beside = beside_state(settings.redis_url, settings.effective_broker_url)
     if isinstance(broker, CeleryBroker) and beside is not None:
-        pushes = functools.partial(broker.push, db=beside.db)
+        if beside.db is None or scripts_reach(settings.redis_url, settings.effective_broker_url, beside.db):
+            pushes = functools.partial(broker.push, db=beside.db)
+        else:
+            logger.info("the state store's scripts cannot reach the broker's database: each step is sent apart")
     return StepSender(broker, timers=timers, park_after=retry.park_after(settings), pushes=pushes)
 
 

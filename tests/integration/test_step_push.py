@@ -14,13 +14,14 @@ import pytest
 import redis
 from celery import Celery, signals
 
+from aptix_cli.embedded_redis import EmbeddedRedis
 from shared.broker import create_producer, unacked_depth
 from shared.broker_transport import acknowledged_by_save
 from shared.errors import StateConflict
 from shared.models.envelope import TurnEnvelope
 from shared.settings import Settings
 from shared.state import MemoryStateStore, RedisStateStore, TurnState
-from shared.step_sender import CeleryBroker, StepSender
+from shared.step_sender import CeleryBroker, StepSender, scripts_reach
 from shared.task_names import Queue, StepName
 from tests.conftest import redis_databases
 from tests.support.step_messages import ENVELOPES, messages, send_task, without_ids
@@ -186,3 +187,20 @@ def test_kombus_ack_of_a_message_a_save_acknowledged_does_not_touch_redis(
         assert not redis_client.hexists("unacked", second.delivery_tag)
         assert {first.delivery_tag, second.delivery_tag} <= connection.default_channel.qos._dirty  # acked
         queue.close()
+
+
+def test_a_broker_database_a_script_cannot_select_is_sent_to_apart(two_databases: tuple[str, str]) -> None:
+    # Given Redis, whose scripts reach another database by SELECT, and fakeredis (aptix dev's embedded server),
+    # whose scripts run every command on the caller's database
+    state_url, broker_url = two_databases
+    broker_db = int(broker_url.rsplit("/", 1)[1])
+    assert scripts_reach(state_url, broker_url, broker_db)
+    with EmbeddedRedis() as embedded:
+        assert not scripts_reach(embedded.url(0), embedded.url(1), 1)
+        # Then a worker there sends each step apart, as it would to a broker elsewhere
+        sender = _sender(create_producer(Settings(broker_url=embedded.url(1))), embedded.url(0), embedded.url(1))
+        assert sender.push(TurnEnvelope(turn_id="turn_dev", step=StepName.REASONER, hop=1)) is None
+    assert _sender(create_producer(Settings(broker_url=broker_url)), state_url, broker_url).push(
+        TurnEnvelope(turn_id="turn_redis", step=StepName.REASONER, hop=1)
+    )
+    assert redis.Redis.from_url(broker_url).keys("aptix:select-probe:*") == []  # the probe cleans up
