@@ -57,7 +57,7 @@ from redis import RedisError
 
 from shared.broker_transport import Channel, capturing
 from shared.models.envelope import TurnEnvelope
-from shared.redis_clients import SERVER_SCHEMES
+from shared.redis_clients import SERVER_SCHEMES, redis_client
 from shared.state import BrokerPush, Timers
 from shared.task_names import TASK_QUEUES, task_name
 from shared.telemetry import turn_spans
@@ -333,7 +333,8 @@ def scripts_reach(state_url: str, broker_url: str, db: int) -> bool:
     script's ``SELECT`` apart from its caller's, and a proxy may refuse ``SELECT``. False for any of
     these, or an unreachable server: the steps are then sent apart."""
     key = f"aptix:select-probe:{uuid()}"
-    state, broker = redis.Redis.from_url(state_url), redis.Redis.from_url(broker_url)
+    state = redis_client(state_url, socket_timeout=5, socket_connect_timeout=5)
+    broker = redis_client(broker_url, socket_timeout=5, socket_connect_timeout=5)
     try:
         if "redis_version" not in state.info("server"):
             return False
