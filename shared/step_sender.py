@@ -62,7 +62,9 @@ from shared.state import BrokerPush, Timers
 from shared.task_names import TASK_QUEUES, task_name
 from shared.telemetry import turn_spans
 
-__all__ = ["SEND_ERRORS", "BesideState", "Broker", "CeleryBroker", "StepSender", "beside_state", "scripts_reach"]
+__all__ = [
+    "SEND_ERRORS", "BesideState", "Broker", "CeleryBroker", "Pushes", "StepSender", "beside_state", "scripts_reach",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,10 @@ class Broker(Protocol):
         """
 
 
+Pushes = Callable[[TurnEnvelope, float], BrokerPush | None]
+"""Builds a step's message (envelope, countdown) for a save to push; None when it must be sent apart."""
+
+
 class StepSender:
     """Sends turns' next steps now, after a countdown, or parked until due; one per process."""
 
@@ -91,7 +97,7 @@ class StepSender:
         timers: Timers,
         park_after: float,
         clock: Callable[[], float] = time.time,
-        pushes: Callable[[TurnEnvelope, float], BrokerPush | None] | None = None,
+        pushes: Pushes | None = None,
     ) -> None:
         """Build the sender.
 

@@ -36,7 +36,7 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.state.legacy import retire_legacy_keys
-from shared.step_sender import Broker, CeleryBroker, StepSender, beside_state, scripts_reach
+from shared.step_sender import Broker, CeleryBroker, Pushes, StepSender, beside_state, scripts_reach
 from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
@@ -131,7 +131,8 @@ class WorkerRuntime:
             outbox=webhook_outbox(self._settings, self._send_webhook, stored),
             webhook_sender=webhook_sender(self._settings, self._send_webhook, stored),
         )
-        self._steps = build_step_sender(self._broker, self._ctx.timers, self._settings)
+        pushes = save_pushes(self._broker, self._settings)
+        self._steps = build_step_sender(self._broker, self._ctx.timers, self._settings, pushes=pushes)
         self._ctx = replace(self._ctx, push=self._steps.push)
         if self._send_webhook is not None:
             if self._http is not None:
@@ -227,19 +228,28 @@ class WorkerRuntime:
             thread.join(timeout=5)
 
 
-def build_step_sender(broker: Broker, timers: Timers, settings: Settings) -> StepSender:
+def build_step_sender(
+    broker: Broker, timers: Timers, settings: Settings, *, pushes: Pushes | None = None
+) -> StepSender:
     """The step sender of a worker, a reconciler or a scheduler process: it sends to ``broker`` and
-    parks in ``timers`` the waits the retry policy says to park (:func:`workers.retry.park_after`).
-    A Celery broker on the state store's Redis server lets the driver's save push the next step
-    (:meth:`~shared.step_sender.StepSender.push`)."""
-    pushes = None
-    beside = beside_state(settings.redis_url, settings.effective_broker_url)
-    if isinstance(broker, CeleryBroker) and beside is not None:
-        if beside.db is None or scripts_reach(settings.redis_url, settings.effective_broker_url, beside.db):
-            pushes = functools.partial(broker.push, db=beside.db)
-        else:
-            logger.info("the state store's scripts cannot reach the broker's database: each step is sent apart")
+    parks in ``timers`` the waits the retry policy says to park (:func:`workers.retry.park_after`);
+    a worker's also builds the messages its driver's save pushes (``pushes``: :func:`save_pushes`)."""
     return StepSender(broker, timers=timers, park_after=retry.park_after(settings), pushes=pushes)
+
+
+def save_pushes(broker: Broker, settings: Settings) -> Pushes | None:
+    """What builds the next step's message for a worker's save to push (:meth:`~shared.step_sender.StepSender.push`):
+    for a Celery broker on the state store's Redis server (in another database, only when a script
+    reaches it: one probe, :func:`~shared.step_sender.scripts_reach`); None otherwise."""
+    if not isinstance(broker, CeleryBroker):
+        return None
+    beside = beside_state(settings.redis_url, settings.effective_broker_url)
+    if beside is None:
+        return None
+    if beside.db is not None and not scripts_reach(settings.redis_url, settings.effective_broker_url, beside.db):
+        logger.info("the state store's scripts cannot reach the broker's database: each step is sent apart")
+        return None
+    return functools.partial(broker.push, db=beside.db)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -148,6 +148,15 @@ def _marker_ttl(until: float) -> int:
     return max(0, math.ceil(until - time.time())) + MARKER_KEPT_SECONDS
 
 
+def _push_args(push: BrokerPush | None) -> list[str | int]:
+    """ARGV[10] to ARGV[15] of the save script: the broker's database, list and message, and the tag and
+    unacked keys of the message acknowledged ('' for each that is not given)."""
+    if push is None:
+        return [""] * 6
+    db = "" if push.db is None else push.db
+    return [db, push.key, push.payload, push.ack or "", push.unacked_key, push.unacked_index_key]
+
+
 class RedisStateStore:
     """The production state store: :class:`~shared.state.store.TurnStates`, ``StepLeases``,
     ``CancelFlags``, ``InFlightMarkers`` and ``Timers`` on one Redis or a Redis Cluster."""
@@ -228,10 +237,7 @@ class RedisStateStore:
         args: list[str | int] = [
             str(expected), state.model_dump_json(), str(state.version), ttl_seconds,
             "" if alive_until is None else repr(alive_until), "" if release is None else release.owner,
-            self.max_events, state.round, 0 if alive_until is None else _marker_ttl(alive_until),
-            "" if push is None or push.db is None else push.db, "" if push is None else push.key,
-            "" if push is None else push.payload, "" if push is None or push.ack is None else push.ack,
-            "" if push is None else push.unacked_key, "" if push is None else push.unacked_index_key,
+            self.max_events, state.round, 0 if alive_until is None else _marker_ttl(alive_until), *_push_args(push),
         ]  # fmt: skip
         if release is not None:
             keys += [claim_key(release.turn_id, release.step_key), deliveries_key(release.turn_id, release.step_key)]

@@ -150,8 +150,9 @@ class TurnStates(Protocol):
           admission scheduler is woken (the books are ``shared.state.admission``'s: the save does
           for a turn whose chain ended what ``AdmissionQueue.finished`` does, without its round trip;
           the memory store keeps no admission books);
-        - ``push``, the turn's next step message, goes on its broker queue: sent if and only if the
-          state was written (the memory store has no broker: it refuses a push).
+        - ``push``, the turn's next step message, goes on its broker queue, and the message it names
+          (``BrokerPush.ack``) is acknowledged there: both if and only if the state was written (the
+          memory store has no broker: it refuses a push).
 
         Raises:
             StateConflict: when another writer saved first (nothing was written).

@@ -28,7 +28,7 @@ from tests.support.step_messages import ENVELOPES, messages, send_task, without_
 from tests.unit.fakes import FakeLlm, answer, make_context, record_turn
 from workers.context import lease_renewer
 from workers.driver import run_step
-from workers.runtime import build_step_sender
+from workers.runtime import build_step_sender, save_pushes
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,8 @@ def _state(turn_id: str) -> TurnState:
 def _sender(app: Celery, state_url: str, broker_url: str) -> StepSender:
     """A worker's step sender for a state store at ``state_url`` and a broker at ``broker_url``."""
     settings = Settings(redis_url=state_url, broker_url=broker_url)
-    return build_step_sender(CeleryBroker(app, retry=False), MemoryStateStore(), settings)
+    broker = CeleryBroker(app, retry=False)
+    return build_step_sender(broker, MemoryStateStore(), settings, pushes=save_pushes(broker, settings))
 
 
 @pytest.fixture
