@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Match
 
 from api_gateway.openai.errors import is_openai_path, openai_error_body, openai_status
 from api_gateway.services.errors import Conflict, InvalidRequest, Limited, NotFound, ServiceError, Unavailable
-from shared.redis_clients import is_refused_for_replicas
+from shared.redis_clients import FAILOVER_ERRORS, is_refused_for_replicas
 from shared.redis_cluster import CLUSTER_TRANSIENT_ERRORS
 
 __all__ = [
@@ -48,7 +48,7 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,  # a primary demoted by a failover: the next try finds the new one
+    *FAILOVER_ERRORS,
     BrokerError,
     *CLUSTER_TRANSIENT_ERRORS,
 )

@@ -33,6 +33,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 from shared.redis_cluster import async_cluster_client, cluster_client, is_cluster_url, parse_cluster_url
 
 __all__ = [
+    "FAILOVER_ERRORS",
     "SENTINEL_SCHEME",
     "SERVER_SCHEMES",
     "SentinelUrl",
@@ -46,6 +47,16 @@ __all__ = [
 ]
 
 SENTINEL_SCHEME = "sentinel"
+FAILOVER_ERRORS: tuple[type[Exception], ...] = (
+    # A primary demoted by a failover still answered (over a plain redis:// URL; a Sentinel client
+    # turns it into a ConnectionError itself). The next try finds the new primary.
+    redis.exceptions.ReadOnlyError,
+    # A script's EVALSHA reached a new primary whose script cache is empty while the SCRIPT LOAD that
+    # redis-py sends after the first NOSCRIPT reached the old one, on a connection opened before the
+    # failover: the next try runs both on the new primary.
+    redis.exceptions.NoScriptError,
+)
+"""The replies a Redis failover gives while it settles: reasons to try again later, like a connection error."""
 SERVER_SCHEMES = ("redis", "rediss", "unix")
 _SENTINEL_PORT = 26379
 

@@ -30,8 +30,8 @@ holds the step's lease)
 turn_not_recorded (driver, a step: the   10 ms x 2^attempt up to 0.5 s               20 s of waits    drop the message
 gateway's commit is not visible yet)
 infrastructure (Redis, the database,     0.5 s x 2^attempt up to 30 s, jittered      none             --
-a lost state race; Redis READONLY or
-NOREPLICAS)
+a lost state race; Redis READONLY,
+NOSCRIPT or NOREPLICAS)
 stalled (reconciler: past its deadline   at once (a re-drive)                        re-drives        internal_error
 with no live in-flight marker)
 =======================================  ==========================================  ===============  ================
@@ -70,7 +70,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from shared.broker import visibility_timeout
 from shared.errors import LlmError, StateConflict, StepBusy, TurnNotRecorded
-from shared.redis_clients import is_refused_for_replicas
+from shared.redis_clients import FAILOVER_ERRORS, is_refused_for_replicas
 from shared.redis_cluster import CLUSTER_TRANSIENT_ERRORS
 from shared.result import ErrorCode, ErrorInfo
 from shared.settings import Settings
@@ -211,9 +211,7 @@ _INFRASTRUCTURE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
-    # READONLY: a primary demoted by a failover still answered (over a plain redis:// URL; a Sentinel
-    # client turns it into a ConnectionError itself). The next try finds the new primary.
-    redis.exceptions.ReadOnlyError,
+    *FAILOVER_ERRORS,
     OperationalError,
     InterfaceError,
     PoolTimeout,

@@ -41,6 +41,8 @@ def test_a_connection_error_is_not_a_missing_schema() -> None:
     [
         # a primary demoted by a failover (over a plain redis:// URL)
         (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), 503),
+        # a script loaded on the old primary, run on the new one whose script cache is empty
+        (redis.exceptions.NoScriptError("No matching script. Please use EVAL."), 503),
         # min-replicas-to-write with its replica down
         (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), 503),
         (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), 500),

@@ -226,6 +226,7 @@ def test_model_trouble_names_the_row_an_error_from_the_model_belongs_to(error: L
         (TurnNotRecorded("t"), Trouble.TURN_NOT_RECORDED),
         (redis.ConnectionError("gone"), Trouble.INFRASTRUCTURE),
         (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), Trouble.INFRASTRUCTURE),
+        (redis.exceptions.NoScriptError("No matching script. Please use EVAL."), Trouble.INFRASTRUCTURE),
         (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), Trouble.INFRASTRUCTURE),
         (OperationalError("select 1", {}, Exception("gone")), Trouble.INFRASTRUCTURE),
         (StateConflict("raced"), Trouble.INFRASTRUCTURE),
