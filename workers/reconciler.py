@@ -22,9 +22,11 @@ A queued turn's marker vouches for its first message for ``APTIX_RECONCILER_QUEU
 time it may wait behind a backlog, until a worker begins that message: the begin replaces it with a
 running turn's marker, so a worker that dies in the turn's first step strands it for one deadline,
 not for the queued window. But a worker killed while it takes a message from a Redis queue
-can lose it (the transport pops the message and records it as unacknowledged in two steps): so when
-the first step's queue is empty, a turn still queued past its deadline is not waiting in it, and is
-re-driven whatever its marker says.
+can lose it (the transport pops the message and records it as unacknowledged in two steps), and so
+can a Redis failover (a push not yet replicated): so when the first step's queue is empty, a turn
+still queued past its deadline is not waiting in it, and is re-driven whatever its marker says. For
+that, a queued turn's deadline moves up one deadline at a time while its marker vouches for it, never
+to the marker's end: it is judged again each deadline until its first message is begun.
 
 A batch turn not yet started may be held for admission (``shared.state.admission``): such a turn is
 waiting, not stalled, and its deadline moves up; one that is neither held nor released (Redis
@@ -244,7 +246,7 @@ class Reconciler:
             vouched = until is not None and until > now.timestamp()
             if vouched and not (queue_drained and turn.status is TurnStatus.QUEUED):
                 assert until is not None
-                moving[turn.turn_id] = datetime.fromtimestamp(until, UTC)
+                moving[turn.turn_id] = self._look_again(turn, until, now)
             else:
                 self._stalled(turn, now)
         if moving:
@@ -252,6 +254,20 @@ class Reconciler:
             self.stats.db_calls += 1
             self.stats.moving += len(moving)
         return len(overdue)
+
+    def _look_again(self, turn: InFlightTurn, until: float, now: datetime) -> datetime:
+        """When to look at a turn that its marker vouches for (alive until ``until``) again.
+
+        A running turn's marker is pushed forward by every save and lease renewal: its deadline moves up
+        to the marker. A queued turn's marker vouches for a first message that may wait behind a backlog
+        for the whole queued window, or may have been lost (a worker killed as it took it, a Redis
+        failover): its deadline moves up one deadline at a time, so the turn is judged again as soon as
+        the first step's queue drains, not when the window ends.
+        """
+        marker = datetime.fromtimestamp(until, UTC)
+        if turn.status is TurnStatus.QUEUED:
+            return min(marker, now + timedelta(seconds=self._deadline()))
+        return marker
 
     def _waiting_admission(
         self, overdue: list[InFlightTurn], now: datetime, moving: dict[str, datetime]

@@ -112,20 +112,37 @@ def test_stalled_queued_batch_turn_is_sent_again_at_batch_start_priority() -> No
 
 
 def test_turns_whose_markers_are_ahead_are_left_alone_and_their_deadlines_move_up() -> None:
+    # Given running turns past their deadlines whose markers are ahead (a long step renewing its lease)
     clock = Clock()
     ctx = make_context(clock=clock)
     turn_ids = [TURN_ID[:-1] + str(index) for index in range(3)]
     for index, turn_id in enumerate(turn_ids):
         _accept(ctx, turn_id=turn_id)
-        ctx.in_flight.mark_alive([turn_id], until=(FIXED_NOW + timedelta(seconds=3600 + index)).timestamp())
+        assert ctx.turns.mark_running(turn_id, now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60))
+        ctx.in_flight.mark_alive([turn_id], until=(FIXED_NOW + timedelta(seconds=600 + index)).timestamp())
     sent = _Sent()
     clock.now = FIXED_NOW + timedelta(seconds=61)
     _reconciler(ctx, clock, sent).scan()
+    # Then none is sent again, and each one's deadline moves up to its marker
     assert sent == []
     for index, turn_id in enumerate(turn_ids):
         row = ctx.turns.get(turn_id)
         assert row is not None and row.redrives == 0 and row.deadline_at is not None
-        assert abs(row.deadline_at.timestamp() - (FIXED_NOW + timedelta(seconds=3600 + index)).timestamp()) < 0.01
+        assert abs(row.deadline_at.timestamp() - (FIXED_NOW + timedelta(seconds=600 + index)).timestamp()) < 0.01
+
+
+def test_a_queued_turns_deadline_moves_up_one_deadline_at_a_time_not_to_the_end_of_its_queued_window() -> None:
+    clock = Clock()
+    ctx = make_context(clock=clock)
+    _accept(ctx)
+    ctx.in_flight.mark_alive([TURN_ID], until=(FIXED_NOW + timedelta(hours=1)).timestamp())
+    sent = _Sent()
+    clock.now = FIXED_NOW + timedelta(seconds=61)
+    _reconciler(ctx, clock, sent).scan()
+    assert sent == []
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.deadline_at is not None
+    assert row.deadline_at == clock.now + timedelta(seconds=ctx.settings.reconciler_deadline_seconds)
 
 
 def test_running_turn_whose_message_was_lost_is_re_driven_from_its_recorded_next_step() -> None:
@@ -266,9 +283,9 @@ def test_queued_turn_vouched_for_by_its_marker_is_re_driven_once_the_first_steps
     broker.lpush("pipeline\x06\x169", b"another turn's message")
     reconciler.scan()
     assert sent == []
-    # Then, once that queue is empty, the turn cannot be waiting in it: it is re-driven
+    # Then, once that queue is empty, the turn cannot be waiting in it: it is re-driven at its next deadline
     broker.delete("pipeline\x06\x169")
-    ctx.turns.set_deadlines({TURN_ID: clock.now - timedelta(seconds=1)})
+    clock.now += timedelta(seconds=ctx.settings.reconciler_deadline_seconds + 1)
     reconciler.scan()
     assert [envelope.step for envelope, _ in sent] == [StepName.REQUEST_HANDLER]
 
