@@ -168,6 +168,9 @@ class DevStack:
         from workers.app import create_celery
 
         app = create_celery(settings)
+        # As `celery worker` does: the pool's threads run tasks through the default app, and the step
+        # tasks are registered on this app alone (workers.tasks.register_tasks).
+        app.set_default()
         started = threading.Event()
 
         class _Worker(app.WorkController):  # type: ignore[name-defined,misc]  # app-bound class

@@ -46,7 +46,11 @@ _DELIVERY_ERRORS = (SQLAlchemyError, redis.RedisError, BrokerError)
 
 
 def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
-    """Register the task of every layer, and the webhook task, on ``app``; they run on ``runtime``."""
+    """Register the task of every layer, and the webhook task, on ``app``; they run on ``runtime``.
+
+    On ``app`` only (``shared=False``): Celery's default adds a task to every app finalized after it in
+    the process, before that app's own, so a second worker app (the tests', ``aptix dev``'s) would run
+    its steps on the first app's runtime."""
     for layer in Layer:
         _register(app, layer, runtime)
     _register_webhook(app, runtime)
@@ -63,7 +67,7 @@ class _AttemptMessage(BaseModel):
 
 def _register_webhook(app: Celery, runtime: WorkerRuntime) -> None:
     @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
-        name=WEBHOOK_TASK, acks_late=True, ignore_result=True
+        name=WEBHOOK_TASK, acks_late=True, ignore_result=True, shared=False
     )
     def deliver_webhook(payload: dict[str, Any]) -> None:
         try:
@@ -86,6 +90,7 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         acks_on_failure=True,  # a step that failed its turn is acknowledged, never run again
         throws=(TurnFailed,),
         ignore_result=True,
+        shared=False,
     )
     def step_task(self: Task, payload: dict[str, Any]) -> None:
         envelope = _validate(layer, payload)

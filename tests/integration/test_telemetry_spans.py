@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery import _state as celery_state
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -108,15 +109,18 @@ def traced(services: None, scripted_llm: ScriptedServer, modes_file: Path) -> It
             otel_enabled=True,
         )
         start_telemetry(settings, service_name="aptix-test", exporter=exporter)
-        # The worker's app before anything is published: an in-process worker's threads run tasks
-        # through Celery's default app, which takes the tasks registered before it is first used
-        # (and the instrumentation's first publish uses it).
+        # The worker's app is the process's default app, as `celery worker` makes it: an in-process
+        # worker's threads run tasks through the default app (and the instrumentation's first publish
+        # uses it), and the step tasks are registered on the worker's app alone.
         worker_app = create_celery(settings, reconciler=False)
+        previous = celery_state.default_app
+        worker_app.set_default()
         try:
             with TestClient(create_app(settings)) as client:
                 yield Traced(client=client, spans=exporter, settings=settings, worker_app=worker_app)
         finally:
             stop_telemetry()
+            celery_state.set_default_app(previous)
 
 
 @pytest.fixture(scope="module")

@@ -62,3 +62,33 @@ def test_runtime_in_a_child_of_a_worker_that_never_started_builds_nothing(tmp_pa
     runtime.restart_in_child()
     with pytest.raises(RuntimeError):
         runtime.context  # noqa: B018
+
+
+class _NamedRuntime:
+    """A runtime that only says which one it is when a task asks it for its context."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def context(self) -> None:
+        raise LookupError(self.name)
+
+
+def test_a_second_worker_app_in_a_process_runs_its_steps_on_its_own_runtime() -> None:
+    from celery import Celery
+
+    from shared.models.envelope import TurnEnvelope
+    from shared.task_names import StepName, task_name
+    from workers.tasks import register_tasks
+
+    # Given two worker apps in one process, each with its steps registered on a runtime of its own
+    apps = [Celery(f"app-{index}", set_as_current=False) for index in range(2)]
+    for app, name in zip(apps, ("first", "second"), strict=True):
+        register_tasks(app, _NamedRuntime(name))  # type: ignore[arg-type]  # only its context is asked for
+        app.finalize()
+    payload = TurnEnvelope(turn_id="turn_" + "3" * 32, step=StepName.REQUEST_HANDLER).model_dump(mode="json")
+    # When each app runs the first step, then each runs it on its own runtime
+    for app, name in zip(apps, ("first", "second"), strict=True):
+        with pytest.raises(LookupError, match=name):
+            app.tasks[task_name(StepName.REQUEST_HANDLER)].run(payload)
