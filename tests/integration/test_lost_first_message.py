@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -22,6 +22,7 @@ from shared.redis_clients import redis_client
 from shared.task_names import TASK_QUEUES, StepName, task_name
 from tests.conftest import redis_databases
 from tests.integration.conftest import System, system_env
+from tests.support.databases import fresh_database
 from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 
@@ -31,12 +32,21 @@ DEADLINE_SECONDS = 2
 FIRST_QUEUE = TASK_QUEUES[task_name(StepName.REQUEST_HANDLER)]
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayOnly:
+    """A gateway with no worker yet, on a database and Redis databases of its own."""
+
+    stack: LocalStack
+    system: System
+    database_url: str
+    """Its database, for psycopg (no other test's reconciler scans it)."""
+
+
 @pytest.fixture
-def gateway_only(
-    database_url: str, scripted_llm: ScriptedServer, modes_file: Path
-) -> Iterator[tuple[LocalStack, System]]:
-    """A gateway on broker and state databases of its own, with short deadlines and no worker yet."""
-    with redis_databases(2) as urls:
+def gateway_only(scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[GatewayOnly]:
+    """A gateway with short deadlines and no worker yet, on a database of its own: the session's
+    database is scanned by the session system's reconciler, which would carry this test's turns on."""
+    with redis_databases(2) as urls, fresh_database("aptix_lost_first") as database_url:
         env = system_env(
             database_url=database_url, redis_urls=(urls[0], urls[1]), llm=scripted_llm, modes_file=modes_file
         )
@@ -49,7 +59,7 @@ def gateway_only(
         try:
             _, url = stack.start_gateway()
             running = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
-            yield stack, running
+            yield GatewayOnly(stack, running, database_url.replace("postgresql+psycopg://", "postgresql://", 1))
             running.http.close()
         finally:
             stack.stop_all()
@@ -72,9 +82,9 @@ def _deadline(database_url: str, turn_id: str) -> tuple[float, int]:
 
 
 def test_a_queued_turn_whose_first_message_was_lost_behind_a_backlog_is_re_driven_once_the_queue_drains(
-    database_url: str, gateway_only: tuple[LocalStack, System]
+    gateway_only: GatewayOnly,
 ) -> None:
-    stack, system = gateway_only
+    stack, system, database_url = gateway_only.stack, gateway_only.system, gateway_only.database_url
     broker = redis_client(system.env["APTIX_BROKER_URL"])
     # Given two turns accepted with no worker running, and the first one's message lost from the queue
     lost = system.post_turn({"input": "lost first message"}).json()["turn_id"]
@@ -85,7 +95,7 @@ def test_a_queued_turn_whose_first_message_was_lost_behind_a_backlog_is_re_drive
     accepted_deadline, _ = _deadline(database_url, lost)
 
     # When the reconciler finds it past its deadline while the other turn's message still waits
-    reconciler = stack.start("reconciler", [sys.executable, "-m", "aptix_cli", "reconciler"])
+    reconciler = stack.start_reconciler()
     wait_for(
         lambda: _deadline(database_url, lost)[0] > accepted_deadline or None, what="the deadline moved up", seconds=30
     )
@@ -97,8 +107,9 @@ def test_a_queued_turn_whose_first_message_was_lost_behind_a_backlog_is_re_drive
     assert moved_to - time.time() < 10 * DEADLINE_SECONDS
 
     # And once a worker drains the queue, the lost turn is re-driven at its next deadline and completes
+    # (again at a later one, harmlessly, if the worker took its message but had not begun it by then)
     stack.start_worker("w1")
     assert system.wait_turn(waiting, seconds=60)["status"] == "completed"
     finished = system.wait_turn(lost, seconds=60)
     assert finished["status"] == "completed"
-    assert _deadline(database_url, lost)[1] == 1
+    assert _deadline(database_url, lost)[1] >= 1

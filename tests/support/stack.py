@@ -57,6 +57,18 @@ class LocalStack(ProcessGroup):
         wait_until([process], lambda: process.log().count("ready.") >= processes, timeout)
         return process
 
+    def start_reconciler(self, name: str = "reconciler", *, timeout: float = 30.0) -> ManagedProcess:
+        """Start ``aptix reconciler`` (serving no metrics: the default port may be another process's) and
+        wait until it is ready.
+
+        Raises:
+            RuntimeError: it exited or was not ready in time (with its log).
+        """
+        argv = [sys.executable, "-m", "aptix_cli", "reconciler"]
+        process = self.start(name, argv, {"APTIX_WORKER_METRICS_PORT": "0"})
+        wait_until([process], lambda: "ready." in process.log(), timeout)
+        return process
+
     def start_scheduler(self, name: str = "scheduler", *, timeout: float = 30.0) -> ManagedProcess:
         """Start ``aptix scheduler`` (serving no metrics) and wait until it is ready.
 
