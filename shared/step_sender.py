@@ -145,10 +145,17 @@ class StepSender:
         """The message of sending ``envelope`` after ``countdown`` seconds, built but not sent, for the
         state store's save to push in its round trip, and to acknowledge there the message of delivery tag
         ``ack`` (the one the step ran from); None when it must go through :meth:`send` (the broker is not
-        beside the state store, publish signals are connected, or it would be parked)."""
+        beside the state store, publish signals are connected, or it would be parked; or kombu could not
+        reach the broker to build it: one of :data:`SEND_ERRORS`, which :meth:`send` then meets in turn)."""
         if self._pushes is None or countdown > self._park_after:
             return None
-        push = self._pushes(envelope, countdown)
+        try:
+            push = self._pushes(envelope, countdown)
+        except SEND_ERRORS as exc:
+            # kombu could not get its producer a connection (the broker restarting): the save then
+            # fails or not on its own, and what follows it sends the message apart, as before this fold.
+            logger.info("could not build %s's message for the save (%s); it is sent apart", envelope.step_key, exc)
+            return None
         return push if push is None or ack is None else replace(push, ack=ack)
 
     def release_due(self, *, now: float) -> int:

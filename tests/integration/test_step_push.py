@@ -15,6 +15,7 @@ import redis
 from celery import Celery, signals
 
 from aptix_cli.embedded_redis import EmbeddedRedis
+from aptix_cli.launcher import free_port
 from shared.broker import create_producer, unacked_depth
 from shared.broker_transport import acknowledged_by_save
 from shared.errors import StateConflict
@@ -205,3 +206,29 @@ def test_a_broker_database_a_script_cannot_select_is_sent_to_apart(two_databases
         TurnEnvelope(turn_id="turn_redis", step=StepName.REASONER, hop=1)
     )
     assert redis.Redis.from_url(broker_url).keys("aptix:select-probe:*") == []  # the probe cleans up
+
+
+def test_a_step_whose_message_kombu_cannot_build_while_the_broker_is_down_is_sent_apart_not_failed(
+    two_databases: tuple[str, str],
+) -> None:
+    # Given a worker whose broker is down when its step saves (kombu's producer cannot connect to build the message)
+    state_url, _ = two_databases
+    down = f"redis://127.0.0.1:{free_port()}/1"
+    app = create_producer(Settings(broker_url=down, redis_url=state_url))
+    app.conf.broker_connection_retry = False
+    app.conf.broker_connection_max_retries = 0
+    broker = CeleryBroker(app, retry=False)
+    sender = StepSender(broker, timers=MemoryStateStore(), park_after=30, pushes=lambda e, c: broker.push(e, c, db=1))
+    store = RedisStateStore.from_url(state_url)
+    ctx = make_context(FakeLlm(answer("hi")))
+    ctx = replace(
+        ctx, states=store, cancel_flags=store, in_flight=store, timers=store,
+        leases=lease_renewer(store, ctx.settings), push=sender.push,
+    )  # fmt: skip
+    first = record_turn(ctx)
+    # When its first step runs and saves
+    dispatch = run_step(ctx, first, delivery_tag="tag-1")
+    # Then the turn goes on: the state was saved with its next step, left for the task to send (and requeue)
+    assert dispatch is not None and dispatch.failed is None and not dispatch.sent and not dispatch.acked
+    saved = store.load(first.turn_id)
+    assert saved is not None and saved.next_envelope == dispatch.envelope.model_dump(mode="json")
