@@ -76,6 +76,8 @@ class _Entry:
     expires_at: datetime | None
     verified: float
     """When (``monotonic``) the database last said so; ``-inf`` to look it up at its next use."""
+    version: int | None = None
+    """The version of the key's last change the database said it at (None: a token of no key)."""
 
 
 class _Memory:
@@ -96,6 +98,10 @@ class _Memory:
         self._entries.move_to_end(key_hash)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
+
+    def peek(self, key_hash: str) -> _Entry | None:
+        """The entry, without counting it as used."""
+        return self._entries.get(key_hash)
 
     def pop(self, key_hash: str) -> None:
         self._entries.pop(key_hash, None)
@@ -197,7 +203,8 @@ class Authenticator:
         return self._answer(key_hash, self._remember(key_hash, record, verified), "looked_up")
 
     async def refresh(self) -> None:
-        """Forget the keys created or revoked since the version this process applied (one query when none).
+        """Forget the keys created or revoked since the version this process applied (one query when none),
+        unless this process looked one up after that change (a key created, then used at once).
 
         The first refresh only learns the version, and forgets everything remembered before it.
 
@@ -215,10 +222,12 @@ class Authenticator:
             self._accepted.clear()
             self._refused.clear()
             self._generation += 1
-        elif changes.key_hashes:
-            for key_hash in changes.key_hashes:
-                self._accepted.pop(key_hash)
-                self._refused.pop(key_hash)
+        elif changes.key_versions:
+            for key_hash, version in changes.key_versions.items():
+                for memory in (self._accepted, self._refused):
+                    entry = memory.peek(key_hash)
+                    if entry is not None and (entry.version is None or entry.version < version):
+                        memory.pop(key_hash)  # looked up before that change (a key that used to be unknown)
             self._generation += 1
         self._version = changes.version
 
@@ -259,7 +268,10 @@ class Authenticator:
         else:
             refusal = record.refusal(self._clock())
             identity = None if refusal else ApiKey(record.key_id, record.org_id, record.key_id)
-            entry = _Entry(identity=identity, refusal=refusal, expires_at=record.expires_at, verified=verified)
+            entry = _Entry(
+                identity=identity, refusal=refusal, expires_at=record.expires_at, verified=verified,
+                version=record.version,
+            )  # fmt: skip
         if entry.identity is None:
             self._accepted.pop(key_hash)
             self._refused.put(key_hash, entry)
@@ -270,7 +282,10 @@ class Authenticator:
 
     def _answer(self, key_hash: str, entry: _Entry, outcome: str) -> ApiKey:
         if entry.identity is not None and entry.expires_at is not None and entry.expires_at <= self._clock():
-            entry = _Entry(identity=None, refusal="expired", expires_at=entry.expires_at, verified=entry.verified)
+            entry = _Entry(
+                identity=None, refusal="expired", expires_at=entry.expires_at, verified=entry.verified,
+                version=entry.version,
+            )  # fmt: skip
             self._accepted.pop(key_hash)
             self._refused.put(key_hash, entry)
         if entry.identity is None:

@@ -35,6 +35,8 @@ class ApiKeyRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    version: int
+    """The ``api_key_version`` of the key's last change (its creation, its revocation)."""
 
     def refusal(self, now: datetime) -> str | None:
         """Why the key is refused at ``now`` (``revoked``, ``expired``), or None when it is accepted."""
@@ -50,8 +52,9 @@ class KeyChanges(NamedTuple):
 
     version: int
     """The newest version: ask for the changes after this one next time."""
-    key_hashes: list[str]
-    """The hashes of the keys created or revoked after the version asked about."""
+    key_versions: dict[str, int]
+    """The keys created or revoked after the version asked about: each one's hash, and the version of its
+    last change (a gateway that looked a key up at that version or later already knows of it)."""
 
 
 class ApiKeyRepository:
@@ -121,15 +124,17 @@ class ApiKeyRepository:
         return record
 
     def changes_since(self, version: int) -> KeyChanges:
-        """The newest version, and the hashes of the keys created or revoked after ``version``."""
+        """The newest version, and the keys created or revoked after ``version`` (hash: version of the change)."""
         with self._db() as orm:
             newest = orm.scalar(select(ApiKeyVersionRow.version).where(ApiKeyVersionRow.singleton == 1)) or 0
             if newest <= version:
-                return KeyChanges(newest, [])
-            hashes = orm.scalars(
-                select(ApiKeyRow.key_hash).where(ApiKeyRow.version > version, ApiKeyRow.version <= newest)
+                return KeyChanges(newest, {})
+            changed = orm.execute(
+                select(ApiKeyRow.key_hash, ApiKeyRow.version).where(
+                    ApiKeyRow.version > version, ApiKeyRow.version <= newest
+                )
             )
-            return KeyChanges(newest, list(hashes))
+            return KeyChanges(newest, {key_hash: int(changed_at) for key_hash, changed_at in changed})
 
     def any_accepted(self, now: datetime) -> bool:
         """Whether some key is neither revoked nor expired at ``now``."""
