@@ -58,16 +58,12 @@ class LocalStack(ProcessGroup):
         return process
 
     def start_reconciler(self, name: str = "reconciler", *, timeout: float = 30.0) -> ManagedProcess:
-        """Start ``aptix reconciler`` (serving no metrics: the default port may be another process's) and
-        wait until it is ready.
+        """Start ``aptix reconciler`` (serving no metrics) and wait until it is ready.
 
         Raises:
             RuntimeError: it exited or was not ready in time (with its log).
         """
-        argv = [sys.executable, "-m", "aptix_cli", "reconciler"]
-        process = self.start(name, argv, {"APTIX_WORKER_METRICS_PORT": "0"})
-        wait_until([process], lambda: "ready." in process.log(), timeout)
-        return process
+        return self._start_ready(name, "reconciler", timeout)
 
     def start_scheduler(self, name: str = "scheduler", *, timeout: float = 30.0) -> ManagedProcess:
         """Start ``aptix scheduler`` (serving no metrics) and wait until it is ready.
@@ -75,7 +71,10 @@ class LocalStack(ProcessGroup):
         Raises:
             RuntimeError: it exited or was not ready in time (with its log).
         """
-        argv = [sys.executable, "-m", "aptix_cli", "scheduler"]
-        process = self.start(name, argv, {"APTIX_WORKER_METRICS_PORT": "0"})
+        return self._start_ready(name, "scheduler", timeout)
+
+    def _start_ready(self, name: str, command: str, timeout: float) -> ManagedProcess:
+        """Start ``aptix COMMAND`` with no metrics port (the default one may be another process's), until "ready."."""
+        process = self.start(name, [sys.executable, "-m", "aptix_cli", command], {"APTIX_WORKER_METRICS_PORT": "0"})
         wait_until([process], lambda: "ready." in process.log(), timeout)
         return process
