@@ -29,7 +29,7 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -282,10 +282,7 @@ class Authenticator:
 
     def _answer(self, key_hash: str, entry: _Entry, outcome: str) -> ApiKey:
         if entry.identity is not None and entry.expires_at is not None and entry.expires_at <= self._clock():
-            entry = _Entry(
-                identity=None, refusal="expired", expires_at=entry.expires_at, verified=entry.verified,
-                version=entry.version,
-            )  # fmt: skip
+            entry = replace(entry, identity=None, refusal="expired")
             self._accepted.pop(key_hash)
             self._refused.put(key_hash, entry)
         if entry.identity is None:

@@ -6,8 +6,6 @@ step's queue drains, not when the window ends (``workers.reconciler``)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ from tests.conftest import redis_databases
 from tests.integration.conftest import System, system_env
 from tests.support.databases import fresh_database
 from tests.support.stack import LocalStack
+from tests.support.step_messages import envelope_of
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -65,14 +64,6 @@ def gateway_only(scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[Gat
             stack.stop_all()
 
 
-def _turn_id_of(raw: bytes) -> str:
-    """The turn id a kombu message on a Redis list carries."""
-    message = json.loads(raw)
-    body = json.loads(base64.b64decode(message["body"]))
-    args = body[0] if isinstance(body, list) else body
-    return str(json.loads(args[0])["turn_id"] if isinstance(args[0], str) else args[0]["turn_id"])
-
-
 def _deadline(database_url: str, turn_id: str) -> tuple[float, int]:
     """The turn's deadline (0 once it ended) and how many times it was re-driven."""
     with psycopg.connect(database_url) as conn:
@@ -91,7 +82,7 @@ def test_a_queued_turn_whose_first_message_was_lost_behind_a_backlog_is_re_drive
     waiting = system.post_turn({"input": "waits in the queue"}).json()["turn_id"]
     assert queue_depth(broker, FIRST_QUEUE) == 2
     taken = broker.rpop(FIRST_QUEUE.value)  # the oldest message of the queue's priority-0 list
-    assert isinstance(taken, bytes) and _turn_id_of(taken) == lost
+    assert isinstance(taken, bytes) and envelope_of(taken).turn_id == lost
     accepted_deadline, _ = _deadline(database_url, lost)
 
     # When the reconciler finds it past its deadline while the other turn's message still waits

@@ -4,7 +4,6 @@ database of the server; and never taken where it cannot be (publish signals conn
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from shared.state import MemoryStateStore, RedisStateStore, TurnState
 from shared.step_sender import CeleryBroker, StepSender, scripts_reach
 from shared.task_names import Queue, StepName
 from tests.conftest import redis_databases
-from tests.support.step_messages import ENVELOPES, messages, send_task, without_ids
+from tests.support.step_messages import ENVELOPES, envelope_of, messages, send_task, without_ids
 from tests.unit.fakes import FakeLlm, answer, make_context, record_turn
 from workers.context import lease_renewer
 from workers.driver import run_step
@@ -145,8 +144,7 @@ def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_non
         # Then every next step was sent by the save that recorded it, and it is on its queue
         assert dispatch.sent
         (raw,) = messages(broker_url, dispatch.envelope)
-        payload = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
-        assert TurnEnvelope.model_validate(payload) == dispatch.envelope
+        assert envelope_of(raw) == dispatch.envelope
         tag = _take(broker, raw)
         ran.append(dispatch.envelope.step)
         dispatch = run_step(ctx, dispatch.envelope, delivery_tag=tag)

@@ -6,6 +6,7 @@ The identity tests (``tests/integration/test_broker_transport.py``, and with tel
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from datetime import datetime
@@ -18,7 +19,7 @@ from shared.state import MemoryStateStore
 from shared.step_sender import CeleryBroker, StepSender
 from shared.task_names import TASK_QUEUES, StepName, task_name
 
-__all__ = ["ENVELOPES", "messages", "send_task", "step_sender", "without_ids"]
+__all__ = ["ENVELOPES", "envelope_of", "messages", "send_task", "step_sender", "without_ids"]
 
 ENVELOPES = [
     TurnEnvelope(turn_id="turn_" + "a" * 32, step=StepName.REQUEST_HANDLER, priority=9),
@@ -54,6 +55,12 @@ def messages(broker_url: str, envelope: TurnEnvelope) -> list[bytes]:
     key = queue if envelope.priority == 0 else f"{queue}\x06\x16{envelope.priority}"
     raws = reversed(redis.Redis.from_url(broker_url).lrange(key, 0, -1))
     return [raw for raw in raws if envelope.turn_id in json.loads(raw)["headers"]["argsrepr"]]
+
+
+def envelope_of(raw: bytes) -> TurnEnvelope:
+    """The envelope a raw step message carries (its body's only argument)."""
+    body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+    return TurnEnvelope.model_validate(body[0][0])
 
 
 def without_ids(raw: bytes, *, ids: tuple[str, ...] = ()) -> bytes:
