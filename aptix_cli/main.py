@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from aptix_cli import process_commands as processes
 from aptix_cli.worker_group import DEFAULT_QUEUES
+from shared.task_names import TaskBoundaries
 
 __all__ = ["main"]
 
@@ -181,6 +182,13 @@ def _parser() -> argparse.ArgumentParser:
         "--task-events", action="store_true", help="turn the workers' task events on, as Flower does when it watches"
     )
     bench.add_argument(
+        "--task-boundaries",
+        choices=[boundaries.value for boundaries in TaskBoundaries],
+        default=TaskBoundaries.LAYER.value,
+        help="where the workers end a step task (APTIX_TASK_BOUNDARIES): at every layer (default), or only where "
+        "the queue changes",
+    )
+    bench.add_argument(
         "--peers",
         action="store_true",
         help="also run the server-tool turn in the durable peers (DBOS Transact, LangGraph), each in a virtualenv "
@@ -291,6 +299,7 @@ def _bench(args: argparse.Namespace) -> int:
         openai_batch=args.openai_batch,
         rss=args.rss,
         task_events=args.task_events,
+        task_boundaries=TaskBoundaries(args.task_boundaries),
         peers=args.peers,
         peers_dir=args.peers_dir,
     )

@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.redis_clients import check_redis_url, parse_sentinel_url
+from shared.task_names import TaskBoundaries
 from shared.webhooks.parsing import parse_default_urls, parse_retry_schedule, parse_secrets
 
 __all__ = [
@@ -123,6 +124,9 @@ class Settings(BaseSettings):
     """LLM calls allowed in one turn."""
     step_lease_seconds: PositiveInt = 30
     """A step whose worker stopped this long ago is run again elsewhere."""
+    task_boundaries: TaskBoundaries = TaskBoundaries.LAYER
+    """Where a step task ends: ``layer`` (a task per pipeline layer, each shown by Flower) or ``queue`` (consecutive
+    steps on one queue run in one task: fewer hops, less CPU per turn; docs/pipeline.md, "Task boundaries")."""
     step_max_deliveries: PositiveInt = 3
     """Deliveries of one step that ran alone in their worker process and whose worker died before the step ended
     (SIGKILL, segfault, out of memory), after which the next delivery fails its turn ``worker_lost`` instead of

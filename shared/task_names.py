@@ -4,7 +4,8 @@ A task runs one pipeline *layer* (AGN-027): the AGN-032 entry steps (request han
 creator / restorer / client-tool session restorer, session context resolver, context provider
 initializer, client-tool continuation resolver) are one layer, Pipeline Entry, run by one task; the
 reasoner, composition, LLM call, server tool execution and persistence are a layer and a task each.
-The gateway sends tasks by these names and never imports ``workers``; the workers register their
+Where a task ends is :class:`TaskBoundaries`' choice: at every layer (the default), or only where the
+queue changes. The gateway sends tasks by these names and never imports ``workers``; the workers register their
 tasks under them. Routing is by name, so each queue scales on its own. One task is not a pipeline
 step: ``aptix.webhook.deliver`` makes one attempt at delivering a signed webhook, on its own queue.
 """
@@ -13,7 +14,17 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["LAYER_OF", "TASK_QUEUES", "WEBHOOK_TASK", "Layer", "Queue", "StepName", "task_name"]
+__all__ = [
+    "LAYER_OF",
+    "TASK_QUEUES",
+    "WEBHOOK_TASK",
+    "Layer",
+    "Queue",
+    "StepName",
+    "TaskBoundaries",
+    "same_task",
+    "task_name",
+]
 
 
 class Queue(StrEnum):
@@ -89,3 +100,26 @@ TASK_QUEUES: dict[str, Queue] = {
     WEBHOOK_TASK: Queue.WEBHOOKS,
 }
 """Task name -> queue: the routing table both the gateway and the workers use."""
+
+
+class TaskBoundaries(StrEnum):
+    """Where a task ends and the next message starts (``APTIX_TASK_BOUNDARIES``).
+
+    A hop (a Celery message) costs about the CPU of a step itself, and buys something only where the
+    work changes queue (another pool, another process, scaled on its own). Either way every layer is
+    its own step: the step map, the leases, the idempotency keys and the trace are the same; only
+    which of the steps share one task changes.
+    """
+
+    LAYER = "layer"
+    """A task per layer (the AGN-032 entry steps one layer): Flower shows every layer as a task of its own."""
+    QUEUE = "queue"
+    """A task per run of steps on one queue: the reasoner runs the composition (and, at the end, the
+    persistence) in its own task, so a plain turn is 3 hops instead of 6 and a server-tool turn 7 instead of 11."""
+
+
+def same_task(step: StepName, following: StepName, boundaries: TaskBoundaries) -> bool:
+    """Whether ``following``, the step after ``step``, runs in the same task (no message between them)."""
+    if boundaries is TaskBoundaries.QUEUE:
+        return TASK_QUEUES[task_name(step)] is TASK_QUEUES[task_name(following)]
+    return LAYER_OF[step] is LAYER_OF[following]

@@ -10,7 +10,8 @@ from the steps that died with it), runs a step that lost all but one of those de
 worker process (:mod:`workers.process_gate`), withdraws the text a lost run of a streaming
 turn's step relayed before the step runs again, keeps the lease renewed (by the process's one
 :class:`~workers.leases.LeaseRenewer`), runs the step and, in the same task, the steps after it that
-belong to the same layer (the AGN-032 entry steps are one layer: ``shared.task_names.LAYER_OF``), writes
+belong to the same task (``shared.task_names.same_task``: by default the same layer, the AGN-032 entry steps
+being one; with ``APTIX_TASK_BOUNDARIES=queue`` every following step on the same queue), writes
 a durable checkpoint after the steps the step map marks, hands the webhook deliveries a ``persist``
 step's commit recorded to the webhooks queue, records each outcome and the turn's frontier (the next
 message), saves the state once (moving the turn's in-flight marker and giving the lease back, in one
@@ -48,7 +49,7 @@ from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import Lease, Release, TurnState
-from shared.task_names import LAYER_OF, Layer, StepName, task_name
+from shared.task_names import LAYER_OF, Layer, StepName, same_task
 from workers import retry
 from workers.context import StepContext
 from workers.metrics import MessageTally
@@ -144,7 +145,7 @@ def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None) -> Dispa
             if env.step_key in state.steps_done:
                 logger.info("step %s already ran; passing the turn on", env.step_key)
                 ctx.metrics.count_redelivered(env.step)
-                return _recorded(state, env)
+                return _recorded(ctx, state, env)
             if start.deliveries > 1 and state.stream:  # a worker died running it: maybe while relaying text
                 withdraw_lost_text(ctx.events, env.turn_id)
             tally = MessageTally()
@@ -229,23 +230,25 @@ def _through_gate(ctx: StepContext, lease: Lease, *, suspect: bool) -> Iterator[
 
 
 def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally) -> Dispatch | None:
-    """Run ``env``'s step, then inline each next step of the same layer; the message that leaves the layer."""
+    """Run ``env``'s step, then inline each next step of the same task (``APTIX_TASK_BOUNDARIES``: the same layer,
+    or the same queue); the message that leaves the task."""
     current = env
-    fused = LAYER_OF[env.step] is Layer.ENTRY
+    boundaries = ctx.settings.task_boundaries
     while True:
         with log_context(step=current.step.value, iteration=current.iteration):
             started = time.perf_counter()
             result = _invoke(ctx, current, state)
             seconds = time.perf_counter() - started
             tally.steps.append((current.step, seconds))
-            if fused:  # a step that is not a hop of its own still shows in the trace, with its time and worker
+            if current is not env or LAYER_OF[env.step] is Layer.ENTRY:
+                # a step that is not a hop of its own still shows in the trace, with its time and worker
                 trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
             if result.ok and isinstance(result.value, Stop) and result.value.committed is not None:
                 tally.committed, tally.error = result.value.committed, state.error
                 if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
                     ctx.webhook_sender.send(result.value.deliveries)
             dispatch = _conclude(ctx, current, state, result, tally)
-        if dispatch is None or dispatch.countdown or task_name(dispatch.envelope.step) != task_name(current.step):
+        if dispatch is None or dispatch.countdown or not same_task(current.step, dispatch.envelope.step, boundaries):
             return dispatch
         if dispatch.failed is not None:  # a failed step ends its task, which reports the failure
             return dispatch  # (a persist that raised runs again as a message of its own)
@@ -322,8 +325,8 @@ def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:
     return frontier is not None and TurnEnvelope.model_validate(frontier).step_key == env.step_key
 
 
-def _recorded(state: TurnState, env: TurnEnvelope) -> Dispatch | None:
-    """What a redelivered message must send again: the message that left its layer, unless it arrived."""
+def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope) -> Dispatch | None:
+    """What a redelivered message must send again: the message that left its task, unless it arrived."""
     current = env
     while True:
         sent = state.steps_done[current.step_key]
@@ -332,7 +335,7 @@ def _recorded(state: TurnState, env: TurnEnvelope) -> Dispatch | None:
         following = TurnEnvelope.model_validate(sent)
         if following.step_key not in state.steps_done:
             return Dispatch(following)
-        if task_name(following.step) != task_name(env.step):
+        if not same_task(current.step, following.step, ctx.settings.task_boundaries):
             return None  # that message arrived: the chain moved on
         current = following  # a step this message's task ran inline
 

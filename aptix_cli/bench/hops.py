@@ -3,9 +3,10 @@
 The CompositionTrace is not one record per task (the first reasoner task records nothing, the
 entry task records several steps), so the hops are read from the turn's state instead: its
 ``steps_done`` holds every step that ran, keyed ``round:hop:step:iteration``. In a round the
-driver runs consecutive steps of one layer inside one task (``shared.task_names.LAYER_OF``), so
-the round's tasks are its steps in order with runs of the same task name collapsed, and each
-round (the first run, then one per client tool re-entry) starts a new chain.
+driver runs consecutive steps inside one task when ``shared.task_names.same_task`` says so (the
+same layer, or with ``APTIX_TASK_BOUNDARIES=queue`` the same queue), so the round's tasks are its
+steps in order with each such run collapsed into the task of its first step, and each round (the
+first run, then one per client tool re-entry) starts a new chain.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import redis
 
 from shared.state.keys import state_key
-from shared.task_names import TASK_QUEUES, StepName, task_name
+from shared.task_names import TASK_QUEUES, StepName, TaskBoundaries, same_task, task_name
 
 __all__ = ["TurnHops", "hop_tasks", "read_hops"]
 
@@ -38,11 +39,12 @@ class TurnHops:
         return " > ".join(name.removeprefix("aptix.step.") for name in self.tasks)
 
 
-def hop_tasks(step_keys: Iterable[str]) -> tuple[str, ...]:
+def hop_tasks(step_keys: Iterable[str], boundaries: TaskBoundaries = TaskBoundaries.LAYER) -> tuple[str, ...]:
     """The task names a turn ran, from the keys of its ``steps_done``.
 
     Args:
         step_keys: ``round:hop:step:iteration`` keys, in any order.
+        boundaries: where the workers that ran the turn end a task (``APTIX_TASK_BOUNDARIES``).
 
     Returns:
         One task name per hop, in order.
@@ -50,23 +52,26 @@ def hop_tasks(step_keys: Iterable[str]) -> tuple[str, ...]:
     Raises:
         ValueError: a key is not a step key.
     """
-    steps: list[tuple[int, int, str]] = []
+    steps: list[tuple[int, int, StepName]] = []
     for key in step_keys:
         parts = key.split(":")
         if len(parts) != 4:
             raise ValueError(f"not a step key: {key!r}")
-        steps.append((int(parts[0]), int(parts[1]), task_name(StepName(parts[2]))))
+        steps.append((int(parts[0]), int(parts[1]), StepName(parts[2])))
     tasks: list[str] = []
-    previous: tuple[int, str] | None = None
-    for round_, _hop, name in sorted(steps):
-        if previous != (round_, name):
-            tasks.append(name)
-        previous = (round_, name)
+    previous: tuple[int, StepName] | None = None
+    for round_, _hop, step in sorted(steps):
+        if previous is None or previous[0] != round_ or not same_task(previous[1], step, boundaries):
+            tasks.append(task_name(step))
+        previous = (round_, step)
     return tuple(tasks)
 
 
-def read_hops(client: redis.Redis, turn_ids: Iterable[str]) -> dict[str, TurnHops]:
-    """The hops of each turn whose state is still in the state store (``client``: its Redis database)."""
+def read_hops(
+    client: redis.Redis, turn_ids: Iterable[str], boundaries: TaskBoundaries = TaskBoundaries.LAYER
+) -> dict[str, TurnHops]:
+    """The hops of each turn whose state is still in the state store (``client``: its Redis database), run by
+    workers that end their tasks at ``boundaries``."""
     ids = list(turn_ids)
     # One GET each in a pipeline: a cluster spreads the turns' keys over slots, where MGET cannot reach.
     pipe = client.pipeline(transaction=False)
@@ -80,5 +85,5 @@ def read_hops(client: redis.Redis, turn_ids: Iterable[str]) -> dict[str, TurnHop
         state = json.loads(document)
         steps_done = state.get("steps_done") if isinstance(state, Mapping) else None
         if isinstance(steps_done, Mapping):
-            found[turn_id] = TurnHops(hop_tasks(steps_done))
+            found[turn_id] = TurnHops(hop_tasks(steps_done, boundaries))
     return found

@@ -22,6 +22,7 @@ from aptix_cli.bench.scenarios import Scenario
 from aptix_cli.bench.server_stats import ServerFigures, ServerStats
 from aptix_cli.bench.stats import RunFigures, run_figures
 from aptix_cli.client import ApiClient
+from shared.task_names import TaskBoundaries
 
 __all__ = ["ChainResult", "HopSample", "TurnResult", "measure_chains", "measure_turns"]
 
@@ -78,6 +79,7 @@ def measure_turns(
     progress: TextIO | None,
     first_index: int = 0,
     servers: ServerStats | None = None,
+    boundaries: TaskBoundaries = TaskBoundaries.LAYER,
 ) -> TurnResult:
     """Run ``turns`` turns of ``scenario`` as one batch and measure it.
 
@@ -91,6 +93,7 @@ def measure_turns(
         progress: where the progress bar goes.
         first_index: the first turn's number in its text (so no two runs send the same text).
         servers: the Redis servers and PostgreSQL to count (their own counters), sampled with the CPU.
+        boundaries: where the workers end a step task (to count the turns' hops).
     """
     answering = poster() if poster is not None and scenario.client_tool else None
     try:
@@ -107,7 +110,7 @@ def measure_turns(
     return TurnResult(
         run=run,
         cpu_ms=_per_item_ms(meter, before, after, turns),
-        hops=_sample_hops(state, run.turn_ids),
+        hops=_sample_hops(state, run.turn_ids, boundaries),
         servers=figures,
     )
 
@@ -157,10 +160,10 @@ def _per_item_ms(meter: CpuMeter, before: CpuSample, after: CpuSample, items: in
     return {name: (used[name] * 1000 / items if after.get(name) else None) for name in used}
 
 
-def _sample_hops(state: redis.Redis, turn_ids: Sequence[str]) -> HopSample:
+def _sample_hops(state: redis.Redis, turn_ids: Sequence[str], boundaries: TaskBoundaries) -> HopSample:
     """The hops of up to ``_HOP_SAMPLE`` turns spread over the batch."""
     step = max(1, len(turn_ids) // _HOP_SAMPLE)
-    found = read_hops(state, turn_ids[::step][:_HOP_SAMPLE])
+    found = read_hops(state, turn_ids[::step][:_HOP_SAMPLE], boundaries)
     if not found:
         return HopSample(sampled=0, mean=0.0, common=None)
     counts = Counter(found.values())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.task_names import TaskBoundaries
+
 __all__ = ["DEFAULT_DATABASE_URL", "DEFAULT_REDIS_URL", "SCENARIO_NAMES", "BenchOptions"]
 
 SCENARIO_NAMES = ("plain", "server-tool", "client-tool")
@@ -45,6 +47,8 @@ class BenchOptions:
     the scenarios; with ``two_orgs``, two organisations' OpenAI batches side by side."""
     task_events: bool = False
     """Turn the workers' Celery task events on, as Flower does when it watches (they start off)."""
+    task_boundaries: TaskBoundaries = TaskBoundaries.LAYER
+    """Where the workers end a step task (``APTIX_TASK_BOUNDARIES``): at every layer, or where the queue changes."""
     peers: bool = False
     """Also run the server-tool turn in the durable peers (DBOS Transact, LangGraph), in the same run."""
     peers_dir: str | None = None

@@ -198,6 +198,7 @@ class _Run:
         self.report.field("each aptix worker", self.worker.describe())
         events = "on (as when Flower watches)" if options.task_events else "off (until Flower asks for them)"
         self.report.field("task events", events)
+        self.report.field("task boundaries", f"{options.task_boundaries.value} (APTIX_TASK_BOUNDARIES)")
         if options.peers:
             each = "; ".join(f"{peer.title} ({', '.join(peer.requirements)})" for peer in PEERS)
             self.report.field(
@@ -288,6 +289,7 @@ class _Run:
             poster=lambda: turn_runs.ToolResultPoster(api, dsn),
             progress=sys.stderr,
             servers=self.servers,
+            boundaries=self.options.task_boundaries,
         )
 
     def _rss(self, workers: Sequence[ManagedProcess], when: str) -> None:
@@ -419,6 +421,7 @@ def _environment(options: BenchOptions, scratch: Scratch, api_key: str, model_po
         # A batch of --turns turns is one request: let the gateway take it.
         "APTIX_MAX_BATCH_REQUESTS": str(max(options.turns, 1000)),
         "APTIX_MAX_BODY_BYTES": str(_BODY_LIMIT),
+        "APTIX_TASK_BOUNDARIES": options.task_boundaries.value,
     }
 
 

@@ -21,6 +21,7 @@ from aptix_cli.bench.stats import RunFigures, percentile, run_figures, turn_late
 from aptix_cli.launcher import free_port
 from benchmarks import peer_turn
 from scripted_llm.script import ScriptState
+from shared.task_names import TaskBoundaries
 from tests.support.waiting import wait_for
 
 PLAIN_STEPS = [
@@ -130,6 +131,14 @@ def test_hop_tasks_start_a_new_chain_for_each_round() -> None:
         "1:9:persist:2",
     ]
     assert len(hop_tasks(PLAIN_STEPS + reentry)) == 12
+
+
+def test_hop_tasks_with_queue_boundaries_collapse_each_run_on_one_queue_into_the_task_of_its_first_step() -> None:
+    tasks = hop_tasks(reversed(PLAIN_STEPS), TaskBoundaries.QUEUE)
+    assert TurnHops(tasks).describe() == "entry > llm_call > reasoner"
+    assert TurnHops(tasks).queues == ("pipeline", "llm", "pipeline")
+    reentry = ["1:0:request_handler:0", "1:1:reasoner:0", "1:2:compose:2", "1:3:llm_call:2", "1:4:reasoner:2"]
+    assert len(hop_tasks(PLAIN_STEPS + reentry, TaskBoundaries.QUEUE)) == 6  # a round starts a chain of its own
 
 
 def test_hop_tasks_refuses_a_key_that_is_not_a_step_key() -> None:

@@ -318,6 +318,55 @@ def test_entry_steps_run_in_one_message_and_each_is_traced_with_its_time_and_wor
     assert state.version == 1  # one save for the whole layer
 
 
+def test_with_queue_boundaries_each_task_runs_every_step_on_its_queue_and_a_plain_turn_is_three_messages() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), task_boundaries="queue")
+    sent = _drive(ctx, _record_turn(ctx))
+    # entry's task runs the reasoner and the composition (pipeline) and sends the model call (llm);
+    # the reasoner after it runs the persistence too, and the chain ends there
+    assert [(d.envelope.step, d.envelope.hop) for d in sent] == [(StepName.LLM_CALL, 6), (StepName.REASONER, 7)]
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed"
+    state = ctx.states.load(TURN_ID)
+    assert state is not None and state.version == 3  # one save per message
+    inline = [step.step for step in state.trace if step.kind == "layer_step"]
+    assert inline == [
+        "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
+        "reasoner", "compose", "persist",
+    ]  # fmt: skip
+    assert all(step.worker == "unit-host" for step in state.trace if step.kind == "layer_step")
+
+
+def test_with_layer_boundaries_a_plain_turn_is_a_message_per_layer() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), task_boundaries="layer")
+    sent = _drive(ctx, _record_turn(ctx))
+    steps = [d.envelope.step for d in sent]
+    assert steps == [StepName.REASONER, StepName.COMPOSE, StepName.LLM_CALL, StepName.REASONER, StepName.PERSIST]
+
+
+def test_with_queue_boundaries_a_server_tool_turn_changes_task_only_where_its_queue_changes() -> None:
+    key = "queue-bounds"
+    ctx = make_context(FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="done")),
+                       catalog=catalog_with_counted_tool(), task_boundaries="queue")  # fmt: skip
+    sent = _drive(ctx, _record_turn(ctx))
+    assert [d.envelope.step for d in sent] == [
+        StepName.LLM_CALL, StepName.REASONER, StepName.EXECUTE_SERVER_TOOLS, StepName.REASONER, StepName.LLM_CALL,
+        StepName.REASONER,
+    ]  # fmt: skip
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed"
+    assert TOOL_RUNS[key] == 1
+
+
+def test_with_queue_boundaries_a_redelivered_message_resends_what_left_its_task_only_while_that_has_not_run() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), task_boundaries="queue")
+    env = _record_turn(ctx)
+    first = run_step(ctx, env)
+    assert first is not None and first.envelope.step is StepName.LLM_CALL  # past the reasoner and compose, inline
+    assert run_step(ctx, env) == Dispatch(first.envelope)  # the model call's message may have been lost: resend
+    run_step(ctx, first.envelope)
+    assert run_step(ctx, env) is None  # it arrived and ran: nothing to resend
+
+
 class _SaveFails(MemoryStateStore):
     """A state store that cannot save (Redis went away)."""
 

@@ -1,0 +1,106 @@
+"""``APTIX_TASK_BOUNDARIES=queue`` with real processes: an ``aptix worker`` with no flags (its ``pipeline,tools``
+threads process and its ``llm,webhooks`` gevent process), the gateway and the scripted model. A task then
+runs every following step on its queue; a message goes only where the queue changes, so each hop crosses
+from one process to the other. Celery's task events (what Flower shows) are the hops; the turn's trace
+still has every step, with its time and worker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripted_llm import ScriptedServer
+from tests.conftest import redis_databases
+from tests.integration.conftest import OPEN_FILE, System, system_env
+from tests.integration.events import TaskEventRecorder
+from tests.support.stack import LocalStack
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def queue_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
+    """A gateway and one ``aptix worker`` with no flags, tasks bounded by queue, on Redis databases of their own."""
+    with redis_databases(2) as urls:
+        env = system_env(database_url=database_url, redis_urls=(urls[0], urls[1]), llm=scripted_llm,
+                         modes_file=modes_file) | {"APTIX_TASK_BOUNDARIES": "queue"}  # fmt: skip
+        stack = LocalStack(env)
+        try:
+            stack.start_worker("wq", pool=None, queues="pipeline,llm,tools,webhooks")
+            _, url = stack.start_gateway()
+            running = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
+            yield running
+            running.http.close()
+        finally:
+            stack.stop_all()
+
+
+@pytest.fixture(scope="module")
+def queue_events(queue_system: System) -> Iterator[TaskEventRecorder]:
+    recorder = TaskEventRecorder(queue_system.env["APTIX_BROKER_URL"])
+    recorder.start()
+    yield recorder
+    recorder.stop()
+
+
+def _call(name: str, arguments: dict[str, Any] | None = None) -> str:
+    return f"[[call:{name} {json.dumps(arguments or {})}]]"
+
+
+def _hops(events: TaskEventRecorder, turn_id: str, count: int) -> list[str]:
+    def every_hop() -> list[str] | None:
+        names = events.succeeded_hops(turn_id)
+        return names if len(names) >= count else None
+
+    return wait_for(every_hop, what="the events of the turn's tasks", seconds=15, interval=0.2)
+
+
+def test_a_server_tool_turn_is_seven_tasks_each_running_the_steps_of_its_queue(
+    queue_system: System, queue_events: TaskEventRecorder
+) -> None:
+    turn = queue_system.run_turn({"input": f"{_call('get_current_time')} what time is it {uuid.uuid4().hex}"})
+    assert turn["status"] == "completed", turn
+    assert turn["output_text"].startswith("Tool results: get_current_time=20")
+    hops = [
+        "aptix.step.entry",  # and the reasoner and the composition after it (pipeline)
+        "aptix.step.llm_call",
+        "aptix.step.reasoner",
+        "aptix.step.execute_server_tools",
+        "aptix.step.reasoner",  # and the composition
+        "aptix.step.llm_call",
+        "aptix.step.reasoner",  # and the persistence
+    ]
+    assert _hops(queue_events, turn["turn_id"], len(hops)) == hops
+    trace = queue_system.trace(turn["turn_id"])
+    inline = [step for step in trace if step["kind"] == "layer_step"]
+    assert [step["step"] for step in inline] == [
+        "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
+        "reasoner", "compose", "compose", "persist",
+    ]  # fmt: skip
+    assert all(step["duration_ms"] is not None and "@" in step["worker"] for step in inline)
+    assert [s["data"]["tool"] for s in trace if s["kind"] == "tool_execution"] == ["get_current_time"]
+
+
+def test_a_client_tool_turn_pauses_and_its_resumed_round_is_three_tasks(
+    queue_system: System, queue_events: TaskEventRecorder
+) -> None:
+    paused = queue_system.run_turn(
+        {"input": f"{_call('open_file', {'path': 'a.txt'})} {uuid.uuid4().hex}", "tools": [OPEN_FILE]}
+    )
+    assert paused["status"] == "requires_client_tools", paused
+    (pending,) = paused["pending_tool_calls"]
+    assert _hops(queue_events, paused["turn_id"], 3) == ["aptix.step.entry", "aptix.step.llm_call",
+                                                          "aptix.step.reasoner"]  # fmt: skip
+    done = queue_system.resume(paused["turn_id"], [{"call_id": pending["call_id"], "output": "hello from a.txt"}])
+    assert done["status"] == "completed", done
+    assert done["output_text"] == "Tool results: open_file=hello from a.txt"
+    # round 1: the re-entry (entry, reasoner, compose), the model call, the reasoner (and the persistence)
+    assert _hops(queue_events, paused["turn_id"], 6)[3:] == [
+        "aptix.step.entry", "aptix.step.llm_call", "aptix.step.reasoner"
+    ]  # fmt: skip
