@@ -35,7 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     default = list(NET_FAULTS if args.net else FAULTS)
     names = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else default
     try:
-        fault_plans = plans(names, small=args.small, turns=args.turns, seed=args.seed)
+        fault_plans = plans(
+            names, small=args.small, turns=args.turns, seed=args.seed, task_boundaries=args.task_boundaries
+        )
     except KeyError as exc:
         sys.stderr.write(f"{exc.args[0]}\n")
         return 2
@@ -80,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--settle", type=float, default=None, metavar="S",
         help="seconds to wait after a fault for every turn to end (default 90, 60 with --small)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--task-boundaries", choices=["layer", "queue"], default="layer",
+        help="APTIX_TASK_BOUNDARIES of the workers (default layer)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (which worker dies)")
     parser.add_argument("--log-dir", default=None, help="where process logs go (default: a new temp directory)")

@@ -44,6 +44,8 @@ class FaultPlan:
     turns: int
     small: bool
     seed: int = 0
+    task_boundaries: str = "layer"
+    """``APTIX_TASK_BOUNDARIES`` of the system's workers."""
 
 
 FaultFunction = Callable[[ChaosSystem, FaultPlan, Ledger], FaultRun]

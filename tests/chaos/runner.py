@@ -11,6 +11,7 @@ import logging
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
@@ -41,7 +42,9 @@ COUNT_RUN_TOOL = {
 }
 
 
-def plans(names: Sequence[str], *, small: bool, turns: int | None = None, seed: int = 0) -> list[FaultPlan]:
+def plans(
+    names: Sequence[str], *, small: bool, turns: int | None = None, seed: int = 0, task_boundaries: str = "layer"
+) -> list[FaultPlan]:
     """The plans of the named faults, in matrix order.
 
     Raises:
@@ -56,6 +59,7 @@ def plans(names: Sequence[str], *, small: bool, turns: int | None = None, seed: 
             turns=turns or (fault.small_turns if small else fault.turns),
             small=small,
             seed=seed,
+            task_boundaries=task_boundaries,
         )
         for name, fault in ALL_FAULTS.items()
         if name in names
@@ -89,7 +93,8 @@ def run_fault(plan: FaultPlan, *, log_dir: Path, catalog: Path, settle_seconds: 
     run = FaultRun(f"{plan.name} (did not start)")
     error: str | None = None
     report: FaultReport | None = None
-    system = fault.system(fault_dir=fault_dir, catalog=catalog, options=fault.options)
+    options = replace(fault.options, task_boundaries=plan.task_boundaries)
+    system = fault.system(fault_dir=fault_dir, catalog=catalog, options=options)
     try:
         # Broad on purpose: whatever stops one fault (a process that will not start, a harness
         # bug) is reported as that fault's error and the matrix goes on to the next fault.

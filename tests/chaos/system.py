@@ -59,6 +59,8 @@ class SystemOptions:
     sentinel: bool = False
     """Redis as a Sentinel-managed primary with one replica and three sentinels (state and broker on it,
     named by ``sentinel://`` URLs) instead of one server."""
+    task_boundaries: str = "layer"
+    """``APTIX_TASK_BOUNDARIES`` of every process."""
 
 
 class ChaosSystem:
@@ -109,6 +111,7 @@ class ChaosSystem:
             "APTIX_MODES_FILE": str(self._catalog),
             "APTIX_CHAOS_TOOL_LOG": str(self.tool_log),
             "APTIX_STEP_LEASE_SECONDS": "5",
+            "APTIX_TASK_BOUNDARIES": self.options.task_boundaries,
             "APTIX_RECONCILER_DEADLINE_SECONDS": "10",
             "APTIX_RECONCILER_INTERVAL_SECONDS": "1",
             "APTIX_LLM_RETRY_BUDGET_SECONDS": "120",
