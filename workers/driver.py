@@ -240,13 +240,15 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
             result = _invoke(ctx, current, state)
             seconds = time.perf_counter() - started
             tally.steps.append((current.step, seconds))
-            if current is not env or LAYER_OF[env.step] is Layer.ENTRY:
-                # a step that is not a hop of its own still shows in the trace, with its time and worker
+            stop = result.value if result.ok and isinstance(result.value, Stop) else None
+            if (current is not env or LAYER_OF[env.step] is Layer.ENTRY) and stop is None:
+                # a step that is not a hop of its own still shows in the trace, with its time and worker (not
+                # the step that ends the chain: it committed the trace, and a record after that would not be kept)
                 trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
-            if result.ok and isinstance(result.value, Stop) and result.value.committed is not None:
-                tally.committed, tally.error = result.value.committed, state.error
+            if stop is not None and stop.committed is not None:
+                tally.committed, tally.error = stop.committed, state.error
                 if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
-                    ctx.webhook_sender.send(result.value.deliveries)
+                    ctx.webhook_sender.send(stop.deliveries)
             dispatch = _conclude(ctx, current, state, result, tally)
         if dispatch is None or dispatch.countdown or not same_task(current.step, dispatch.envelope.step, boundaries):
             return dispatch

@@ -50,6 +50,22 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
         assert not client.keys("aptix:turn:*") and not client.exists("aptix:bench:bare:done")
 
 
+@pytest.mark.timeout(420)
+def test_bench_with_queue_boundaries_counts_the_hops_the_workers_ran_and_chains_as_many(services: None) -> None:
+    # When a small server-tool run's workers end a task only where the queue changes
+    done = _bench("--scenario", "server-tool", "--turns", "20", "--workers", "1", "--task-boundaries", "queue")
+    out = done.stdout
+
+    # Then the bench says so, its turns ran 7 hops each, and its bare chain runs those 7
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"task boundaries:\s+queue \(APTIX_TASK_BOUNDARIES\)", out), out
+    hops = "entry > llm_call > reasoner > execute_server_tools > reasoner > llm_call > reasoner"
+    assert re.search(rf"hops per turn:\s+7 \(20 sampled turns; {hops}\)", out), out
+    assert re.search(r"statuses:\s+completed 20\n", out), out
+    chain = "pipeline > llm > pipeline > tools > pipeline > llm > pipeline"
+    assert f"server-tool: 20 chains of 7 hops ({chain})" in out, out
+
+
 @pytest.mark.timeout(1200)
 def test_bench_peers_run_the_server_tool_turn_beside_aptix_and_the_bare_chain(services: None) -> None:
     # When a small server-tool run goes through one gateway and one aptix worker, then through each peer

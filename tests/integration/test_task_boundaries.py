@@ -81,7 +81,7 @@ def test_a_server_tool_turn_is_seven_tasks_each_running_the_steps_of_its_queue(
     inline = [step for step in trace if step["kind"] == "layer_step"]
     assert [step["step"] for step in inline] == [
         "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
-        "reasoner", "compose", "compose", "persist",
+        "reasoner", "compose", "compose",
     ]  # fmt: skip
     assert all(step["duration_ms"] is not None and "@" in step["worker"] for step in inline)
     assert [s["data"]["tool"] for s in trace if s["kind"] == "tool_execution"] == ["get_current_time"]

@@ -331,7 +331,7 @@ def test_with_queue_boundaries_each_task_runs_every_step_on_its_queue_and_a_plai
     inline = [step.step for step in state.trace if step.kind == "layer_step"]
     assert inline == [
         "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
-        "reasoner", "compose", "persist",
+        "reasoner", "compose",
     ]  # fmt: skip
     assert all(step.worker == "unit-host" for step in state.trace if step.kind == "layer_step")
 
