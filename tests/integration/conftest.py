@@ -17,7 +17,7 @@ from scripted_llm import ScriptedServer
 from shared.db.engine import normalise_database_url
 from shared.state.redis_store import connect
 from tests.conftest import API_KEYS, KEY_A, redis_databases
-from tests.integration.events import TaskEventRecorder
+from tests.integration.events import TaskEventRecorder, recording
 from tests.responses_fixtures import validate_request_bodies
 from tests.support.flower import Flower, start_flower
 from tests.support.stack import LocalStack
@@ -143,10 +143,17 @@ def scripted_llm() -> Iterator[ScriptedServer]:
 
 
 def start_system(
-    *, database_url: str, redis_urls: tuple[str, str], llm: ScriptedServer, modes_file: Path, workers: list[str]
+    *,
+    database_url: str,
+    redis_urls: tuple[str, str],
+    llm: ScriptedServer,
+    modes_file: Path,
+    workers: list[str],
+    env: dict[str, str] | None = None,
 ) -> tuple[LocalStack, System]:
-    """Start worker processes and a gateway process on the given services."""
-    env = system_env(database_url=database_url, redis_urls=redis_urls, llm=llm, modes_file=modes_file)
+    """Start worker processes and a gateway process on the given services (``env``: settings on top of
+    :func:`system_env`'s)."""
+    env = system_env(database_url=database_url, redis_urls=redis_urls, llm=llm, modes_file=modes_file) | (env or {})
     stack = LocalStack(env)
     try:
         for name in workers:
@@ -159,15 +166,19 @@ def start_system(
 
 
 @contextmanager
-def own_system(*, database_url: str, llm: ScriptedServer, modes_file: Path) -> Iterator[tuple[LocalStack, System]]:
-    """A gateway on broker and state databases of its own, with no worker yet; all it started stops at the end."""
+def own_system(
+    *, database_url: str, llm: ScriptedServer, modes_file: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[LocalStack, System]]:
+    """A gateway on broker and state databases of its own (``env``: settings on top of :func:`system_env`'s),
+    with no worker yet; all it started stops at the end."""
     with redis_databases(2) as urls:
         stack, system = start_system(
-            database_url=database_url, redis_urls=urls, llm=llm, modes_file=modes_file, workers=[]
+            database_url=database_url, redis_urls=urls, llm=llm, modes_file=modes_file, workers=[], env=env
         )
         try:
             yield stack, system
         finally:
+            system.http.close()
             stack.stop_all()
 
 
@@ -251,10 +262,8 @@ def extra_gateway(system: System) -> Iterator[Callable[[dict[str, str]], str]]:
 @pytest.fixture(scope="session")
 def task_events(system: System) -> Iterator[TaskEventRecorder]:
     """Every Celery task event the workers emit during the run."""
-    recorder = TaskEventRecorder(system.env["APTIX_BROKER_URL"])
-    recorder.start()
-    yield recorder
-    recorder.stop()
+    with recording(system.env["APTIX_BROKER_URL"]) as recorder:
+        yield recorder
 
 
 @pytest.fixture(scope="session")

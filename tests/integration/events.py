@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -116,3 +118,14 @@ class TaskEventRecorder:
         if str(event.get("type", "")).startswith("task-"):
             with self._lock:
                 self._events.append(event)
+
+
+@contextmanager
+def recording(broker_url: str) -> Iterator[TaskEventRecorder]:
+    """A started :class:`TaskEventRecorder` on the broker of ``broker_url``, stopped at the end of the block."""
+    recorder = TaskEventRecorder(broker_url)
+    recorder.start()
+    try:
+        yield recorder
+    finally:
+        recorder.stop()

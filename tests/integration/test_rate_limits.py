@@ -16,10 +16,8 @@ from typing import Any
 import pytest
 
 from scripted_llm import ScriptedServer
-from tests.conftest import redis_databases
-from tests.integration.conftest import System, system_env
+from tests.integration.conftest import System, own_system
 from tests.support.prometheus import scrape, total
-from tests.support.stack import LocalStack
 from tests.support.waiting import wait_for
 from workers.llm.limiter import limiter_keys
 
@@ -33,21 +31,11 @@ MODEL = "scripted-model"
 @pytest.fixture(scope="module")
 def limited_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
     """Four worker processes at 300 requests a minute, and a gateway, on a broker and state store of their own."""
-    with redis_databases(2) as (state_url, broker_url):
-        env = system_env(
-            database_url=database_url, redis_urls=(state_url, broker_url), llm=scripted_llm, modes_file=modes_file
-        )
-        env["APTIX_LLM_RPM"] = "300"
-        stack = LocalStack(env)
-        try:
-            for name in WORKERS:
-                stack.start_worker(name)
-            _, url = stack.start_gateway()
-            running = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
-            yield running
-            running.http.close()
-        finally:
-            stack.stop_all()
+    limit = {"APTIX_LLM_RPM": "300"}
+    with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file, env=limit) as (stack, system):
+        for name in WORKERS:
+            stack.start_worker(name)
+        yield system
 
 
 def _start(system: System, texts: list[str]) -> list[str]:

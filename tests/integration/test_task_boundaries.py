@@ -15,10 +15,8 @@ from typing import Any
 import pytest
 
 from scripted_llm import ScriptedServer
-from tests.conftest import redis_databases
-from tests.integration.conftest import OPEN_FILE, System, system_env
-from tests.integration.events import TaskEventRecorder
-from tests.support.stack import LocalStack
+from tests.integration.conftest import OPEN_FILE, System, own_system
+from tests.integration.events import TaskEventRecorder, recording
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -27,26 +25,16 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def queue_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
     """A gateway and one ``aptix worker`` with no flags, tasks bounded by queue, on Redis databases of their own."""
-    with redis_databases(2) as urls:
-        env = system_env(database_url=database_url, redis_urls=(urls[0], urls[1]), llm=scripted_llm,
-                         modes_file=modes_file) | {"APTIX_TASK_BOUNDARIES": "queue"}  # fmt: skip
-        stack = LocalStack(env)
-        try:
-            stack.start_worker("wq", pool=None, queues="pipeline,llm,tools,webhooks")
-            _, url = stack.start_gateway()
-            running = System(stack=stack, gateway_url=url, llm=scripted_llm, env=env)
-            yield running
-            running.http.close()
-        finally:
-            stack.stop_all()
+    queue = {"APTIX_TASK_BOUNDARIES": "queue"}
+    with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file, env=queue) as (stack, system):
+        stack.start_worker("wq", pool=None, queues="pipeline,llm,tools,webhooks")
+        yield system
 
 
 @pytest.fixture(scope="module")
 def queue_events(queue_system: System) -> Iterator[TaskEventRecorder]:
-    recorder = TaskEventRecorder(queue_system.env["APTIX_BROKER_URL"])
-    recorder.start()
-    yield recorder
-    recorder.stop()
+    with recording(queue_system.env["APTIX_BROKER_URL"]) as recorder:
+        yield recorder
 
 
 def _call(name: str, arguments: dict[str, Any] | None = None) -> str:
