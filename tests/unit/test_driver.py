@@ -17,7 +17,7 @@ from shared.db.turns import NewTurn
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
 from shared.state import Lease, LedgerEntry, MemoryStateStore
-from shared.task_names import StepName
+from shared.task_names import StepName, TaskBoundaries
 from tests.unit.fakes import (
     FIXED_NOW,
     TOOL_RUNS,
@@ -365,6 +365,27 @@ def test_with_queue_boundaries_a_redelivered_message_resends_what_left_its_task_
     assert run_step(ctx, env) == Dispatch(first.envelope)  # the model call's message may have been lost: resend
     run_step(ctx, first.envelope)
     assert run_step(ctx, env) is None  # it arrived and ran: nothing to resend
+
+
+def test_a_turn_whose_workers_change_task_boundaries_midway_runs_every_step_once() -> None:
+    # Given workers on either setting (a rolling change of APTIX_TASK_BOUNDARIES), on the same stores
+    llm = FakeLlm(LlmResponse(response_id="r", output_text="x"))
+    by_layer = make_context(llm, task_boundaries="layer")
+    by_queue = replace(
+        by_layer, settings=by_layer.settings.model_copy(update={"task_boundaries": TaskBoundaries.QUEUE})
+    )
+    first = run_step(by_layer, _record_turn(by_layer))
+    assert first is not None and first.envelope.step is StepName.REASONER
+    # When a queue worker runs the reasoner (and the composition after it), and a layer worker gets it again
+    model_call = run_step(by_queue, first.envelope)
+    assert model_call is not None and model_call.envelope.step is StepName.LLM_CALL
+    assert run_step(by_layer, first.envelope) is None  # what left that task is not its to send
+    assert run_step(by_queue, first.envelope) == Dispatch(model_call.envelope)  # nor lost: a queue worker resends
+    # Then the turn completes with one model call
+    assert _drive(by_layer, model_call.envelope) != []
+    record = by_layer.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed"
+    assert len(llm.requests) == 1
 
 
 class _SaveFails(MemoryStateStore):
