@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from shared.task_names import TaskBoundaries
 from tests.chaos.faults import FAULTS
 from tests.chaos.net.faults import NET_FAULTS
 from tests.chaos.net.hosts import NetworkUnavailable, require_network
@@ -84,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds to wait after a fault for every turn to end (default 90, 60 with --small)",
     )  # fmt: skip
     parser.add_argument(
-        "--task-boundaries", choices=["layer", "queue"], default="layer",
+        "--task-boundaries", choices=[boundaries.value for boundaries in TaskBoundaries],
+        default=TaskBoundaries.LAYER.value,
         help="APTIX_TASK_BOUNDARIES of the workers (default layer)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (which worker dies)")
