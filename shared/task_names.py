@@ -1,13 +1,14 @@
 """Every task's string name and the queue it runs on.
 
-A task runs one pipeline *layer* (AGN-027): the AGN-032 entry steps (request handler, session
-creator / restorer / client-tool session restorer, session context resolver, context provider
-initializer, client-tool continuation resolver) are one layer, Pipeline Entry, run by one task; the
-reasoner, composition, LLM call, server tool execution and persistence are a layer and a task each.
-Where a task ends is :class:`TaskBoundaries`' choice: at every layer (the default), or only where the
-queue changes. The gateway sends tasks by these names and never imports ``workers``; the workers register their
-tasks under them. Routing is by name, so each queue scales on its own. One task is not a pipeline
-step: ``aptix.webhook.deliver`` makes one attempt at delivering a signed webhook, on its own queue.
+A task runs one pipeline *layer* (AGN-027): the AGN-032 entry steps (request handler, session creator /
+restorer / client-tool session restorer, session context resolver, context provider initializer,
+client-tool continuation resolver) are one layer, Pipeline Entry, run by one task; the reasoner,
+composition, LLM call, server tool execution and persistence are a layer and a task each. Where a task
+ends is :class:`TaskBoundaries`' choice: at every layer (the default), only where the queue changes, or
+only before a call (the model's, a server tool's). The gateway sends tasks by these names and never
+imports ``workers``; the workers register their tasks under them. Routing is by name, so each queue
+scales on its own. One task is not a pipeline step: ``aptix.webhook.deliver`` makes one attempt at
+delivering a signed webhook, on its own queue.
 """
 
 from __future__ import annotations
@@ -116,10 +117,17 @@ class TaskBoundaries(StrEnum):
     QUEUE = "queue"
     """A task per run of steps on one queue: the reasoner runs the composition (and, at the end, the
     persistence) in its own task, so a plain turn is 3 hops instead of 6 and a server-tool turn 7 instead of 11."""
+    CALL = "call"
+    """A task per call: a message goes only to a step that waits on the world outside, on a queue of its own
+    (the model call, the server tools); the pipeline's own steps (entry, reasoner, composition, persistence)
+    run in the task before them, wherever that is. A plain turn is 2 hops, a server-tool turn 4."""
 
 
 def same_task(step: StepName, following: StepName, boundaries: TaskBoundaries) -> bool:
     """Whether ``following``, the step after ``step``, runs in the same task (no message between them)."""
-    if boundaries is TaskBoundaries.QUEUE:
-        return TASK_QUEUES[task_name(step)] is TASK_QUEUES[task_name(following)]
-    return LAYER_OF[step] is LAYER_OF[following]
+    if boundaries is TaskBoundaries.LAYER:
+        return LAYER_OF[step] is LAYER_OF[following]
+    queue = TASK_QUEUES[task_name(following)]
+    if boundaries is TaskBoundaries.CALL and queue is Queue.PIPELINE:
+        return True
+    return queue is TASK_QUEUES[task_name(step)]

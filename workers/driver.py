@@ -11,7 +11,8 @@ worker process (:mod:`workers.process_gate`), withdraws the text a lost run of a
 turn's step relayed before the step runs again, keeps the lease renewed (by the process's one
 :class:`~workers.leases.LeaseRenewer`), runs the step and, in the same task, the steps after it that
 belong to the same task (``shared.task_names.same_task``: by default the same layer, the AGN-032 entry steps
-being one; with ``APTIX_TASK_BOUNDARIES=queue`` every following step on the same queue), writes
+being one; with ``APTIX_TASK_BOUNDARIES=queue`` every following step on the same queue, with ``call`` every
+following step up to the next model or tool call, the state saved after a model call that others follow), writes
 a durable checkpoint after the steps the step map marks, hands the webhook deliveries a ``persist``
 step's commit recorded to the webhooks queue, records each outcome and the turn's frontier (the next
 message), saves the state once (moving the turn's in-flight marker and giving the lease back, in one
@@ -231,7 +232,7 @@ def _through_gate(ctx: StepContext, lease: Lease, *, suspect: bool) -> Iterator[
 
 def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally) -> Dispatch | None:
     """Run ``env``'s step, then inline each next step of the same task (``APTIX_TASK_BOUNDARIES``: the same layer,
-    or the same queue); the message that leaves the task."""
+    the same queue, or up to the next call); the message that leaves the task."""
     current = env
     boundaries = ctx.settings.task_boundaries
     while True:
@@ -254,6 +255,11 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
             return dispatch
         if dispatch.failed is not None:  # a failed step ends its task, which reports the failure
             return dispatch  # (a persist that raised runs again as a message of its own)
+        if STEP_MAP[current.step].checkpoint:
+            # a step whose work costs (the model's answer) is saved before the steps after it run: should the task end
+            # before its last save (its worker lost, a trouble in a later step), its next delivery finds the step done
+            # and sends on the step after it, as at a hop, rather than asking the model again
+            ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
         current = dispatch.envelope
 
 

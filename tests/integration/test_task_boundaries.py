@@ -1,8 +1,9 @@
-"""``APTIX_TASK_BOUNDARIES=queue`` with real processes: an ``aptix worker`` with no flags (its ``pipeline,tools``
-threads process and its ``llm,webhooks`` gevent process), the gateway and the scripted model. A task then
-runs every following step on its queue; a message goes only where the queue changes, so each hop crosses
-from one process to the other. Celery's task events (what Flower shows) are the hops; the turn's trace
-still has every step, with its time and worker."""
+"""``APTIX_TASK_BOUNDARIES=queue`` and ``call`` with real processes: an ``aptix worker`` with no flags (its
+``pipeline,tools`` threads process and its ``llm,webhooks`` gevent process), the gateway and the scripted
+model. With ``queue`` a task runs every following step on its queue and a message goes only where the
+queue changes, so each hop crosses from one process to the other; with ``call`` a message goes only to a
+model or tool call, and the pipeline's steps run in the task before them. Celery's task events (what
+Flower shows) are the hops; the turn's trace still has every step, with its time and worker."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def queue_system(database_url: str, scripted_llm: ScriptedServer, modes_file: Path) -> Iterator[System]:
-    """A gateway and one ``aptix worker`` with no flags, tasks bounded by queue, on Redis databases of their own."""
-    queue = {"APTIX_TASK_BOUNDARIES": "queue"}
-    with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file, env=queue) as (stack, system):
+@pytest.fixture(scope="module", params=["queue", "call"])
+def queue_system(
+    request: pytest.FixtureRequest, database_url: str, scripted_llm: ScriptedServer, modes_file: Path
+) -> Iterator[System]:
+    """A gateway and one ``aptix worker`` with no flags, tasks bounded by queue or by call, on Redis databases of
+    their own."""
+    bounds = {"APTIX_TASK_BOUNDARIES": request.param}
+    with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file, env=bounds) as (stack, system):
         stack.start_worker("wq", pool=None, queues="pipeline,llm,tools,webhooks")
         yield system
 
@@ -49,46 +53,65 @@ def _hops(events: TaskEventRecorder, turn_id: str, count: int) -> list[str]:
     return wait_for(every_hop, what="the events of the turn's tasks", seconds=15, interval=0.2)
 
 
-def test_a_server_tool_turn_is_seven_tasks_each_running_the_steps_of_its_queue(
+_ENTRY_STEPS = ["request_handler", "session_creator", "session_context_resolver", "context_provider_initializer"]
+SERVER_TOOL_TURN = {
+    "queue": (
+        [
+            "aptix.step.entry",  # and the reasoner and the composition after it (pipeline)
+            "aptix.step.llm_call",
+            "aptix.step.reasoner",
+            "aptix.step.execute_server_tools",
+            "aptix.step.reasoner",  # and the composition
+            "aptix.step.llm_call",
+            "aptix.step.reasoner",  # and the persistence
+        ],
+        [*_ENTRY_STEPS, "reasoner", "compose", "compose"],
+    ),
+    "call": (
+        [
+            "aptix.step.entry",  # and the reasoner and the composition after it
+            "aptix.step.llm_call",  # and the reasoner
+            "aptix.step.execute_server_tools",  # and the reasoner and the composition
+            "aptix.step.llm_call",  # and the reasoner and the persistence
+        ],
+        [*_ENTRY_STEPS, "reasoner", "compose", "reasoner", "reasoner", "compose", "reasoner"],
+    ),
+}
+"""Task boundaries -> a server-tool turn's tasks, and the steps its trace records as run inline."""
+CLIENT_TOOL_ROUND = {
+    "queue": ["aptix.step.entry", "aptix.step.llm_call", "aptix.step.reasoner"],
+    "call": ["aptix.step.entry", "aptix.step.llm_call"],
+}
+"""Task boundaries -> the tasks of each round of a client-tool turn."""
+
+
+def test_a_server_tool_turn_is_a_task_per_boundary_each_running_the_steps_after_it(
     queue_system: System, queue_events: TaskEventRecorder
 ) -> None:
+    hops, inline_steps = SERVER_TOOL_TURN[queue_system.env["APTIX_TASK_BOUNDARIES"]]
     turn = queue_system.run_turn({"input": f"{_call('get_current_time')} what time is it {uuid.uuid4().hex}"})
     assert turn["status"] == "completed", turn
     assert turn["output_text"].startswith("Tool results: get_current_time=20")
-    hops = [
-        "aptix.step.entry",  # and the reasoner and the composition after it (pipeline)
-        "aptix.step.llm_call",
-        "aptix.step.reasoner",
-        "aptix.step.execute_server_tools",
-        "aptix.step.reasoner",  # and the composition
-        "aptix.step.llm_call",
-        "aptix.step.reasoner",  # and the persistence
-    ]
     assert _hops(queue_events, turn["turn_id"], len(hops)) == hops
     trace = queue_system.trace(turn["turn_id"])
     inline = [step for step in trace if step["kind"] == "layer_step"]
-    assert [step["step"] for step in inline] == [
-        "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
-        "reasoner", "compose", "compose",
-    ]  # fmt: skip
+    assert [step["step"] for step in inline] == inline_steps
     assert all(step["duration_ms"] is not None and "@" in step["worker"] for step in inline)
     assert [s["data"]["tool"] for s in trace if s["kind"] == "tool_execution"] == ["get_current_time"]
 
 
-def test_a_client_tool_turn_pauses_and_its_resumed_round_is_three_tasks(
+def test_a_client_tool_turn_pauses_and_its_resumed_round_has_the_same_tasks(
     queue_system: System, queue_events: TaskEventRecorder
 ) -> None:
+    tasks = CLIENT_TOOL_ROUND[queue_system.env["APTIX_TASK_BOUNDARIES"]]
     paused = queue_system.run_turn(
         {"input": f"{_call('open_file', {'path': 'a.txt'})} {uuid.uuid4().hex}", "tools": [OPEN_FILE]}
     )
     assert paused["status"] == "requires_client_tools", paused
     (pending,) = paused["pending_tool_calls"]
-    assert _hops(queue_events, paused["turn_id"], 3) == ["aptix.step.entry", "aptix.step.llm_call",
-                                                          "aptix.step.reasoner"]  # fmt: skip
+    assert _hops(queue_events, paused["turn_id"], len(tasks)) == tasks
     done = queue_system.resume(paused["turn_id"], [{"call_id": pending["call_id"], "output": "hello from a.txt"}])
     assert done["status"] == "completed", done
     assert done["output_text"] == "Tool results: open_file=hello from a.txt"
-    # round 1: the re-entry (entry, reasoner, compose), the model call, the reasoner (and the persistence)
-    assert _hops(queue_events, paused["turn_id"], 6)[3:] == [
-        "aptix.step.entry", "aptix.step.llm_call", "aptix.step.reasoner"
-    ]  # fmt: skip
+    # round 1: the re-entry (entry, reasoner, compose), the model call, the reasoner and the persistence
+    assert _hops(queue_events, paused["turn_id"], 2 * len(tasks))[len(tasks) :] == tasks

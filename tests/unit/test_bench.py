@@ -141,6 +141,12 @@ def test_hop_tasks_with_queue_boundaries_collapse_each_run_on_one_queue_into_the
     assert len(hop_tasks(PLAIN_STEPS + reentry, TaskBoundaries.QUEUE)) == 6  # a round starts a chain of its own
 
 
+def test_hop_tasks_with_call_boundaries_are_the_entry_and_a_task_per_call() -> None:
+    tasks = hop_tasks(reversed(PLAIN_STEPS), TaskBoundaries.CALL)
+    assert TurnHops(tasks).describe() == "entry > llm_call"
+    assert TurnHops(tasks).queues == ("pipeline", "llm")
+
+
 def test_hop_tasks_refuses_a_key_that_is_not_a_step_key() -> None:
     with pytest.raises(ValueError):
         hop_tasks(["0:reasoner"])

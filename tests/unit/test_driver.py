@@ -388,6 +388,70 @@ def test_a_turn_whose_workers_change_task_boundaries_midway_runs_every_step_once
     assert len(llm.requests) == 1
 
 
+def test_with_call_boundaries_a_plain_turn_is_two_messages_and_the_model_call_runs_the_rest() -> None:
+    llm = FakeLlm(LlmResponse(response_id="r", output_text="x"))
+    ctx = make_context(llm, task_boundaries="call")
+    sent = _drive(ctx, _record_turn(ctx))
+    # entry's task runs up to the model call; the model call's task runs the reasoner and the persistence
+    assert [d.envelope.step for d in sent] == [StepName.LLM_CALL]
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed" and record.output_text == "x"
+    state = ctx.states.load(TURN_ID)
+    assert state is not None and state.version == 3  # a save per message, and one after the model's answer
+    inline = [step.step for step in state.trace if step.kind == "layer_step"]
+    assert inline[-2:] == ["compose", "reasoner"]  # the persistence committed the trace: no record after it
+    assert len(llm.requests) == 1
+
+
+def test_with_call_boundaries_a_server_tool_turn_is_a_message_per_call() -> None:
+    key = "call-bounds"
+    ctx = make_context(FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="done")),
+                       catalog=catalog_with_counted_tool(), task_boundaries="call")  # fmt: skip
+    sent = _drive(ctx, _record_turn(ctx))
+    assert [d.envelope.step for d in sent] == [StepName.LLM_CALL, StepName.EXECUTE_SERVER_TOOLS, StepName.LLM_CALL]
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed"
+    assert TOOL_RUNS[key] == 1
+
+
+class _CommitUnreachable:
+    """A turn repository whose commit cannot reach the database ``times`` times (every try of each)."""
+
+    def __init__(self, inner: Any, times: int) -> None:
+        self._inner, self.left = inner, times
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        if self.left:
+            self.left -= 1
+            raise OperationalError("UPDATE", {}, Exception("connection refused"))
+        return self._inner.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_with_call_boundaries_a_trouble_after_the_model_call_in_its_task_does_not_ask_the_model_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("workers.retry._DROPPED_CONNECTION_PAUSES", ())
+    llm = FakeLlm(LlmResponse(response_id="r", output_text="once"))
+    base = make_context(llm, task_boundaries="call")
+    flaky = _CommitUnreachable(base.turns, times=1)
+    ctx = replace(base, turns=flaky)  # type: ignore[arg-type]  # duck-typed repository
+    model_call = run_step(ctx, _record_turn(ctx))
+    assert model_call is not None and model_call.envelope.step is StepName.LLM_CALL
+    # Given the model answered, and the persistence run inline after it could not reach the database
+    again = run_step(ctx, model_call.envelope)
+    assert again is not None and again.countdown > 0 and again.envelope.step_key == model_call.envelope.step_key
+    # When the same message runs again, it finds the model call done and sends on the step after it
+    on = run_step(ctx, again.envelope)
+    assert on is not None and on.envelope.step is StepName.REASONER
+    _drive(ctx, on.envelope)
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed" and record.output_text == "once"
+    assert len(llm.requests) == 1 and flaky.left == 0
+
+
 class _SaveFails(MemoryStateStore):
     """A state store that cannot save (Redis went away)."""
 
