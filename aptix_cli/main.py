@@ -185,8 +185,8 @@ def _parser() -> argparse.ArgumentParser:
         "--task-boundaries",
         choices=[boundaries.value for boundaries in TaskBoundaries],
         default=TaskBoundaries.LAYER.value,
-        help="where the workers end a step task (APTIX_TASK_BOUNDARIES): at every layer (default), or only where "
-        "the queue changes",
+        help="where the workers end a step task (APTIX_TASK_BOUNDARIES): at every layer (default), only where "
+        "the queue changes, or only before a model or tool call",
     )
     bench.add_argument(
         "--peers",

@@ -48,7 +48,8 @@ class BenchOptions:
     task_events: bool = False
     """Turn the workers' Celery task events on, as Flower does when it watches (they start off)."""
     task_boundaries: TaskBoundaries = TaskBoundaries.LAYER
-    """Where the workers end a step task (``APTIX_TASK_BOUNDARIES``): at every layer, or where the queue changes."""
+    """Where the workers end a step task (``APTIX_TASK_BOUNDARIES``): at every layer, where the queue changes, or
+    before a call."""
     peers: bool = False
     """Also run the server-tool turn in the durable peers (DBOS Transact, LangGraph), in the same run."""
     peers_dir: str | None = None
