@@ -128,9 +128,6 @@ class Settings(BaseSettings):
     """Where a step task ends: ``layer`` (a task per pipeline layer, each shown by Flower), ``queue`` (consecutive
     steps on one queue run in one task: fewer hops, less CPU per turn) or ``call`` (a message only to a model or tool
     call, the pipeline's steps in the task before them; docs/pipeline.md, "Task boundaries")."""
-    gevent_step_slots: NonNegativeInt = 2
-    """How many tasks of a gevent worker process (the ``llm`` pool) run pipeline steps after their call at once
-    (with ``task_boundaries=call``), interactive turns let in first (``workers.step_slots``); 0: no bound."""
     step_max_deliveries: PositiveInt = 3
     """Deliveries of one step that ran alone in their worker process and whose worker died before the step ended
     (SIGKILL, segfault, out of memory), after which the next delivery fails its turn ``worker_lost`` instead of

@@ -42,7 +42,6 @@ from workers.llm.limiter import RateLimiter, Slot, Unlimited, limiter_keys, limi
 from workers.llm.types import LlmResponse
 from workers.metrics import WorkerMetrics
 from workers.process_gate import ProcessGate
-from workers.step_slots import StepSlots, green
 from workers.tools.executor import ToolExecutor
 from workers.tools.registry import ToolRegistry
 
@@ -162,9 +161,6 @@ class StepContext:
     """The process's Prometheus collectors (:mod:`workers.metrics`); a private set when not given (tests)."""
     gate: ProcessGate = field(default_factory=ProcessGate)
     """Lets a step whose last delivery was lost run alone in this process (``workers.process_gate``)."""
-    step_slots: StepSlots | None = None
-    """Bounds the tasks of a gevent process running pipeline steps at once, interactive first (``workers.step_slots``);
-    None: unbounded (a threads pool is bounded by its threads)."""
     limiter: Callable[[str], LimiterPort] = field(default=lambda model: Unlimited())
     """The shared rate limiter of a model, by model name; none limits anything when not given (tests)."""
     admission: AdmissionSlots | None = None
@@ -305,7 +301,6 @@ def build_context(
         admission=AdmissionQueue(client),
         webhook_sender=webhook_sender,
         token_usage=TokenUsage(client),
-        step_slots=StepSlots(settings.gevent_step_slots) if settings.gevent_step_slots and green() else None,
     )
 
 

@@ -150,7 +150,7 @@ def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None) -> Dispa
             if start.deliveries > 1 and state.stream:  # a worker died running it: maybe while relaying text
                 withdraw_lost_text(ctx.events, env.turn_id)
             tally = MessageTally()
-            dispatch = _run_layer(ctx, env, state, tally, gate)
+            dispatch = _run_layer(ctx, env, state, tally)
             dispatch = _save(ctx, state, lease, dispatch, delivery_tag)
             saved = True
             ctx.metrics.count_message(tally)
@@ -230,15 +230,9 @@ def _through_gate(ctx: StepContext, lease: Lease, *, suspect: bool) -> Iterator[
         yield alone
 
 
-def _run_layer(
-    ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally, task: ExitStack
-) -> Dispatch | None:
+def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally) -> Dispatch | None:
     """Run ``env``'s step, then inline each next step of the same task (``APTIX_TASK_BOUNDARIES``: the same layer,
-    the same queue, or up to the next call); the message that leaves the task.
-
-    In a gevent process the steps after the task's own run in one of its step slots (``workers.step_slots``), held
-    on ``task`` until the task's save is done.
-    """
+    the same queue, or up to the next call); the message that leaves the task."""
     current = env
     boundaries = ctx.settings.task_boundaries
     while True:
@@ -266,8 +260,6 @@ def _run_layer(
             # before its last save (its worker lost, a trouble in a later step), its next delivery finds the step done
             # and sends on the step after it, as at a hop, rather than asking the model again
             ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
-        if current is env and ctx.step_slots is not None:
-            task.enter_context(ctx.step_slots.held(env.priority))
         current = dispatch.envelope
 
 

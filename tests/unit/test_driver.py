@@ -32,7 +32,6 @@ from tests.unit.fakes import (
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step
 from workers.llm.types import FunctionCall, LlmResponse
-from workers.step_slots import StepSlots
 from workers.steps import execute_server_tools
 
 TURN_ID = "turn_" + "1" * 32
@@ -413,24 +412,6 @@ def test_with_call_boundaries_a_server_tool_turn_is_a_message_per_call() -> None
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status.value == "completed"
     assert TOOL_RUNS[key] == 1
-
-
-def test_with_call_boundaries_the_steps_after_a_call_and_the_save_run_in_a_step_slot() -> None:
-    free_at_saves: list[int] = []
-    slots = StepSlots(1)
-
-    class _Watched(MemoryStateStore):
-        def save(self, state: Any, **options: Any) -> None:
-            free_at_saves.append(slots._free)
-            super().save(state, **options)
-
-    base = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), task_boundaries="call")
-    ctx = replace(with_store(base, _Watched()), step_slots=slots)
-    model_call = run_step(ctx, _record_turn(ctx))
-    assert model_call is not None and free_at_saves == [0]  # entry's task: the steps after request_handler
-    assert run_step(ctx, model_call.envelope) is None
-    # the model's answer saved before waiting for a slot; the reasoner, persist and the last save in it
-    assert free_at_saves == [0, 1, 0] and slots._free == 1
 
 
 class _CommitUnreachable:
