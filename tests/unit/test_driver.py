@@ -415,7 +415,7 @@ def test_with_call_boundaries_a_server_tool_turn_is_a_message_per_call() -> None
 
 
 class _CommitUnreachable:
-    """A turn repository whose commit cannot reach the database ``times`` times (every try of each)."""
+    """A turn repository whose commit cannot reach the database the first ``times`` times."""
 
     def __init__(self, inner: Any, times: int) -> None:
         self._inner, self.left = inner, times
@@ -430,10 +430,7 @@ class _CommitUnreachable:
         return getattr(self._inner, name)
 
 
-def test_with_call_boundaries_a_trouble_after_the_model_call_in_its_task_does_not_ask_the_model_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("workers.retry._DROPPED_CONNECTION_PAUSES", ())
+def test_with_call_boundaries_a_trouble_after_the_model_call_in_its_task_does_not_ask_the_model_again() -> None:
     llm = FakeLlm(LlmResponse(response_id="r", output_text="once"))
     base = make_context(llm, task_boundaries="call")
     flaky = _CommitUnreachable(base.turns, times=1)
