@@ -79,9 +79,12 @@ class Dispatch:
     """Whether that save also acknowledged the message the step ran from (``shared.state.BrokerPush.ack``)."""
 
 
-def run_step(ctx: StepContext, env: TurnEnvelope, *, delivery_tag: str | None = None) -> Dispatch | None:
+def run_step(
+    ctx: StepContext, env: TurnEnvelope, *, delivery_tag: str | None = None, tally: MessageTally | None = None
+) -> Dispatch | None:
     """Run one step of one turn; ``delivery_tag``: the broker's tag of the message it came in, which the
-    save that ends the step acknowledges when it also sends the next message (:func:`_save`).
+    save that ends the step acknowledges when it also sends the next message (:func:`_save`); ``tally``
+    (a new one when None) collects the steps the message ran, each with its time (what the task reports).
 
     Returns:
         The message to send next (possibly this same step, later), or None when the chain ends,
@@ -93,7 +96,7 @@ def run_step(ctx: StepContext, env: TurnEnvelope, *, delivery_tag: str | None = 
     """
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
         try:
-            return _run(ctx, env, delivery_tag)
+            return _run(ctx, env, delivery_tag, MessageTally() if tally is None else tally)
         except TurnFailed:
             raise  # the step was given up on (``worker_lost``): its turn is recorded as failed
         except Exception as exc:
@@ -112,7 +115,7 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
     ctx.ending.end(turn_id, ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message))
 
 
-def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None) -> Dispatch | None:
+def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None, tally: MessageTally) -> Dispatch | None:
     lease = Lease(env.turn_id, env.step_key, owner=f"{ctx.hostname}:{uuid.uuid4().hex}")
     start = ctx.states.begin(
         lease,
@@ -149,7 +152,6 @@ def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None) -> Dispa
                 return _recorded(ctx, state, env)
             if start.deliveries > 1 and state.stream:  # a worker died running it: maybe while relaying text
                 withdraw_lost_text(ctx.events, env.turn_id)
-            tally = MessageTally()
             dispatch = _run_layer(ctx, env, state, tally)
             dispatch = _save(ctx, state, lease, dispatch, delivery_tag)
             saved = True
@@ -260,6 +262,9 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
             # before its last save (its worker lost, a trouble in a later step), its next delivery finds the step done
             # and sends on the step after it, as at a hop, rather than asking the model again
             ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
+            if ctx.cancel_flags.is_cancelled(state.turn_id):  # as the next message's begin would: cancelled meanwhile
+                logger.info("turn %s was cancelled; stopping after %s", state.turn_id, current.step_key)
+                return None
         current = dispatch.envelope
 
 

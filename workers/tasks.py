@@ -1,6 +1,10 @@
 """One thin task per pipeline layer: validate the envelope, run its step(s), send what comes next;
 and the webhook task: one attempt at one delivery.
 
+A step task returns the steps its message ran, each with its time, and the step it sent next
+(:func:`ran`): Celery's ``task-succeeded`` event carries it, so Flower's Result column shows every step,
+those a task runs inline (``APTIX_TASK_BOUNDARIES``) included.
+
 Everything else is the driver's (:func:`workers.driver.run_step`), including every retry. A message
 the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
 is recorded, so running it again only sends that next message. With the broker on the state store's
@@ -35,10 +39,11 @@ from shared.errors import TurnFailed
 from shared.models.envelope import TurnEnvelope
 from shared.step_sender import SEND_ERRORS
 from shared.task_names import LAYER_OF, WEBHOOK_TASK, Layer
-from workers.driver import run_step
+from workers.driver import Dispatch, run_step
+from workers.metrics import MessageTally
 from workers.runtime import WorkerRuntime
 
-__all__ = ["register_tasks"]
+__all__ = ["ran", "register_tasks"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,14 +97,15 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         ignore_result=True,
         shared=False,
     )
-    def step_task(self: Task, payload: dict[str, Any]) -> None:
+    def step_task(self: Task, payload: dict[str, Any]) -> str | None:
         envelope = _validate(layer, payload)
         if envelope is None:
-            return
+            return None
         tag = (self.request.properties or {}).get("delivery_tag")
-        dispatch = run_step(runtime.context, envelope, delivery_tag=tag)
+        tally = MessageTally()
+        dispatch = run_step(runtime.context, envelope, delivery_tag=tag, tally=tally)
         if dispatch is None:
-            return
+            return ran(tally, None)
         if dispatch.acked and tag is not None:  # by the save that sent the next step: Celery's ack then skips Redis
             acknowledged_by_save(tag)
         if not dispatch.sent:  # else the driver's save put it on its queue
@@ -112,6 +118,21 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
                 raise Reject(exc, requeue=True) from exc
         if dispatch.failed is not None:
             raise TurnFailed(dispatch.failed.code.value, dispatch.failed.message)
+        return ran(tally, dispatch)
+
+
+def ran(tally: MessageTally, dispatch: Dispatch | None) -> str | None:
+    """What a step task returns: the steps its message ran, each with its time, and the step it sent next
+    (None when it ran none: a redelivery of a step that had run, a message dropped). Celery puts it in the
+    task's ``task-succeeded`` event, so Flower's Result column shows every step a task ran, inline ones
+    included (``APTIX_TASK_BOUNDARIES``); the result is not stored (``ignore_result``)."""
+    if not tally.steps:
+        return None
+    steps = ", ".join(f"{step.value} {seconds * 1000:.1f} ms" for step, seconds in tally.steps)
+    if dispatch is None:
+        return f"ran {steps}"
+    later = f" in {dispatch.countdown:.1f} s" if dispatch.countdown else ""
+    return f"ran {steps}; next {dispatch.envelope.step.value}{later}"
 
 
 def _validate(layer: Layer, payload: dict[str, Any]) -> TurnEnvelope | None:

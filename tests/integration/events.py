@@ -85,6 +85,12 @@ class TaskEventRecorder:
             hops.setdefault((int(envelope.get("round", 0)), int(envelope.get("hop", 0))), str(task.get("name")))
         return [hops[key] for key in sorted(hops)]
 
+    def succeeded_results(self, turn_id: str) -> list[str]:
+        """The results (Flower's Result column) of the tasks that succeeded for ``turn_id`` so far, in order."""
+        events = self.events()
+        ours = {e["uuid"] for e in events if e["type"] == "task-received" and turn_id in str(e.get("args", ""))}
+        return [str(e.get("result")) for e in events if e["type"] == "task-succeeded" and e["uuid"] in ours]
+
     def task_events(self, turn_id: str) -> dict[str, list[dict[str, Any]]]:
         """Every event of each task of ``turn_id`` so far, by task id, in the order they arrived."""
         events = self.events()

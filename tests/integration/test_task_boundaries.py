@@ -1,13 +1,15 @@
-"""``APTIX_TASK_BOUNDARIES=queue`` and ``call`` with real processes: an ``aptix worker`` with no flags (its
-``pipeline,tools`` threads process and its ``llm,webhooks`` gevent process), the gateway and the scripted
-model. With ``queue`` a task runs every following step on its queue and a message goes only where the
-queue changes, so each hop crosses from one process to the other; with ``call`` a message goes only to a
-model or tool call, and the pipeline's steps run in the task before them. Celery's task events (what
-Flower shows) are the hops; the turn's trace still has every step, with its time and worker."""
+"""Each ``APTIX_TASK_BOUNDARIES`` with real processes: an ``aptix worker`` with no flags (its ``pipeline,tools``
+threads process and its ``llm,webhooks`` gevent process), the gateway and the scripted model. With ``layer``
+every layer is a task; with ``queue`` a task runs every following step on its queue and a message goes only
+where the queue changes, so each hop crosses from one process to the other; with ``call`` (the default) a
+message goes only to a model or tool call, and the pipeline's steps run in the task before them. Celery's
+task events (what Flower shows) are the hops, and each task's result lists the steps it ran; the turn's
+trace still has every step, with its time and worker."""
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +25,12 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=["queue", "call"])
+@pytest.fixture(scope="module", params=["layer", "queue", "call"])
 def queue_system(
     request: pytest.FixtureRequest, database_url: str, scripted_llm: ScriptedServer, modes_file: Path
 ) -> Iterator[System]:
-    """A gateway and one ``aptix worker`` with no flags, tasks bounded by queue or by call, on Redis databases of
-    their own."""
+    """A gateway and one ``aptix worker`` with no flags, tasks bounded by layer, by queue or by call, on Redis
+    databases of their own."""
     bounds = {"APTIX_TASK_BOUNDARIES": request.param}
     with own_system(database_url=database_url, llm=scripted_llm, modes_file=modes_file, env=bounds) as (stack, system):
         stack.start_worker("wq", pool=None, queues="pipeline,llm,tools,webhooks")
@@ -55,6 +57,22 @@ def _hops(events: TaskEventRecorder, turn_id: str, count: int) -> list[str]:
 
 _ENTRY_STEPS = ["request_handler", "session_creator", "session_context_resolver", "context_provider_initializer"]
 SERVER_TOOL_TURN = {
+    "layer": (
+        [
+            "aptix.step.entry",
+            "aptix.step.reasoner",
+            "aptix.step.compose",
+            "aptix.step.llm_call",
+            "aptix.step.reasoner",
+            "aptix.step.execute_server_tools",
+            "aptix.step.reasoner",
+            "aptix.step.compose",
+            "aptix.step.llm_call",
+            "aptix.step.reasoner",
+            "aptix.step.persist",
+        ],
+        _ENTRY_STEPS,
+    ),
     "queue": (
         [
             "aptix.step.entry",  # and the reasoner and the composition after it (pipeline)
@@ -79,6 +97,14 @@ SERVER_TOOL_TURN = {
 }
 """Task boundaries -> a server-tool turn's tasks, and the steps its trace records as run inline."""
 CLIENT_TOOL_ROUND = {
+    "layer": [
+        "aptix.step.entry",
+        "aptix.step.reasoner",
+        "aptix.step.compose",
+        "aptix.step.llm_call",
+        "aptix.step.reasoner",
+        "aptix.step.persist",
+    ],
     "queue": ["aptix.step.entry", "aptix.step.llm_call", "aptix.step.reasoner"],
     "call": ["aptix.step.entry", "aptix.step.llm_call"],
 }
@@ -98,6 +124,16 @@ def test_a_server_tool_turn_is_a_task_per_boundary_each_running_the_steps_after_
     assert [step["step"] for step in inline] == inline_steps
     assert all(step["duration_ms"] is not None and "@" in step["worker"] for step in inline)
     assert [s["data"]["tool"] for s in trace if s["kind"] == "tool_execution"] == ["get_current_time"]
+    # Flower's Result column: each task lists the steps it ran, inline ones included, and the step it sent next
+    results = queue_events.succeeded_results(turn["turn_id"])
+    assert len(results) == len(hops), results
+    ran = [re.findall(r"(\w+) [\d.]+ ms", result) for result in results]
+    first = [hop.removeprefix("aptix.step.").replace("entry", _ENTRY_STEPS[0]) for hop in hops]
+    assert [steps[0] for steps in ran] == first
+    assert [step for steps in ran for step in steps if step in ("reasoner", "compose", "persist")][-1] == "persist"
+    assert sum(steps.count("reasoner") for steps in ran) == 4  # after the entry, each call, and the tool
+    assert [re.search(r"next (\w+)", result)[1] for result in results[:-1]] == first[1:]  # type: ignore[index]
+    assert "next" not in results[-1]
 
 
 def test_a_client_tool_turn_pauses_and_its_resumed_round_has_the_same_tasks(

@@ -258,7 +258,10 @@ def _process(command: str | list[str], where: str) -> tuple[str, dict[str, str]]
         # Its password comes from FLOWER_BASIC_AUTH in its environment (checked per file), never argv.
         assert "--basic-auth" not in options, f"{where}: the password would show in `ps`: {argv}"
         # The task list shows each task's args: the envelope, with the turn id
-        assert "args" in options.get("--tasks_columns", "").split(","), f"{where}: show the args column: {argv}"
+        columns = options.get("--tasks_columns", "").split(",")
+        assert "args" in columns, f"{where}: show the args column: {argv}"
+        # and each task's result: the steps it ran (inline ones included, docs/pipeline.md "Task boundaries")
+        assert "result" in columns, f"{where}: show the result column: {argv}"
         return "flower", options
     raise AssertionError(f"{where}: {argv} is not a process documented in shared/API.md")
 

@@ -4,6 +4,7 @@ lost the state, at-most-once server tools, the model retry budget."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -32,7 +33,9 @@ from tests.unit.fakes import (
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step
 from workers.llm.types import FunctionCall, LlmResponse
+from workers.metrics import MessageTally
 from workers.steps import execute_server_tools
+from workers.tasks import ran
 
 TURN_ID = "turn_" + "1" * 32
 T = TypeVar("T")
@@ -403,6 +406,24 @@ def test_with_call_boundaries_a_plain_turn_is_two_messages_and_the_model_call_ru
     assert len(llm.requests) == 1
 
 
+def test_a_message_reports_every_step_it_ran_and_the_step_it_sent_next() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), task_boundaries="call")
+    entry, model = MessageTally(), MessageTally()
+    model_call = run_step(ctx, _record_turn(ctx), tally=entry)
+    assert model_call is not None
+    entry_ran = ran(entry, model_call)
+    assert entry_ran is not None and entry_ran.endswith("; next llm_call")
+    assert re.findall(r"(\w+) \d+\.\d ms", entry_ran) == [
+        "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
+        "reasoner", "compose",
+    ]  # fmt: skip
+    assert run_step(ctx, model_call.envelope, tally=model) is None
+    assert re.fullmatch(r"ran llm_call [\d.]+ ms, reasoner [\d.]+ ms, persist [\d.]+ ms", ran(model, None) or "")
+    # a redelivery of the message that ran: nothing runs, nothing to report
+    again = MessageTally()
+    assert run_step(ctx, model_call.envelope, tally=again) is None and ran(again, None) is None
+
+
 def test_with_call_boundaries_a_server_tool_turn_is_a_message_per_call() -> None:
     key = "call-bounds"
     ctx = make_context(FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="done")),
@@ -412,6 +433,32 @@ def test_with_call_boundaries_a_server_tool_turn_is_a_message_per_call() -> None
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status.value == "completed"
     assert TOOL_RUNS[key] == 1
+
+
+class _CancelledDuringTheCall(FakeLlm):
+    """A model whose first answer comes after the turn was cancelled."""
+
+    ctx: StepContext
+
+    def create(self, request: dict[str, Any]) -> LlmResponse:
+        self.ctx.states.cancel_many([TURN_ID], ttl_seconds=60)
+        return super().create(request)
+
+
+@pytest.mark.parametrize("boundaries", list(TaskBoundaries))
+def test_a_turn_cancelled_during_its_model_call_runs_nothing_after_the_call(boundaries: TaskBoundaries) -> None:
+    key = f"cancelled-{boundaries.value}"
+    llm = _CancelledDuringTheCall(_tool_call(key), LlmResponse(response_id="r2", output_text="never"))
+    ctx = make_context(llm, catalog=catalog_with_counted_tool(), task_boundaries=boundaries.value)
+    llm.ctx = ctx
+    model_call = _drive(ctx, _record_turn(ctx), until=StepName.LLM_CALL)[-1]
+    # the model call's message ends the chain (call: in its own task, after its save) or the next message's does
+    after = _drive(ctx, model_call.envelope)
+    assert [d.envelope.step for d in after] == ([] if boundaries is TaskBoundaries.CALL else [StepName.REASONER])
+    assert key not in TOOL_RUNS and len(llm.requests) == 1
+    state = ctx.states.load(TURN_ID)
+    assert state is not None and model_call.envelope.step_key in state.steps_done  # the answer is kept
+    assert not [step for step in state.trace if step.kind == "layer_step" and step.step == "reasoner"][1:]
 
 
 class _CommitUnreachable:
