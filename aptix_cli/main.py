@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from aptix_cli import process_commands as processes
 from aptix_cli.worker_group import DEFAULT_QUEUES
-from shared.task_names import TaskBoundaries
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, TaskBoundaries
 
 __all__ = ["main"]
 
@@ -184,9 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--task-boundaries",
         choices=[boundaries.value for boundaries in TaskBoundaries],
-        default=TaskBoundaries.LAYER.value,
-        help="where the workers end a step task (APTIX_TASK_BOUNDARIES): at every layer (default), only where "
-        "the queue changes, or only before a model or tool call",
+        default=DEFAULT_TASK_BOUNDARIES.value,
+        help="where the workers end a step task (APTIX_TASK_BOUNDARIES): at every layer, only where the queue "
+        f"changes, or only before a model or tool call (default {DEFAULT_TASK_BOUNDARIES.value})",
     )
     bench.add_argument(
         "--peers",

@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, NonNegativeInt, PositiveInt, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.redis_clients import check_redis_url, parse_sentinel_url
-from shared.task_names import TaskBoundaries
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, TaskBoundaries
 from shared.webhooks.parsing import parse_default_urls, parse_retry_schedule, parse_secrets
 
 __all__ = [
@@ -124,7 +124,7 @@ class Settings(BaseSettings):
     """LLM calls allowed in one turn."""
     step_lease_seconds: PositiveInt = 30
     """A step whose worker stopped this long ago is run again elsewhere."""
-    task_boundaries: TaskBoundaries = TaskBoundaries.LAYER
+    task_boundaries: TaskBoundaries = DEFAULT_TASK_BOUNDARIES
     """Where a step task ends: ``layer`` (a task per pipeline layer, each shown by Flower), ``queue`` (consecutive
     steps on one queue run in one task: fewer hops, less CPU per turn) or ``call`` (a message only to a model or tool
     call, the pipeline's steps in the task before them; docs/pipeline.md, "Task boundaries")."""

@@ -4,8 +4,8 @@ A task runs one pipeline *layer* (AGN-027): the AGN-032 entry steps (request han
 restorer / client-tool session restorer, session context resolver, context provider initializer,
 client-tool continuation resolver) are one layer, Pipeline Entry, run by one task; the reasoner,
 composition, LLM call, server tool execution and persistence are a layer and a task each. Where a task
-ends is :class:`TaskBoundaries`' choice: at every layer (the default), only where the queue changes, or
-only before a call (the model's, a server tool's). The gateway sends tasks by these names and never
+ends is :class:`TaskBoundaries`' choice: at every layer, only where the queue changes, or only before a
+call (the model's, a server tool's: the default). The gateway sends tasks by these names and never
 imports ``workers``; the workers register their tasks under them. Routing is by name, so each queue
 scales on its own. One task is not a pipeline step: ``aptix.webhook.deliver`` makes one attempt at
 delivering a signed webhook, on its own queue.
@@ -16,6 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = [
+    "DEFAULT_TASK_BOUNDARIES",
     "LAYER_OF",
     "TASK_QUEUES",
     "WEBHOOK_TASK",
@@ -121,6 +122,10 @@ class TaskBoundaries(StrEnum):
     """A task per call: a message goes only to a step that waits on the world outside, on a queue of its own
     (the model call, the server tools); the pipeline's own steps (entry, reasoner, composition, persistence)
     run in the task before them, wherever that is. A plain turn is 2 hops, a server-tool turn 4."""
+
+
+DEFAULT_TASK_BOUNDARIES = TaskBoundaries.CALL
+"""``APTIX_TASK_BOUNDARIES`` unset: a task per call, the fewest hops (docs/pipeline.md, "Task boundaries")."""
 
 
 def same_task(step: StepName, following: StepName, boundaries: TaskBoundaries) -> bool:

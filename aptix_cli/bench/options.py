@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.task_names import TaskBoundaries
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, TaskBoundaries
 
 __all__ = ["DEFAULT_DATABASE_URL", "DEFAULT_REDIS_URL", "SCENARIO_NAMES", "BenchOptions"]
 
@@ -47,7 +47,7 @@ class BenchOptions:
     the scenarios; with ``two_orgs``, two organisations' OpenAI batches side by side."""
     task_events: bool = False
     """Turn the workers' Celery task events on, as Flower does when it watches (they start off)."""
-    task_boundaries: TaskBoundaries = TaskBoundaries.LAYER
+    task_boundaries: TaskBoundaries = DEFAULT_TASK_BOUNDARIES
     """Where the workers end a step task (``APTIX_TASK_BOUNDARIES``): at every layer, where the queue changes, or
     before a call."""
     peers: bool = False

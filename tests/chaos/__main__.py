@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from shared.task_names import TaskBoundaries
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, TaskBoundaries
 from tests.chaos.faults import FAULTS
 from tests.chaos.net.faults import NET_FAULTS
 from tests.chaos.net.hosts import NetworkUnavailable, require_network
@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--task-boundaries", choices=[boundaries.value for boundaries in TaskBoundaries],
-        default=TaskBoundaries.LAYER.value,
-        help="APTIX_TASK_BOUNDARIES of the workers (default layer)",
+        default=DEFAULT_TASK_BOUNDARIES.value,
+        help=f"APTIX_TASK_BOUNDARIES of the workers (default {DEFAULT_TASK_BOUNDARIES.value})",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (which worker dies)")
     parser.add_argument("--log-dir", default=None, help="where process logs go (default: a new temp directory)")

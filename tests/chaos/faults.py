@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shared.task_names import DEFAULT_TASK_BOUNDARIES
 from tests.chaos.backing import RedisServer, SentinelRedis
 from tests.chaos.batch_load import BatchLoad
 from tests.chaos.load import Ledger, post_turns, submit_batches, wait_fraction
@@ -44,7 +45,7 @@ class FaultPlan:
     turns: int
     small: bool
     seed: int = 0
-    task_boundaries: str = "layer"
+    task_boundaries: str = DEFAULT_TASK_BOUNDARIES.value
     """``APTIX_TASK_BOUNDARIES`` of the system's workers."""
 
 

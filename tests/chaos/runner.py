@@ -18,6 +18,7 @@ from typing import TextIO
 
 import yaml
 
+from shared.task_names import DEFAULT_TASK_BOUNDARIES
 from tests.chaos.evidence import collect
 from tests.chaos.faults import FAULTS, Fault, FaultPlan
 from tests.chaos.load import Ledger, wait_settled
@@ -43,7 +44,12 @@ COUNT_RUN_TOOL = {
 
 
 def plans(
-    names: Sequence[str], *, small: bool, turns: int | None = None, seed: int = 0, task_boundaries: str = "layer"
+    names: Sequence[str],
+    *,
+    small: bool,
+    turns: int | None = None,
+    seed: int = 0,
+    task_boundaries: str = DEFAULT_TASK_BOUNDARIES.value,
 ) -> list[FaultPlan]:
     """The plans of the named faults, in matrix order.
 

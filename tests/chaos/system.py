@@ -25,6 +25,7 @@ import httpx
 import psycopg
 
 from aptix_cli.launcher import ManagedProcess, answers, free_port, wait_until
+from shared.task_names import DEFAULT_TASK_BOUNDARIES
 from tests.chaos.backing import Database, RedisServer, SentinelRedis
 from tests.chaos.processes import REPO_ROOT, kill_tree, spawn
 from tests.support.redis_cluster import LocalRedisCluster
@@ -59,7 +60,7 @@ class SystemOptions:
     sentinel: bool = False
     """Redis as a Sentinel-managed primary with one replica and three sentinels (state and broker on it,
     named by ``sentinel://`` URLs) instead of one server."""
-    task_boundaries: str = "layer"
+    task_boundaries: str = DEFAULT_TASK_BOUNDARIES.value
     """``APTIX_TASK_BOUNDARIES`` of every process."""
 
 

@@ -26,8 +26,10 @@ def test_step_that_fails_its_turn_is_one_failed_task_run_once_when_a_server_tool
     # Then the turn records its failure as before
     assert turn["status"] == "failed" and turn["error"]["code"] == "tool_failed"
     assert f"disk on fire {marker}" in turn["error"]["message"]
+    # (the default APTIX_TASK_BOUNDARIES=call: entry, llm_call, execute_server_tools, and the persistence of the
+    # failure: a step that fails its turn ends its task)
     tasks = wait_for(
-        lambda: _finished_tasks(task_events, turn["turn_id"], count=7), what="the 7 tasks of the failed turn"
+        lambda: _finished_tasks(task_events, turn["turn_id"], count=4), what="the 4 tasks of the failed turn"
     )
     # And exactly the task of the step that failed the turn is FAILED, with the turn's code and no more
     failed = {task_id: events for task_id, events in tasks.items() if _ends(events) == "task-failed"}
@@ -60,8 +62,8 @@ def test_model_call_that_fails_its_turn_is_a_failed_llm_call_task(
     marker = f"m{uuid.uuid4().hex[:10]}"
     turn = system.run_turn({"input": f"[[fail:400]] {marker}"})
     assert turn["status"] == "failed" and turn["error"]["code"] == "llm_error"
-    tasks = wait_for(
-        lambda: _finished_tasks(task_events, turn["turn_id"], count=5), what="the 5 tasks of the failed turn"
+    tasks = wait_for(  # entry, llm_call and the persistence of the failure
+        lambda: _finished_tasks(task_events, turn["turn_id"], count=3), what="the 3 tasks of the failed turn"
     )
     # Then the llm_call task is the one FAILED task of the turn
     failed = [_name(events) for events in tasks.values() if _ends(events) == "task-failed"]

@@ -5,6 +5,7 @@ Failed filter, and nothing answers without the password."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -18,12 +19,14 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-SERVER_TOOL_TURN = [
-    "aptix.step.entry", "aptix.step.reasoner", "aptix.step.compose", "aptix.step.llm_call", "aptix.step.reasoner",
-    "aptix.step.execute_server_tools", "aptix.step.reasoner", "aptix.step.compose", "aptix.step.llm_call",
-    "aptix.step.reasoner", "aptix.step.persist",
+SERVER_TOOL_TURN = ["aptix.step.entry", "aptix.step.llm_call", "aptix.step.execute_server_tools", "aptix.step.llm_call"]
+"""The tasks of a turn with one server tool call, in order (the default ``APTIX_TASK_BOUNDARIES=call``: a task per call;
+``tests/integration/test_task_boundaries.py`` has the other settings)."""
+EVERY_STEP = [
+    "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer", "reasoner",
+    "compose", "llm_call", "reasoner", "execute_server_tools", "reasoner", "compose", "llm_call", "reasoner", "persist",
 ]  # fmt: skip
-"""The tasks of a turn with one server tool call, in order (ARCHITECTURE: 11 messages)."""
+"""The steps of that turn, in order: what the tasks' results list, each with its time."""
 
 
 def test_flower_lists_every_task_of_a_turn_with_its_turn_id_when_a_server_tool_turn_runs(
@@ -43,6 +46,9 @@ def test_flower_lists_every_task_of_a_turn_with_its_turn_id_when_a_server_tool_t
     assert [task["name"] for task in _without_early_starts(in_order)] == SERVER_TOOL_TURN
     assert all(turn_id in task["args"] for task in tasks.values())
     assert all(task["worker"] and task["worker"].startswith("w1@") for task in tasks.values())
+    # And Flower's Result column lists every step each task ran, those run inline included
+    results = [str(task["result"]) for task in _without_early_starts(in_order)]
+    assert [step for result in results for step in re.findall(r"(\w+) [\d.]+ ms", result)] == EVERY_STEP, results
     # And they are the very tasks the workers ran (as an independent listener saw them)
     assert set(tasks) == set(task_events.task_events(turn_id))
 
@@ -75,7 +81,7 @@ def test_flower_password_is_not_on_its_command_line(flower: Flower) -> None:
     with open(f"/proc/{flower.process.pid}/cmdline", "rb") as cmdline:
         argv = cmdline.read().decode().split("\0")
     assert not [arg for arg in argv if flower.password in arg or "basic" in arg.lower()]
-    assert "--tasks_columns=name,uuid,state,args,received,started,runtime,worker" in argv
+    assert "--tasks_columns=name,uuid,state,args,result,received,started,runtime,worker" in argv
 
 
 def _without_early_starts(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -94,7 +100,8 @@ def _without_early_starts(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _succeeded(tasks: dict[str, dict[str, Any]], count: int) -> dict[str, dict[str, Any]]:
-    """``tasks`` once ``count`` of them succeeded, the turn's last (``persist``) among them, else an empty dict."""
+    """``tasks`` once ``count`` of them succeeded, the turn's last (the one that ran ``persist``) among them, else an
+    empty dict."""
     done = [task for task in tasks.values() if task["state"] == "SUCCESS"]
-    last = any(task["name"] == "aptix.step.persist" for task in done)
+    last = any("persist" in str(task.get("result")) for task in done)
     return tasks if len(done) >= count and last else {}

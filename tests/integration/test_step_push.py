@@ -124,14 +124,21 @@ def test_no_message_is_taken_with_publish_signals_connected_or_for_a_parked_wait
     assert messages(broker_url, envelope) == []  # taking a message never sends it
 
 
+@pytest.mark.parametrize(
+    ("boundaries", "messages_sent"),
+    [
+        ("layer", [StepName.REASONER, StepName.COMPOSE, StepName.LLM_CALL, StepName.REASONER, StepName.PERSIST]),
+        ("call", [StepName.LLM_CALL]),  # the default: the reasoner and the persistence run in the model call's task
+    ],
+)
 def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_none(
-    two_databases: tuple[str, str],
+    two_databases: tuple[str, str], boundaries: str, messages_sent: list[StepName]
 ) -> None:
     # Given a worker whose state store and broker share a Redis server (two databases), as by default
     state_url, broker_url = two_databases
     app = create_producer(Settings(broker_url=broker_url, redis_url=state_url))
     store = RedisStateStore.from_url(state_url)
-    ctx = make_context(FakeLlm(answer("hi")))
+    ctx = make_context(FakeLlm(answer("hi")), task_boundaries=boundaries)
     ctx = replace(
         ctx, states=store, cancel_flags=store, in_flight=store, timers=store,
         leases=lease_renewer(store, ctx.settings), push=_sender(app, state_url, broker_url).push,
@@ -152,7 +159,7 @@ def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_non
         held = broker.hexists("unacked", tag) or broker.zscore("unacked_index", tag) is not None
         assert held is (dispatch is None)
         assert dispatch is None or dispatch.acked
-    assert ran == [StepName.REASONER, StepName.COMPOSE, StepName.LLM_CALL, StepName.REASONER, StepName.PERSIST]
+    assert ran == messages_sent
     row = ctx.turns.get(first.turn_id)
     assert row is not None and row.status == "completed"
 

@@ -55,9 +55,10 @@ from workers.runtime import build_step_sender
 pytestmark = pytest.mark.integration
 
 HEADERS = {"Authorization": f"Bearer {KEY_A}"}
-SERVER_TOOL_HOPS = 11  # ARCHITECTURE.md
-CLIENT_TOOL_HOPS = 12  # 6 until the pause, 6 after the results
-PLAIN_HOPS = 6
+# The default APTIX_TASK_BOUNDARIES=call: a task per model or tool call (docs/pipeline.md, "Task boundaries")
+SERVER_TOOL_HOPS = 4  # entry, llm_call, execute_server_tools, llm_call
+CLIENT_TOOL_HOPS = 4  # entry and llm_call until the pause, the same after the results
+PLAIN_HOPS = 2
 
 
 @dataclass

@@ -19,8 +19,8 @@ from tests.support.waiting import wait_for
 
 __all__ = ["TASKS_COLUMNS", "Flower", "start_flower"]
 
-TASKS_COLUMNS = "name,uuid,state,args,received,started,runtime,worker"
-"""The task list's columns in every deployment file: ``args`` shows the turn id."""
+TASKS_COLUMNS = "name,uuid,state,args,result,received,started,runtime,worker"
+"""The task list's columns in every deployment file: ``args`` shows the turn id, ``result`` the steps a task ran."""
 
 
 @dataclass

@@ -140,10 +140,14 @@ def make_context(
 ) -> StepContext:
     """A StepContext with every port in process (one MemoryStateStore behind every state port, the
     breakers on fakeredis, a fresh :func:`sqlite_engine` unless ``engine`` is given); its turn
-    repository records webhook events in ``outbox`` when given, and ``webhook_sender`` sends them."""
+    repository records webhook events in ``outbox`` when given, and ``webhook_sender`` sends them.
+
+    Its steps end their task at every layer (``task_boundaries="layer"``) unless ``task_boundaries`` says
+    otherwise: driving a turn a message at a time, a test then sees each rule at each layer's step (the
+    default, ``call``, is tested where a test names it)."""
     db = session_factory(engine or sqlite_engine())
     catalog = catalog or _default_catalog()
-    resolved = Settings(**settings)
+    resolved = Settings(**{"task_boundaries": "layer", **settings})
     events = MemoryTurnEventLog()
     store = MemoryStateStore(events)
     return StepContext(

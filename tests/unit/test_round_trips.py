@@ -1,7 +1,8 @@
-"""What a plain turn costs hop by hop: the state store's Redis round trips (a step's begin and its save)
-and the database's statements and transactions, with and without webhooks; and what the gateway's
-writes cost the database (recording a turn, resuming it, recording a batch). The counts are the hot
-path's budget: a change that adds a round trip to a hop shows here.
+"""What a plain turn costs hop by hop (a message per layer, and by default a message per call): the
+state store's Redis round trips (a step's begin and its save) and the database's statements and
+transactions, with and without webhooks; and what the gateway's writes cost the database (recording
+a turn, resuming it, recording a batch). The counts are the hot path's budget: a change that adds a
+round trip to a hop shows here.
 
 The state store is the Redis one, on fakeredis (its Lua scripts run); the database is SQLite in
 memory; the model's breaker is on a Redis of its own, not counted (``docs/benchmarks.md`` counts it).
@@ -67,8 +68,9 @@ class _Hop:
     webhooks: int
 
 
-def _plain_turn(*, webhooks: bool) -> list[_Hop]:
-    """Run two plain turns (the first loads the Lua scripts, as a worker's first turn does) and count the second."""
+def _plain_turn(*, webhooks: bool, task_boundaries: str = "layer") -> list[_Hop]:
+    """Run two plain turns (the first loads the Lua scripts, as a worker's first turn does) and count the second,
+    a message at a time (a task per layer unless ``task_boundaries`` says otherwise)."""
     client, engine = _CountingRedis(), sqlite_engine()
     sent: list[str] = []
     config = WebhookConfig(secrets={ORG: b"0123456789abcdef0123"}, default_urls={ORG: "https://h.example/in"})
@@ -77,6 +79,7 @@ def _plain_turn(*, webhooks: bool) -> list[_Hop]:
         engine=engine,
         outbox=WebhookOutbox(config) if webhooks else None,
         webhook_sender=WebhookSender(sent.append) if webhooks else None,
+        task_boundaries=task_boundaries,
     )
     store = RedisStateStore(client)
     ctx = replace(
@@ -111,6 +114,16 @@ def test_every_hop_of_a_plain_turn_costs_two_state_store_round_trips() -> None:
     hops = _plain_turn(webhooks=False)
     assert [hop.step for hop in hops] == PLAIN_TURN
     assert [hop.redis for hop in hops] == [2] * 6  # begin, save
+
+
+def test_by_default_a_plain_turn_is_two_messages_and_its_model_call_costs_four_round_trips() -> None:
+    hops = _plain_turn(webhooks=False, task_boundaries="call")
+    assert [hop.step for hop in hops] == ["request_handler", "llm_call"]
+    # the entry's message: begin, save; the model call's: begin, the save of its answer before the reasoner runs
+    # inline, the turn's cancel flag, the last save
+    assert [hop.redis for hop in hops] == [2, 4]
+    # the same database work as a message per layer, in fewer messages: the start, the answer's checkpoint, the commit
+    assert [(hop.statements, hop.transactions) for hop in hops] == [(2, 2), (7, 2)]
 
 
 def test_a_plain_turn_writes_the_database_at_its_start_its_model_answer_and_its_commit() -> None:
