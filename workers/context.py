@@ -36,6 +36,7 @@ from shared.state.token_usage import TokenUsage
 from shared.turn_ending import AdmissionSlots, TurnEnding
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from shared.webhooks import WebhookSender
+from workers.batch_slots import BatchSlots, green
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.limiter import RateLimiter, Slot, Unlimited, limiter_keys, limits_for
@@ -161,6 +162,9 @@ class StepContext:
     """The process's Prometheus collectors (:mod:`workers.metrics`); a private set when not given (tests)."""
     gate: ProcessGate = field(default_factory=ProcessGate)
     """Lets a step whose last delivery was lost run alone in this process (``workers.process_gate``)."""
+    batch_slots: BatchSlots | None = None
+    """Bounds the batch turns' tasks a gevent process runs at once, an interactive turn's never waiting
+    (``workers.batch_slots``); None: unbounded (a threads pool is bounded by its threads)."""
     limiter: Callable[[str], LimiterPort] = field(default=lambda model: Unlimited())
     """The shared rate limiter of a model, by model name; none limits anything when not given (tests)."""
     admission: AdmissionSlots | None = None
@@ -301,6 +305,7 @@ def build_context(
         admission=AdmissionQueue(client),
         webhook_sender=webhook_sender,
         token_usage=TokenUsage(client),
+        batch_slots=BatchSlots(settings.gevent_batch_slots) if settings.gevent_batch_slots and green() else None,
     )
 
 

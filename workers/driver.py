@@ -38,7 +38,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
 import redis
@@ -94,7 +94,8 @@ def run_step(
         TurnFailed: the turn could not run outside any step and is now recorded as failed
             (``internal_error``); there is nothing to send.
     """
-    with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration):
+    slot = nullcontext() if ctx.batch_slots is None else ctx.batch_slots.held(env.priority)
+    with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration), slot:
         try:
             return _run(ctx, env, delivery_tag, MessageTally() if tally is None else tally)
         except TurnFailed:

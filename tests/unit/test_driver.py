@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 from shared.db.tool_runs import ToolRun, ToolRunRepository
 from shared.db.turns import NewTurn
 from shared.errors import LlmError
-from shared.models.envelope import TurnEnvelope
+from shared.models.envelope import BATCH_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.state import Lease, LedgerEntry, MemoryStateStore
 from shared.task_names import StepName, TaskBoundaries
 from tests.unit.fakes import (
@@ -30,6 +30,7 @@ from tests.unit.fakes import (
     memory_store,
     with_store,
 )  # fmt: skip
+from workers.batch_slots import BatchSlots
 from workers.context import StepContext
 from workers.driver import Dispatch, run_step
 from workers.llm.types import FunctionCall, LlmResponse
@@ -459,6 +460,39 @@ def test_a_turn_cancelled_during_its_model_call_runs_nothing_after_the_call(boun
     state = ctx.states.load(TURN_ID)
     assert state is not None and model_call.envelope.step_key in state.steps_done  # the answer is kept
     assert not [step for step in state.trace if step.kind == "layer_step" and step.step == "reasoner"][1:]
+
+
+class _SeesTheSlots(FakeLlm):
+    """A model that notes whether the calling task held a batch slot while it waited for the answer."""
+
+    slots: BatchSlots
+    held: list[bool]
+
+    def create(self, request: dict[str, Any]) -> LlmResponse:
+        self.held.append(self.slots.holding())
+        return super().create(request)
+
+
+@pytest.mark.parametrize(("priority", "holds"), [(BATCH_PRIORITY, True), (INTERACTIVE_PRIORITY, False)])
+def test_a_batch_turns_task_runs_in_a_slot_given_up_while_it_waits_for_the_model(priority: int, holds: bool) -> None:
+    llm = _SeesTheSlots(LlmResponse(response_id="r", output_text="x"))
+    llm.slots, llm.held = BatchSlots(1), []
+    ctx = replace(make_context(llm, task_boundaries="call"), batch_slots=llm.slots)
+    holding: list[bool] = []
+    first = _record_turn(ctx).model_copy(update={"priority": priority})
+    original = ctx.states.begin
+
+    def begin(*args: Any, **kwargs: Any) -> Any:
+        holding.append(llm.slots.holding())
+        return original(*args, **kwargs)
+
+    ctx.states.begin = begin  # type: ignore[method-assign]
+    _drive(ctx, first)
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed"
+    assert holding == [holds, holds]  # each message's task, from its first round trip
+    assert llm.held == [False]  # not while the model answered
+    assert not llm.slots.holding()
 
 
 class _CommitUnreachable:

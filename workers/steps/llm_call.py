@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 
 from shared.errors import LlmError
 from shared.models.envelope import TurnEnvelope
@@ -60,8 +61,12 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         return success(RetryAfter(Trouble.MODEL_BREAKER_OPEN, message, hint=wait))
     relay = TextRelay(ctx.events, state.turn_id, flush_seconds=ctx.settings.llm_stream_flush_ms / 1000)
     started = time.perf_counter()
+    waiting = nullcontext() if ctx.batch_slots is None else ctx.batch_slots.released()  # others' CPU meanwhile
     try:
-        response = ctx.llm.stream(request, relay, on_text_done=relay.flush) if state.stream else ctx.llm.create(request)
+        with waiting:
+            response = (
+                ctx.llm.stream(request, relay, on_text_done=relay.flush) if state.stream else ctx.llm.create(request)
+            )
     except LlmError as exc:
         relay.withdraw()
         ctx.metrics.count_model_call(model, seconds=time.perf_counter() - started, error=exc)
