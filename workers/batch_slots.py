@@ -57,7 +57,7 @@ class BatchSlots:
     def released(self) -> Iterator[None]:
         """Wait on the world outside (the model's answer) without the slot, and take one again after; a task that holds
         none (an interactive turn's, or none of this process's) just waits."""
-        if not getattr(self._task, "holding", False):
+        if not self.holding():
             yield
             return
         self._task.holding = False
