@@ -27,6 +27,7 @@ from shared.db.batches import BatchRecord, BatchRepository, ReusedTurn
 from shared.db.engine import create_db_engine, session_factory
 from shared.db.openai_batches import OpenAIBatchRecord, OpenAIBatchRepository
 from shared.db.records import NewTurn
+from tests.support.databases import fresh_database
 from tests.unit.fakes import FIXED_NOW
 
 _TURNS = 1500
@@ -37,6 +38,14 @@ _OTHER_TURNS = 6000
 """Turns of another organisation's batch recorded first: in production a batch is a small part of ``turns``.
 Without them the table is little more than the batch under test, and PostgreSQL rightly reads a page near
 its end with a sequential scan of the whole small table (what earlier tests left there decided it)."""
+
+
+@pytest.fixture(scope="module")
+def database_url(services: None) -> Iterator[str]:
+    """A database of this module's own: on the session's, the test system's gateway notes the end of every
+    batch whose turns all ended, and could note the batch under test between its update and the poll."""
+    with fresh_database("aptix_plans") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
