@@ -159,6 +159,10 @@ class Settings(BaseSettings):
     org_max_in_flight: PositiveInt = 128
     """Most turns of one organisation in flight at once: its batch turns past it wait, released round-robin
     across organisations as turns end (docs/batches.md, "Fair admission"); size it to the worker pool."""
+    admission_target_delay_ms: Annotated[float, Field(ge=0, le=60_000)] = 0.0
+    """The admission window's target: how long the shortest step message of half a second may wait between its
+    sending and its task's start before the admission scheduler holds batch turns back (``workers.admission_window``,
+    docs/batches.md, "The admission window"); 0 (the default): no window, the organisations' caps alone."""
     tool_threads: PositiveInt = 16
     """Threads a worker process runs server tools on; a handler that overruns its timeout keeps its thread."""
     metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = None

@@ -37,6 +37,10 @@ routes it through a producer batch whose Redis command is taken, not sent:
 own script (``shared.state.BrokerPush``), so the message goes if and only if the state was written.
 Not with publish signals connected (telemetry writes each message's trace context as it is sent),
 nor for a parked message, nor on a Sentinel-managed or another broker: those are sent as above.
+
+**When it was sent.** One header beyond ``send_task``'s, :data:`SENT_AT_HEADER`: the Unix time the
+message was built to go (plus its countdown). The worker that runs it notes how long it waited
+(``workers.dispatch_delays``), which sizes the admission window.
 """
 
 from __future__ import annotations
@@ -63,10 +67,15 @@ from shared.task_names import TASK_QUEUES, task_name
 from shared.telemetry import turn_spans
 
 __all__ = [
-    "SEND_ERRORS", "BesideState", "Broker", "CeleryBroker", "Pushes", "StepSender", "beside_state", "scripts_reach",
+    "SEND_ERRORS", "SENT_AT_HEADER", "BesideState", "Broker", "CeleryBroker", "Pushes", "StepSender", "beside_state",
+    "scripts_reach",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+
+SENT_AT_HEADER = "aptix_sent_at"
+"""The message header holding when a step message was sent, or due (Unix time): the task sees it as
+``request.aptix_sent_at``."""
 
 SEND_ERRORS: tuple[type[Exception], ...] = (BrokerError, BatchPublishError, RedisError, OSError)
 """What a send raises when the broker (or, for a parked message, the state store) refuses."""
@@ -272,6 +281,7 @@ class CeleryBroker:
             ignore_result=None, argsrepr=shown, kwargsrepr="{}",
         )  # fmt: skip
         properties["priority"] = envelope.priority  # send_task copies its options into the properties
+        headers[SENT_AT_HEADER] = time.time() + (countdown or 0.0)
         declare: list[Any] = []  # the queue is direct: a message goes straight to its list
         with turn_spans(envelope.turn_id):
             if signalled:  # telemetry's instrumentation writes the trace context into the headers

@@ -131,7 +131,21 @@ class WorkerMetrics:
             "kind (released; republished: sent again after a scheduler died between release and send).",
             ["kind"], registry=self.registry,
         )  # fmt: skip
+        self.admission_window = Gauge(
+            "aptix_admission_window", "The most turns the admission window lets be in flight in all, as the active "
+            "admission scheduler last sized it (0: no window).", registry=self.registry, multiprocess_mode="livemax",
+        )  # fmt: skip
+        self.dispatch_delay = Gauge(
+            "aptix_admission_dispatch_delay_seconds", "How long step messages waited between their sending and "
+            "their task's start (the workers' 90th percentiles, weighted), as the admission window last saw it.",
+            registry=self.registry, multiprocess_mode="livemax",
+        )  # fmt: skip
         self._create_known_series()
+
+    def show_window(self, size: int, delay: float | None) -> None:
+        """Set the admission window's gauges: its size, and the dispatch delay it was sized from (0: none reported)."""
+        self.admission_window.set(size)
+        self.dispatch_delay.set(delay or 0.0)
 
     def count_released(self, kind: str, turns: int) -> None:
         """Count ``turns`` held turns sent on (``released``, or ``republished`` after a scheduler died)."""

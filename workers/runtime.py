@@ -43,8 +43,10 @@ from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
 from shared.webhooks.config import StoredSecrets
 from workers import retry
+from workers.admission_window import AdmissionWindow
 from workers.broker_watch import RedisBrokerWatch
 from workers.context import StepContext, build_context, state_client, utc_now, worker_engine
+from workers.dispatch_delays import DispatchDelays
 from workers.metrics import WorkerMetrics
 from workers.reconciler import Reconciler
 from workers.scheduler import AdmissionScheduler
@@ -99,6 +101,7 @@ class WorkerRuntime:
         self._redis: redis.Redis | None = None
         self._ctx: StepContext | None = None
         self._steps: StepSender | None = None
+        self._delays: DispatchDelays | None = None
         self._stop = threading.Event()
         self._reconciler_thread: threading.Thread | None = None
         self._with_scheduler = scheduler
@@ -134,6 +137,9 @@ class WorkerRuntime:
         pushes = save_pushes(self._broker, self._settings)
         self._steps = build_step_sender(self._broker, self._ctx.timers, self._settings, pushes=pushes)
         self._ctx = replace(self._ctx, push=self._steps.push)
+        if self._settings.admission_target_delay_ms > 0:
+            report = functools.partial(AdmissionQueue(self._redis).report_delay, f"{hostname}:{os.getpid()}")
+            self._delays = DispatchDelays(report)
         if self._send_webhook is not None:
             if self._http is not None:
                 self._http.close()
@@ -169,6 +175,11 @@ class WorkerRuntime:
         Raises: as :attr:`context`.
         """
         return _started(self._steps)
+
+    @property
+    def delays(self) -> DispatchDelays | None:
+        """Where this process's step tasks note how long their message waited (None: no admission window)."""
+        return self._delays
 
     @property
     def webhooks(self) -> WebhookDeliverer:
@@ -336,7 +347,15 @@ def build_scheduler(
         leader=LeaderLease(ports.client, key=SCHEDULER_LEADER_KEY, owner=ports.owner),
         metrics=ports.metrics,
         caps=None if org_settings is None else org_caps(org_settings),
+        window=admission_window(settings),
     )
+
+
+def admission_window(settings: Settings) -> AdmissionWindow | None:
+    """The admission window ``APTIX_ADMISSION_TARGET_DELAY_MS`` asks for (None when it is 0)."""
+    if settings.admission_target_delay_ms <= 0:
+        return None
+    return AdmissionWindow(target_seconds=settings.admission_target_delay_ms / 1000)
 
 
 def org_caps(org_settings: OrgSettingsRepository) -> Callable[[], dict[str, int]]:

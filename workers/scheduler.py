@@ -13,6 +13,10 @@ is deleted only once the messages are sent; a note older than 5 s (its scheduler
 is sent again by whichever copy finds it. A duplicate first message is harmless: the driver takes the
 step's lease and skips a step recorded in ``steps_done`` (``workers.driver``), so no step runs twice.
 
+The window (``workers.admission_window``, unless ``APTIX_ADMISSION_TARGET_DELAY_MS`` is 0): every half
+second the active copy reads the workers' dispatch-delay reports and resizes how many turns may be in
+flight in all; a release never passes it, whatever room the organisations' caps leave.
+
 The sweep: every few seconds the active copy drops from the in-flight sets the turns that ended or
 paused without saying so (a worker that died after the commit, a turn cancelled while it was held,
 a turn failed outside any step), so a lost removal costs capacity for seconds only.
@@ -40,6 +44,7 @@ from shared.settings import Settings
 from shared.state.admission import AdmissionQueue, Release
 from shared.state.leader import Leader
 from shared.step_sender import SEND_ERRORS, StepSender
+from workers.admission_window import CONTROL_SECONDS, AdmissionWindow, combined_delay
 from workers.metrics import WorkerMetrics
 
 __all__ = ["AdmissionScheduler"]
@@ -76,6 +81,7 @@ class AdmissionScheduler:
         metrics: WorkerMetrics | None = None,
         clock: Callable[[], float] = time.time,
         caps: Callable[[], Mapping[str, int]] | None = None,
+        window: AdmissionWindow | None = None,
     ) -> None:
         """Build one copy.
 
@@ -89,8 +95,12 @@ class AdmissionScheduler:
             clock: the wall clock (Unix time).
             caps: the organisations with an admission cap of their own (``org_settings``, cached), each
                 with its cap; every other organisation's is ``APTIX_ORG_MAX_IN_FLIGHT``.
+            window: the most turns in flight in all, resized from the workers' dispatch delays (None: the
+                caps alone).
         """
         self._caps = caps
+        self._window = window
+        self._next_resize = 0.0
         self._settings = settings
         self._admission = admission
         self._turns = turns
@@ -145,6 +155,9 @@ class AdmissionScheduler:
         if now >= self._next_republish:  # a note is stale after seconds: once a second is enough
             self._next_republish = now + 1.0
             self.republish_stale(now)
+        if self._window is not None and now >= self._next_resize:
+            self._next_resize = now + CONTROL_SECONDS
+            self.resize(self._window, now)
         released = self.release(now)
         if now >= self._next_sweep:
             self._next_sweep = now + _SWEEP_EVERY_SECONDS
@@ -158,8 +171,9 @@ class AdmissionScheduler:
         released = 0
         while True:
             release = self._admission.release(
-                cap=self._settings.org_max_in_flight, limit=_RELEASE_BATCH, now=now, caps=caps
-            )
+                cap=self._settings.org_max_in_flight, limit=_RELEASE_BATCH, now=now, caps=caps,
+                window=None if self._window is None else self._window.size,
+            )  # fmt: skip
             if release is None:
                 return released
             self._send(release)
@@ -168,6 +182,14 @@ class AdmissionScheduler:
             self._metrics.count_released("released", len(release.turn_ids))
             if len(release.turn_ids) < _RELEASE_BATCH:  # the script stopped at the limits, not at the batch size
                 return released
+
+    def resize(self, window: AdmissionWindow, now: float) -> int:
+        """Resize ``window`` from the workers' dispatch-delay reports and the turns held and in flight; its size."""
+        delay = combined_delay(self._admission.delays(now=now))
+        counts = self._admission.counts().values()
+        size = window.update(delay, in_flight=sum(c.in_flight for c in counts), held=sum(c.held for c in counts))
+        self._metrics.show_window(size, delay)
+        return size
 
     def republish_stale(self, now: float) -> int:
         """Send again the turns of releasing notes their scheduler left behind; how many."""

@@ -37,7 +37,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from shared.broker_transport import acknowledged_by_save
 from shared.errors import TurnFailed
 from shared.models.envelope import TurnEnvelope
-from shared.step_sender import SEND_ERRORS
+from shared.step_sender import SEND_ERRORS, SENT_AT_HEADER
 from shared.task_names import LAYER_OF, WEBHOOK_TASK, Layer
 from workers.driver import Dispatch, run_step
 from workers.metrics import MessageTally
@@ -101,6 +101,8 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         envelope = _validate(layer, payload)
         if envelope is None:
             return None
+        if runtime.delays is not None:
+            runtime.delays.observe(self.request.get(SENT_AT_HEADER))
         tag = (self.request.properties or {}).get("delivery_tag")
         tally = MessageTally()
         dispatch = run_step(runtime.context, envelope, delivery_tag=tag, tally=tally)

@@ -43,6 +43,7 @@ import redis
 
 from shared.state.keys import (
     ADMISSION_CURSOR_KEY,
+    ADMISSION_DELAYS_KEY,
     ADMISSION_NUDGE_KEY,
     ADMISSION_ORGS_KEY,
     held_key,
@@ -53,7 +54,8 @@ from shared.state.keys import (
 from shared.state.scripts import Call, ScriptCall, pipelined
 
 __all__ = [
-    "IDLE_ORG_SECONDS", "REPUBLISH_AFTER_SECONDS", "AdmissionQueue", "OrgCounts", "Place", "Release", "leave_calls",
+    "DELAY_FRESH_SECONDS", "IDLE_ORG_SECONDS", "REPUBLISH_AFTER_SECONDS", "AdmissionQueue", "DelayReport", "OrgCounts",
+    "Place", "Release", "leave_calls",
 ]  # fmt: skip
 
 REPUBLISH_AFTER_SECONDS = 5.0
@@ -61,6 +63,11 @@ REPUBLISH_AFTER_SECONDS = 5.0
 
 IDLE_ORG_SECONDS = 60.0
 """An organisation with nothing held or in flight leaves the organisations' set once untouched this long."""
+
+DELAY_FRESH_SECONDS = 2.0
+"""A worker's dispatch-delay report older than this says nothing about now (:meth:`AdmissionQueue.delays`)."""
+_DELAY_FORGOTTEN_SECONDS = 60.0
+"""A report this old is deleted: its process stopped (each process reports under a name of its own)."""
 
 Place = Literal["held", "in_flight"]
 
@@ -139,6 +146,19 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class DelayReport:
+    """One worker process's last report: how long its step messages waited between their sending and their
+    task's start (``workers.dispatch_delays``)."""
+
+    least: float
+    """The shortest wait, seconds: long only when every message waited (a queue that stays, not a burst)."""
+    samples: int
+    """How many task starts it covers."""
+    at: float
+    """When it was made (Unix time)."""
+
+
+@dataclass(frozen=True, slots=True)
 class OrgCounts:
     """An organisation's turns held and in flight."""
 
@@ -188,9 +208,13 @@ class AdmissionQueue:
             pipe.zadd(in_flight_key(org_id), dict.fromkeys(turn_ids, now))
             pipe.execute()
 
-    def release(self, *, cap: int, limit: int, now: float, caps: Mapping[str, int] | None = None) -> Release | None:
+    def release(
+        self, *, cap: int, limit: int, now: float, caps: Mapping[str, int] | None = None, window: int | None = None
+    ) -> Release | None:
         """Move up to ``limit`` held turns to in flight, round-robin across organisations, none past its cap:
-        ``caps[org]`` for an organisation with a cap of its own (``aptix orgs set --max-in-flight``), else ``cap``.
+        ``caps[org]`` for an organisation with a cap of its own (``aptix orgs set --max-in-flight``), else ``cap``;
+        and, given a ``window``, no more than leave every organisation's turns in flight at most ``window`` in all
+        (``workers.admission_window``).
 
         Three round trips: the organisations and the cursor; each one's counts; the moves (one script
         per organisation, each writing its releasing note in the same atomic step), the cursor, and the
@@ -201,6 +225,10 @@ class AdmissionQueue:
         if not orgs:
             return None
         counts = self._counts(orgs, with_releasing=True)
+        if window is not None:
+            limit = min(limit, window - sum(flying for _, flying, _ in counts.values()))
+            if limit <= 0:
+                return None
         limits = {org: int((caps or {}).get(org, cap)) for org in orgs}
         room = {org: min(held, max(0, limits[org] - flying)) for org, (held, flying, _) in counts.items()}
         plan, last = _round_robin(sorted(orgs), cursor, room, limit)
@@ -304,6 +332,32 @@ class AdmissionQueue:
         if not orgs:
             return {}
         return {org: OrgCounts(held, flying) for org, (held, flying, _) in self._counts(orgs).items()}
+
+    def report_delay(self, worker: str, report: DelayReport) -> None:
+        """Record ``worker``'s latest dispatch-delay report (one ``HSET``, replacing its last)."""
+        fields = {"least": report.least, "samples": report.samples, "at": report.at}
+        self.client.hset(ADMISSION_DELAYS_KEY, worker, json.dumps(fields))
+
+    def delays(self, *, now: float) -> list[DelayReport]:
+        """The workers' reports made in the last :data:`DELAY_FRESH_SECONDS`; deletes those of processes that
+        stopped reporting a minute ago."""
+        raw: dict[bytes, bytes] = self.client.hgetall(ADMISSION_DELAYS_KEY)  # type: ignore[assignment]
+        fresh: list[DelayReport] = []
+        gone: list[bytes] = []
+        for worker, value in raw.items():
+            try:
+                fields = json.loads(value)
+                report = DelayReport(float(fields["least"]), int(fields["samples"]), float(fields["at"]))
+            except (ValueError, KeyError, TypeError):
+                gone.append(worker)
+                continue
+            if report.at < now - _DELAY_FORGOTTEN_SECONDS:
+                gone.append(worker)
+            elif report.at >= now - DELAY_FRESH_SECONDS:
+                fresh.append(report)
+        if gone:
+            self.client.hdel(ADMISSION_DELAYS_KEY, *gone)
+        return fresh
 
     def wait(self, timeout: float) -> bool:
         """Block until nudged (turns held, a turn in flight ended) or ``timeout`` seconds; whether nudged."""

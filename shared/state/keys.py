@@ -25,6 +25,7 @@ import zlib
 
 __all__ = [
     "ADMISSION_CURSOR_KEY",
+    "ADMISSION_DELAYS_KEY",
     "ADMISSION_NUDGE_KEY",
     "ADMISSION_ORGS_KEY",
     "BROKER_EPOCH_SEEN_KEY",
@@ -85,6 +86,10 @@ ADMISSION_NUDGE_KEY = f"{PREFIX}:admission:nudge"
 """List of at most one item, pushed when turns are held or a turn in flight ends: wakes the scheduler.
 The one key every turn touches at its end (LPUSH + LTRIM): a single list, since the scheduler blocks
 on it (BLPOP waits on one slot), and two cheap commands per turn."""
+
+ADMISSION_DELAYS_KEY = f"{PREFIX}:admission:delays"
+"""Hash: worker process -> its last report of how long step messages waited between their sending and their
+task's start (``workers.dispatch_delays``), which sizes the admission window (``workers.admission_window``)."""
 
 BROKER_SENTINEL_KEY = f"{PREFIX}:broker:sentinel"
 """Kept in the broker's Redis database: when it vanishes, the broker lost its messages."""

@@ -17,11 +17,12 @@ from shared.models.envelope import BATCH_START_PRIORITY, TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.settings import Settings
 from shared.state import MemoryStateStore, RedisStateStore, TurnState
-from shared.state.admission import REPUBLISH_AFTER_SECONDS, AdmissionQueue
-from shared.state.keys import SCHEDULER_LEADER_KEY
+from shared.state.admission import DELAY_FRESH_SECONDS, REPUBLISH_AFTER_SECONDS, AdmissionQueue, DelayReport
+from shared.state.keys import ADMISSION_DELAYS_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.step_sender import StepSender
 from shared.task_names import StepName
+from workers.admission_window import AdmissionWindow
 from workers.scheduler import AdmissionScheduler
 
 pytestmark = pytest.mark.integration
@@ -226,3 +227,64 @@ def test_the_sweep_drops_turns_that_ended_unannounced(redis_client: redis.Redis)
     assert queue.where("org-a", ["running", "unrecorded"]) == {"running": "in_flight", "unrecorded": "in_flight"}
     assert scheduler.sweep(T0 + 600) == 1  # a turn the database never recorded, after a while
     assert queue.counts()["org-a"].in_flight == 1
+
+
+def test_a_release_never_passes_the_window_whatever_room_the_caps_leave(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
+    queue.admit_now("org-a", ["interactive"], now=T0)  # an interactive turn counts in the window too
+    queue.hold("org-a", [f"a{i}" for i in range(10)])
+    queue.hold("org-b", [f"b{i}" for i in range(10)])
+    released = queue.release(cap=100, limit=100, now=T0, window=4)
+    assert released is not None and released.turn_ids == ["a0", "b0", "a1"]
+    assert queue.release(cap=100, limit=100, now=T0, window=4) is None
+    assert queue.finished("org-b", ["b0"]) == 1
+    after = queue.release(cap=100, limit=100, now=T0, window=4)
+    assert after is not None and after.turn_ids == ["b1"]
+
+
+def test_the_workers_delay_reports_are_read_while_fresh_and_forgotten_after_a_minute(redis_client: redis.Redis) -> None:
+    queue = AdmissionQueue(redis_client)
+    fresh = DelayReport(least=0.004, samples=12, at=T0 - 1)
+    queue.report_delay("llm.1@a:10", fresh)
+    queue.report_delay("llm.1@a:10", DelayReport(least=0.5, samples=1, at=T0 - 1.5))  # replaced by its next
+    queue.report_delay("llm.1@a:10", fresh)
+    queue.report_delay("pipeline.1@a:11", DelayReport(least=0.003, samples=3, at=T0 - DELAY_FRESH_SECONDS - 1))
+    queue.report_delay("llm.2@b:12", DelayReport(least=0.003, samples=3, at=T0 - 120))  # a process that stopped
+    redis_client.hset(ADMISSION_DELAYS_KEY, "garbled", "{not json")
+    assert queue.delays(now=T0) == [fresh]
+    assert sorted(redis_client.hkeys(ADMISSION_DELAYS_KEY)) == [b"llm.1@a:10", b"pipeline.1@a:11"]
+
+
+def test_the_scheduler_holds_turns_back_while_the_workers_messages_queue_and_lets_more_go_when_they_do_not(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a scheduler with a window of 8 aiming at 5 ms, and 40 turns held
+    clock = [T0]
+    sent: list[TurnEnvelope] = []
+    queue = AdmissionQueue(redis_client)
+    scheduler = AdmissionScheduler(
+        settings=Settings(org_max_in_flight=128),
+        admission=queue,
+        turns=_Statuses(),  # type: ignore[arg-type]  # only statuses() is read
+        steps=StepSender(_Kept(sent), timers=MemoryStateStore(), park_after=30),
+        leader=LeaderLease(redis_client, key=SCHEDULER_LEADER_KEY, owner="s1"),
+        clock=lambda: clock[0],
+        window=AdmissionWindow(target_seconds=0.005, initial=8),
+    )
+    assert scheduler.lead()
+    queue.hold("org-a", [f"a{i}" for i in range(40)])
+    # When a worker reports that even its shortest wait was 20 ms
+    queue.report_delay("llm.1@a:1", DelayReport(least=0.020, samples=50, at=T0))
+    scheduler.step()
+    # Then the window shrinks to 6 and only 6 turns go
+    assert len(sent) == 6 and queue.counts()["org-a"].in_flight == 6
+    # And when, half a second on, the shortest wait is 1 ms, the full window grows by a quarter
+    clock[0] = T0 + 0.5
+    queue.report_delay("llm.1@a:1", DelayReport(least=0.001, samples=50, at=clock[0]))
+    scheduler.step()
+    assert len(sent) == 7 and queue.counts()["org-a"].in_flight == 7
+    # And it is not resized again before the half second is over
+    queue.report_delay("llm.1@a:1", DelayReport(least=0.001, samples=50, at=clock[0] + 0.1))
+    clock[0] += 0.1
+    scheduler.step()
+    assert len(sent) == 7

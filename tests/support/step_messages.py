@@ -16,7 +16,7 @@ from celery import Celery
 
 from shared.models.envelope import TurnEnvelope
 from shared.state import MemoryStateStore
-from shared.step_sender import CeleryBroker, StepSender
+from shared.step_sender import SENT_AT_HEADER, CeleryBroker, StepSender
 from shared.task_names import TASK_QUEUES, StepName, task_name
 
 __all__ = ["ENVELOPES", "envelope_of", "messages", "send_task", "step_sender", "without_ids"]
@@ -37,7 +37,8 @@ def step_sender(app: Celery) -> StepSender:
 
 
 def send_task(app: Celery, envelope: TurnEnvelope, countdown: float = 0.0) -> None:
-    """The envelope through Celery's own ``send_task``, the way a task is sent by name."""
+    """The envelope through Celery's own ``send_task``, the way a task is sent by name, with the one header
+    the step sender adds (:data:`~shared.step_sender.SENT_AT_HEADER`)."""
     name = task_name(envelope.step)
     app.send_task(
         name,
@@ -45,6 +46,7 @@ def send_task(app: Celery, envelope: TurnEnvelope, countdown: float = 0.0) -> No
         queue=TASK_QUEUES[name].value,
         countdown=countdown or None,
         priority=envelope.priority,
+        headers={SENT_AT_HEADER: time.time() + countdown},
     )
 
 
@@ -65,12 +67,15 @@ def envelope_of(raw: bytes) -> TurnEnvelope:
 
 def without_ids(raw: bytes, *, ids: tuple[str, ...] = ()) -> bytes:
     """The raw message with what each message has of its own written as placeholders: its task id,
-    delivery tag and ETA (checked to be about now), and the headers named in ``ids``."""
+    delivery tag, ETA and sending time (each checked to be about now), and the headers named in ``ids``."""
     message = json.loads(raw)
     headers, properties = message["headers"], message["properties"]
     if headers["eta"] is not None:
         assert abs(datetime.fromisoformat(headers["eta"]).timestamp() - time.time()) < 30
         raw = raw.replace(headers["eta"].encode(), b"ETA")
+    sent_at = headers[SENT_AT_HEADER]
+    assert abs(sent_at - time.time()) < 30
+    raw = raw.replace(f'"{SENT_AT_HEADER}": {sent_at!r}'.encode(), b'"SENT_AT"')
     for unique in (headers["id"], properties["delivery_tag"], *(headers[header] for header in ids)):
         raw = raw.replace(unique.encode(), b"UNIQUE")
     return raw
