@@ -67,6 +67,9 @@ def test_runtime_in_a_child_of_a_worker_that_never_started_builds_nothing(tmp_pa
 class _NamedRuntime:
     """A runtime that only says which one it is when a task asks it for its context."""
 
+    delays = None
+    """No admission window: the task asks for it before the context."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 
