@@ -50,13 +50,10 @@ class AdmissionWindow:
         """Start at ``initial`` turns, aiming at dispatch delays of ``target_seconds`` at most."""
         self.target = target_seconds
         self.size = max(FLOOR, min(CEILING, initial))
-        self.delay: float | None = None
-        """The delay the last update saw (None: no worker reported)."""
 
     def update(self, delay: float | None, *, in_flight: int, held: int) -> int:
         """Resize from the workers' ``delay`` (seconds; None when none reported lately), the turns ``in_flight``
         and ``held`` in all; the new size."""
-        self.delay = delay
         if delay is not None and delay > self.target:
             if in_flight <= self.size:
                 self.size = max(FLOOR, int(self.size * _CUT))

@@ -137,7 +137,8 @@ class WorkerMetrics:
         )  # fmt: skip
         self.dispatch_delay = Gauge(
             "aptix_admission_dispatch_delay_seconds", "How long step messages waited between their sending and "
-            "their task's start (the workers' 90th percentiles, weighted), as the admission window last saw it.",
+            "their task's start (each worker process's shortest of half a second, weighted), as the admission window "
+            "last saw it.",
             registry=self.registry, multiprocess_mode="livemax",
         )  # fmt: skip
         self._create_known_series()
