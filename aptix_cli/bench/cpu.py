@@ -6,12 +6,16 @@ or processes found some other way (redis-server by the pid ``INFO`` gives, Postg
 processes). CPU is ``utime + stime``, in clock ticks (``SC_CLK_TCK``), summed over all threads by
 the kernel.
 
-For a tree the bench started, the CPU of descendants that ended and were reaped inside the tree is
-in their reaper's ``cutime + cstime``, so a tree counts those too and its figure is the sum over
-the tree at the second sample minus the sum at the first. For the other groups (whose processes
-may reap children that are none of the bench's business) each process counts only its own time,
-from the first sample (or from zero for a process that appeared between the samples); a process
-that ended between the samples is lost, which is why the services' pooled connections matter.
+For a tree, the CPU of descendants that ended and were reaped inside the tree is in their reaper's
+``cutime + cstime``, so a tree counts those too and its figure is the sum over the tree at the second
+sample minus the sum at the first. The trees are the processes the bench started, and PostgreSQL:
+its backends are the postmaster's children, and a pool that opens a connection under load and closes
+it when it is returned ends backends all through a run (the worker processes' overflow connection:
+before the postmaster was counted as a tree, their CPU was lost, 1.3 to 1.6 ms of a turn's at 200 ms
+model latency). For the other groups (redis-server, which reaps children that are none of the
+bench's business: its background saves) each process counts only its own time, from the first sample
+(or from zero for a process that appeared between the samples); a process that ended between the
+samples is lost.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ class Group:
     members: Callable[[ProcessTable], Collection[int]]
     """The group's pids, given the process table of the sample."""
     tree: bool
-    """Whether the members are a tree the bench started (counts the reaped children; see the module)."""
+    """Whether the members are a tree whose reaped children count (see the module)."""
 
 
 CpuSample = dict[str, dict[tuple[int, int], int]]

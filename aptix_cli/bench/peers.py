@@ -159,7 +159,7 @@ def run_peer(
         meter = CpuMeter(
             [
                 Group("peer", lambda table: descendants(table, [process.pid]), tree=True),
-                Group("postgres", postgres, tree=False),
+                Group("postgres", postgres, tree=True),
             ]
         )
         wait_until([process], lambda: _said(process, "ready") is not None, _READY_SECONDS)

@@ -232,7 +232,7 @@ class _Run:
                 Group("gateway", lambda table: descendants(table, [gateway.pid]), tree=True),
                 Group("workers", lambda table: descendants(table, worker_pids), tree=True),
                 Group("redis", self.services.redis_members, tree=False),
-                Group("postgres", self.services.postgres_members, tree=False),
+                Group("postgres", self.services.postgres_members, tree=True),
                 Group("model", lambda table: descendants(table, [model.pid]), tree=True),
                 *self._by_queues(worker_pids),
             ]

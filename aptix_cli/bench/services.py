@@ -162,8 +162,11 @@ class ScratchServices:
     def postgres_members(self, table: ProcessTable) -> Collection[int]:
         """The PostgreSQL server's own processes and the backends of the scratch database.
 
-        Backends of other databases (other test runs on a shared server) are left out; the server
-        processes (postmaster, writers, checkpointer, autovacuum launcher) are shared work.
+        Backends of other databases (other test runs on a shared server) are left out while they
+        run; the server processes (postmaster, writers, checkpointer, autovacuum launcher) are shared
+        work. Counted as a tree (``cpu.Group.tree``), the postmaster also brings the CPU of every
+        backend that ended between two samples: the scratch database's connections a pool closed, and
+        on a machine where nothing else runs, the bench's own few queries of ``pg_stat_activity``.
         """
         return self.database_members(table, self._database)
 

@@ -59,8 +59,10 @@ DEFAULT_POOLS: dict[ProcessKind, PoolSize] = {
     # short transaction: 8 connections keep thousands of transactions a second going.
     ProcessKind.GATEWAY: PoolSize(4, 4),
     # One Celery process: 2 pool threads and the reconciler thread at once (the `pipeline` group);
-    # more threads, or 2,000 greenlets on the `llm` queue, take turns on short transactions.
-    ProcessKind.WORKER: PoolSize(2, 1),
+    # more threads, or 2,000 greenlets on the `llm` queue, take turns on short transactions. No
+    # overflow: under a batch an overflow connection was opened and closed over and over, a new
+    # backend each time, 2.5 ms of PostgreSQL's CPU per turn (docs/benchmarks.md, 2026-11-27, night).
+    ProcessKind.WORKER: PoolSize(3, 0),
     # `aptix reconciler`: one scan at a time.
     ProcessKind.RECONCILER: PoolSize(1, 1),
     # `aptix db upgrade` and `aptix db wait`: one connection.

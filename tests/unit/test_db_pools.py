@@ -16,9 +16,9 @@ POSTGRES = "postgresql://aptix@127.0.0.1:5432/aptix"
 
 
 def test_each_process_kind_has_a_default_pool_and_the_settings_override_it() -> None:
-    assert pool_size_for(Settings(), ProcessKind.WORKER) == DEFAULT_POOLS[ProcessKind.WORKER] == PoolSize(2, 1)
+    assert pool_size_for(Settings(), ProcessKind.WORKER) == DEFAULT_POOLS[ProcessKind.WORKER] == PoolSize(3, 0)
     assert pool_size_for(Settings(), ProcessKind.GATEWAY).most == 8
-    assert pool_size_for(Settings(db_pool_size=5), ProcessKind.WORKER) == PoolSize(5, 1)
+    assert pool_size_for(Settings(db_pool_size=5), ProcessKind.WORKER) == PoolSize(5, 0)
     assert pool_size_for(Settings(db_max_overflow=0), ProcessKind.GATEWAY) == PoolSize(4, 0)
 
 
