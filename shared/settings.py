@@ -152,7 +152,7 @@ class Settings(BaseSettings):
     """How long a turn's first message may wait in the broker before the reconciler sends it again."""
     reconciler_max_redrives: PositiveInt = 5
     """Re-drives after which a turn that still does not move fails (``internal_error``)."""
-    gevent_batch_slots: NonNegativeInt = 0
+    gevent_batch_slots: NonNegativeInt = 1
     """Batch turns' tasks a gevent worker process (the ``llm`` pool) runs at once, each giving its slot up while it
     waits for the model; an interactive turn's task takes none, so it waits behind at most these at each round trip
     (``workers.batch_slots``); 0: no bound."""
