@@ -11,7 +11,7 @@ For a tree, the CPU of descendants that ended and were reaped inside the tree is
 sample minus the sum at the first. The trees are the processes the bench started, and PostgreSQL:
 its backends are the postmaster's children, and a pool that opens a connection under load and closes
 it when it is returned ends backends all through a run (the worker processes' overflow connection:
-before the postmaster was counted as a tree, their CPU was lost, 1.3 to 1.6 ms of a turn's at 200 ms
+before the postmaster was counted as a tree, their CPU was lost, about 4 ms of a turn's at 200 ms
 model latency). For the other groups (redis-server, which reaps children that are none of the
 bench's business: its background saves) each process counts only its own time, from the first sample
 (or from zero for a process that appeared between the samples); a process that ended between the

@@ -166,7 +166,8 @@ class ScratchServices:
         run; the server processes (postmaster, writers, checkpointer, autovacuum launcher) are shared
         work. Counted as a tree (``cpu.Group.tree``), the postmaster also brings the CPU of every
         backend that ended between two samples: the scratch database's connections a pool closed, and
-        on a machine where nothing else runs, the bench's own few queries of ``pg_stat_activity``.
+        any other database's that ended meanwhile (on a machine where nothing else runs, none: the
+        bench's own queries go through the one admin connection it keeps open).
         """
         return self.database_members(table, self._database)
 
