@@ -149,7 +149,7 @@ def open_ports(settings: Settings) -> GatewayPorts:
         follower=follower,
         producer=producer,
         # No publish retries: a refused send is a 503 at once, and the client tries again.
-        broker=CeleryBroker(producer, retry=False),
+        broker=CeleryBroker(producer, retry=False, boundaries=settings.task_boundaries),
     )
 
 

@@ -243,7 +243,9 @@ def reconciler(args: argparse.Namespace) -> int:
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     stored = stored_secrets(db)
     outbox = webhook_outbox(settings, send_attempt, stored)
-    steps = build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings)
+    steps = build_step_sender(
+        CeleryBroker(producer, retry=True, boundaries=settings.task_boundaries), RedisStateStore(client), settings
+    )
     reconciler = build_reconciler(
         settings,
         LeaderPorts(
@@ -286,7 +288,9 @@ def scheduler(args: argparse.Namespace) -> int:
     settings = get_settings()
     producer = create_producer(settings)
     client = connect(settings.redis_url, max_connections=8, sentinel_password=settings.sentinel_password)
-    steps = build_step_sender(CeleryBroker(producer, retry=True), RedisStateStore(client), settings)
+    steps = build_step_sender(
+        CeleryBroker(producer, retry=True, boundaries=settings.task_boundaries), RedisStateStore(client), settings
+    )
     owner = f"scheduler@{socket.gethostname()}:{os.getpid()}"
     db = session_factory(engine_for(settings, ProcessKind.RECONCILER, name=owner))
     ports = LeaderPorts(client=client, turns=TurnRepository(db), steps=steps, owner=owner, metrics=WorkerMetrics())

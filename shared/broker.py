@@ -112,14 +112,18 @@ def visibility_timeout(settings: Settings) -> int:
     return max(2 * settings.step_lease_seconds, 10)
 
 
-def queue_depth(client: Any, queue: Queue) -> int:
-    """Messages waiting in ``queue`` on a Redis broker (every priority list; not those workers hold).
+def queue_depth(client: Any, *queues: Queue) -> int:
+    """Messages waiting in ``queues`` on a Redis broker (every priority list; not those workers hold); one round trip.
 
     Args:
         client: a ``redis.Redis`` on the broker's database.
-        queue: the queue.
+        queues: the queues.
     """
-    names = [queue.value if step == 0 else f"{queue.value}{_PRIORITY_SEPARATOR}{step}" for step in _PRIORITY_STEPS]
+    names = [
+        queue.value if step == 0 else f"{queue.value}{_PRIORITY_SEPARATOR}{step}"
+        for queue in queues
+        for step in _PRIORITY_STEPS
+    ]
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.llen(name)

@@ -63,7 +63,7 @@ from shared.broker_transport import Channel, capturing
 from shared.models.envelope import TurnEnvelope
 from shared.redis_clients import SERVER_SCHEMES, redis_client
 from shared.state import BrokerPush, Timers
-from shared.task_names import TASK_QUEUES, task_name
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, TaskBoundaries, step_queue, task_name
 from shared.telemetry import turn_spans
 
 __all__ = [
@@ -194,7 +194,7 @@ class StepSender:
 class CeleryBroker:
     """The broker of a Celery app: each envelope as the task message ``send_task`` would send."""
 
-    def __init__(self, app: Celery, *, retry: bool) -> None:
+    def __init__(self, app: Celery, *, retry: bool, boundaries: TaskBoundaries = DEFAULT_TASK_BOUNDARIES) -> None:
         """Build it on ``app`` (the gateway's producer-only app or a worker's).
 
         Args:
@@ -203,9 +203,12 @@ class CeleryBroker:
                 app's ``task_publish_retry_policy`` (as ``send_task`` does): a worker's next step
                 (the task is not acknowledged until it is sent). The gateway answers 503 at once
                 instead. Messages published together are not: a pipeline succeeds or fails whole.
+            boundaries: where the workers end a task (``APTIX_TASK_BOUNDARIES``): it decides a round entry's
+                queue (``shared.task_names.step_queue``).
         """
         self._app = app
         self._retry = retry
+        self._boundaries = boundaries
 
     def publish(self, envelopes: Sequence[TurnEnvelope], *, countdown: float) -> None:
         """Put each envelope's message on its queue, due in ``countdown`` seconds, through one pooled producer.
@@ -268,7 +271,7 @@ class CeleryBroker:
         # What Celery.send_task and AMQP.send_task_message do for a step, in the same order, without
         # what they do for options a step never has (see the module docstring).
         name = task_name(envelope.step)
-        queue = TASK_QUEUES[name].value
+        queue = step_queue(envelope.step, self._boundaries).value
         args = [envelope.model_dump(mode="json")]
         # What Flower shows as the task's arguments. Celery computes it with its pure-Python
         # saferepr (3 % of a worker's CPU); an envelope is a small flat dict, so repr() is the same

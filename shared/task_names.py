@@ -6,9 +6,9 @@ client-tool continuation resolver) are one layer, Pipeline Entry, run by one tas
 composition, LLM call, server tool execution and persistence are a layer and a task each. Where a task
 ends is :class:`TaskBoundaries`' choice: at every layer, only where the queue changes, or only before a
 call (the model's, a server tool's: the default). The gateway sends tasks by these names and never
-imports ``workers``; the workers register their tasks under them. Routing is by name, so each queue
-scales on its own. One task is not a pipeline step: ``aptix.webhook.deliver`` makes one attempt at
-delivering a signed webhook, on its own queue.
+imports ``workers``; the workers register their tasks under them. Routing is by name (:func:`step_queue`: the
+entry's, under ``call``, goes with the model call), so each queue scales on its own. One task is not a
+pipeline step: ``aptix.webhook.deliver`` makes one attempt at delivering a signed webhook, on its own queue.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ __all__ = [
     "StepName",
     "TaskBoundaries",
     "same_task",
+    "step_queue",
     "task_name",
 ]
 
@@ -120,19 +121,34 @@ class TaskBoundaries(StrEnum):
     persistence) in its own task, so a plain turn is 3 hops instead of 6 and a server-tool turn 7 instead of 11."""
     CALL = "call"
     """A task per call: a message goes only to a step that waits on the world outside, on a queue of its own
-    (the model call, the server tools); the pipeline's own steps (entry, reasoner, composition, persistence)
-    run in the task before them, wherever that is. A plain turn is 2 hops, a server-tool turn 4."""
+    (the model call, the server tools); the pipeline's own steps (reasoner, composition, persistence) run in
+    the task before them, wherever that is. A round's entry goes on the model call's queue and its task runs
+    the round's first call too (:func:`step_queue`). A plain turn is 1 hop, a server-tool turn 3."""
 
 
 DEFAULT_TASK_BOUNDARIES = TaskBoundaries.CALL
 """``APTIX_TASK_BOUNDARIES`` unset: a task per call, the fewest hops (docs/pipeline.md, "Task boundaries")."""
 
 
-def same_task(step: StepName, following: StepName, boundaries: TaskBoundaries) -> bool:
-    """Whether ``following``, the step after ``step``, runs in the same task (no message between them)."""
+def step_queue(step: StepName, boundaries: TaskBoundaries) -> Queue:
+    """The queue a message for ``step`` goes on: its task's route (:data:`TASK_QUEUES`), except a round's entry
+    under :attr:`TaskBoundaries.CALL`: the model call's queue, where its task runs on into the round's first
+    call (the entry's steps are short CPU and a few writes; a hop of their own cost the turn as much again)."""
+    if boundaries is TaskBoundaries.CALL and LAYER_OF[step] is Layer.ENTRY:
+        return Queue.LLM
+    return TASK_QUEUES[task_name(step)]
+
+
+def same_task(step: StepName, following: StepName, boundaries: TaskBoundaries, *, entry_call: bool = False) -> bool:
+    """Whether ``following``, the step after ``step``, runs in the same task (no message between them).
+
+    ``entry_call``: the task began at a round's entry on the model call's queue (:func:`step_queue`) and has made
+    no call yet; under :attr:`TaskBoundaries.CALL` it runs the model call that follows (one call per task still:
+    the steps after that call go on as in any task that made one).
+    """
     if boundaries is TaskBoundaries.LAYER:
         return LAYER_OF[step] is LAYER_OF[following]
     queue = TASK_QUEUES[task_name(following)]
-    if boundaries is TaskBoundaries.CALL and queue is Queue.PIPELINE:
+    if boundaries is TaskBoundaries.CALL and (queue is Queue.PIPELINE or (entry_call and queue is Queue.LLM)):
         return True
     return queue is TASK_QUEUES[task_name(step)]

@@ -62,7 +62,11 @@ def create_celery(
     # A next step's publish is retried on a lost connection (Celery's policy): the task that sends
     # it is not acknowledged until it is sent.
     runtime = WorkerRuntime(
-        settings, CeleryBroker(app, retry=True), reconciler=reconciler, scheduler=scheduler, send_webhook=send_attempt
+        settings,
+        CeleryBroker(app, retry=True, boundaries=settings.task_boundaries),
+        reconciler=reconciler,
+        scheduler=scheduler,
+        send_webhook=send_attempt,
     )
     register_tasks(app, runtime)
     _connect_signals(app, runtime, settings)

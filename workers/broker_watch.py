@@ -13,7 +13,7 @@ import redis
 
 from shared.broker import queue_depth
 from shared.state.keys import BROKER_EPOCH_SEEN_KEY, BROKER_SENTINEL_KEY
-from shared.task_names import TASK_QUEUES, StepName, task_name
+from shared.task_names import TASK_QUEUES, StepName, TaskBoundaries, step_queue, task_name
 
 __all__ = ["BrokerWatch", "RedisBrokerWatch"]
 
@@ -31,11 +31,15 @@ class BrokerWatch(Protocol):
 class RedisBrokerWatch:
     """A :class:`BrokerWatch` of a Redis broker, remembering its sentinel in the state store's Redis."""
 
-    def __init__(self, broker: redis.Redis, state: redis.Redis, *, owner: str) -> None:
-        """Watch ``broker``, remembering in ``state`` that its sentinel was set; ``owner`` is the sentinel's value."""
+    def __init__(self, broker: redis.Redis, state: redis.Redis, *, owner: str, boundaries: TaskBoundaries) -> None:
+        """Watch ``broker``, remembering in ``state`` that its sentinel was set; ``owner`` is the sentinel's value;
+        ``boundaries`` (``APTIX_TASK_BOUNDARIES``) says which queue a turn's first step goes on."""
         self._broker = broker
         self._state = state
         self._owner = owner
+        entry = StepName.REQUEST_HANDLER
+        self._first_queues = sorted({TASK_QUEUES[task_name(entry)], step_queue(entry, boundaries)})
+        """Where a first step may wait: its queue here, and its task's route (a sender set otherwise)."""
 
     def lost_messages(self) -> bool:
         """One broker round trip while the sentinel is there; two more to the state store when it was not."""
@@ -47,4 +51,4 @@ class RedisBrokerWatch:
 
     def first_step_backlog(self) -> int:
         """One broker round trip."""
-        return queue_depth(self._broker, TASK_QUEUES[task_name(StepName.REQUEST_HANDLER)])
+        return queue_depth(self._broker, *self._first_queues)

@@ -12,7 +12,8 @@ turn's step relayed before the step runs again, keeps the lease renewed (by the 
 :class:`~workers.leases.LeaseRenewer`), runs the step and, in the same task, the steps after it that
 belong to the same task (``shared.task_names.same_task``: by default the same layer, the AGN-032 entry steps
 being one; with ``APTIX_TASK_BOUNDARIES=queue`` every following step on the same queue, with ``call`` every
-following step up to the next model or tool call, the state saved after a model call that others follow), writes
+following step up to the next model or tool call, the state saved after a model call that others follow, and a
+round's entry delivered on the model call's queue running on into that call), writes
 a durable checkpoint after the steps the step map marks, hands the webhook deliveries a ``persist``
 step's commit recorded to the webhooks queue, records each outcome and the turn's frontier (the next
 message), saves the state once (moving the turn's in-flight marker and giving the lease back, in one
@@ -50,7 +51,7 @@ from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import Lease, Release, TurnState
-from shared.task_names import LAYER_OF, Layer, StepName, same_task
+from shared.task_names import LAYER_OF, Layer, Queue, StepName, same_task, step_queue
 from workers import retry
 from workers.context import StepContext
 from workers.metrics import MessageTally
@@ -80,11 +81,19 @@ class Dispatch:
 
 
 def run_step(
-    ctx: StepContext, env: TurnEnvelope, *, delivery_tag: str | None = None, tally: MessageTally | None = None
+    ctx: StepContext,
+    env: TurnEnvelope,
+    *,
+    delivery_tag: str | None = None,
+    tally: MessageTally | None = None,
+    queue: str | None = None,
 ) -> Dispatch | None:
     """Run one step of one turn; ``delivery_tag``: the broker's tag of the message it came in, which the
     save that ends the step acknowledges when it also sends the next message (:func:`_save`); ``tally``
-    (a new one when None) collects the steps the message ran, each with its time (what the task reports).
+    (a new one when None) collects the steps the message ran, each with its time (what the task reports);
+    ``queue``: the queue the message came on (None: the one its step goes on here, ``step_queue``). A round's
+    entry that came on the model call's queue runs on into the round's first call (``same_task``'s
+    ``entry_call``); one that came on another (a gateway whose ``APTIX_TASK_BOUNDARIES`` differs) sends it.
 
     Returns:
         The message to send next (possibly this same step, later), or None when the chain ends,
@@ -97,7 +106,8 @@ def run_step(
     slot = nullcontext() if ctx.batch_slots is None else ctx.batch_slots.held(env.priority)
     with log_context(turn_id=env.turn_id, step=env.step.value, iteration=env.iteration), slot:
         try:
-            return _run(ctx, env, delivery_tag, MessageTally() if tally is None else tally)
+            entry_call = _entry_call(ctx, env, queue)
+            return _run(ctx, env, delivery_tag, MessageTally() if tally is None else tally, entry_call)
         except TurnFailed:
             raise  # the step was given up on (``worker_lost``): its turn is recorded as failed
         except Exception as exc:
@@ -116,7 +126,19 @@ def fail_turn(ctx: StepContext, turn_id: str, message: str) -> None:
     ctx.ending.end(turn_id, ErrorInfo(code=ErrorCode.INTERNAL_ERROR, message=message))
 
 
-def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None, tally: MessageTally) -> Dispatch | None:
+def _entry_call(ctx: StepContext, env: TurnEnvelope, queue: str | None) -> bool:
+    """Whether ``env``'s task may run a model call after its own steps: a round's entry that came on the model
+    call's queue (``queue``; None: where this process would send it)."""
+    if LAYER_OF[env.step] is not Layer.ENTRY:
+        return False
+    if queue is None:
+        return step_queue(env.step, ctx.settings.task_boundaries) is Queue.LLM
+    return queue == Queue.LLM.value
+
+
+def _run(
+    ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None, tally: MessageTally, entry_call: bool
+) -> Dispatch | None:
     lease = Lease(env.turn_id, env.step_key, owner=f"{ctx.hostname}:{uuid.uuid4().hex}")
     start = ctx.states.begin(
         lease,
@@ -150,10 +172,10 @@ def _run(ctx: StepContext, env: TurnEnvelope, delivery_tag: str | None, tally: M
             if env.step_key in state.steps_done:
                 logger.info("step %s already ran; passing the turn on", env.step_key)
                 ctx.metrics.count_redelivered(env.step)
-                return _recorded(ctx, state, env)
+                return _recorded(ctx, state, env, entry_call=entry_call)
             if start.deliveries > 1 and state.stream:  # a worker died running it: maybe while relaying text
                 withdraw_lost_text(ctx.events, env.turn_id)
-            dispatch = _run_layer(ctx, env, state, tally)
+            dispatch = _run_layer(ctx, env, state, tally, entry_call=entry_call)
             dispatch = _save(ctx, state, lease, dispatch, delivery_tag)
             saved = True
             ctx.metrics.count_message(tally)
@@ -233,9 +255,12 @@ def _through_gate(ctx: StepContext, lease: Lease, *, suspect: bool) -> Iterator[
         yield alone
 
 
-def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally) -> Dispatch | None:
+def _run_layer(
+    ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: MessageTally, *, entry_call: bool
+) -> Dispatch | None:
     """Run ``env``'s step, then inline each next step of the same task (``APTIX_TASK_BOUNDARIES``: the same layer,
-    the same queue, or up to the next call); the message that leaves the task."""
+    the same queue, or up to the next call; ``entry_call``: a round's entry on the model call's queue, whose task
+    runs that call too); the message that leaves the task."""
     current = env
     boundaries = ctx.settings.task_boundaries
     while True:
@@ -254,7 +279,9 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
                 if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
                     ctx.webhook_sender.send(stop.deliveries)
             dispatch = _conclude(ctx, current, state, result, tally)
-        if dispatch is None or dispatch.countdown or not same_task(current.step, dispatch.envelope.step, boundaries):
+        if dispatch is None or dispatch.countdown:
+            return dispatch
+        if not same_task(current.step, dispatch.envelope.step, boundaries, entry_call=entry_call):
             return dispatch
         if dispatch.failed is not None:  # a failed step ends its task, which reports the failure
             return dispatch  # (a persist that raised runs again as a message of its own)
@@ -267,6 +294,7 @@ def _run_layer(ctx: StepContext, env: TurnEnvelope, state: TurnState, tally: Mes
                 logger.info("turn %s was cancelled; stopping after %s", state.turn_id, current.step_key)
                 return None
         current = dispatch.envelope
+        entry_call = entry_call and LAYER_OF[current.step] is not Layer.LLM_CALL  # one call a task
 
 
 def _save(
@@ -339,8 +367,9 @@ def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:
     return frontier is not None and TurnEnvelope.model_validate(frontier).step_key == env.step_key
 
 
-def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope) -> Dispatch | None:
-    """What a redelivered message must send again: the message that left its task, unless it arrived."""
+def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope, *, entry_call: bool) -> Dispatch | None:
+    """What a redelivered message must send again: the message that left its task, unless it arrived
+    (``entry_call``: the task ran the round's first model call too, as :func:`_run_layer`)."""
     current = env
     while True:
         sent = state.steps_done[current.step_key]
@@ -349,9 +378,10 @@ def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope) -> Dispatch
         following = TurnEnvelope.model_validate(sent)
         if following.step_key not in state.steps_done:
             return Dispatch(following)
-        if not same_task(current.step, following.step, ctx.settings.task_boundaries):
+        if not same_task(current.step, following.step, ctx.settings.task_boundaries, entry_call=entry_call):
             return None  # that message arrived: the chain moved on
         current = following  # a step this message's task ran inline
+        entry_call = entry_call and LAYER_OF[current.step] is not Layer.LLM_CALL
 
 
 def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:

@@ -300,6 +300,7 @@ def build_reconciler(
             redis_client(broker_url, sentinel_password=settings.sentinel_password, socket_timeout=10),
             client,
             owner=owner,
+            boundaries=settings.task_boundaries,
         )
         if is_redis_url(broker_url)
         else None

@@ -105,7 +105,8 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
             runtime.delays.observe(self.request.get(SENT_AT_HEADER))
         tag = (self.request.properties or {}).get("delivery_tag")
         tally = MessageTally()
-        dispatch = run_step(runtime.context, envelope, delivery_tag=tag, tally=tally)
+        queue = (self.request.delivery_info or {}).get("routing_key")  # the queue it came on
+        dispatch = run_step(runtime.context, envelope, delivery_tag=tag, tally=tally, queue=queue)
         if dispatch is None:
             return ran(tally, None)
         if dispatch.acked and tag is not None:  # by the save that sent the next step: Celery's ack then skips Redis

@@ -4,7 +4,8 @@ The CompositionTrace is not one record per task (the first reasoner task records
 entry task records several steps), so the hops are read from the turn's state instead: its
 ``steps_done`` holds every step that ran, keyed ``round:hop:step:iteration``. In a round the
 driver runs consecutive steps inside one task when ``shared.task_names.same_task`` says so (the
-same layer, or with ``APTIX_TASK_BOUNDARIES=queue`` the same queue), so the round's tasks are its
+same layer, with ``APTIX_TASK_BOUNDARIES=queue`` the same queue, with ``call`` up to the next call, the
+entry's task making the round's first), so the round's tasks are its
 steps in order with each such run collapsed into the task of its first step, and each round (the
 first run, then one per client tool re-entry) starts a new chain.
 """
@@ -18,9 +19,12 @@ from dataclasses import dataclass
 import redis
 
 from shared.state.keys import state_key
-from shared.task_names import TASK_QUEUES, StepName, TaskBoundaries, same_task, task_name
+from shared.task_names import LAYER_OF, Layer, Queue, StepName, TaskBoundaries, same_task, step_queue, task_name
 
 __all__ = ["TurnHops", "hop_tasks", "read_hops"]
+
+_FIRST_STEP = {task_name(step): step for step in reversed(StepName)}
+"""A step of each task, for its queue (the entry's first: every entry step goes on the same queue)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +32,13 @@ class TurnHops:
     """The tasks one turn ran, in order."""
 
     tasks: tuple[str, ...]
+    boundaries: TaskBoundaries = TaskBoundaries.LAYER
+    """Where the workers that ran the turn ended a task: it decides the entry's queue."""
 
     @property
     def queues(self) -> tuple[str, ...]:
-        """The queue of each task (``shared.task_names.TASK_QUEUES``)."""
-        return tuple(TASK_QUEUES[name].value for name in self.tasks)
+        """The queue of each task (``shared.task_names.step_queue``)."""
+        return tuple(step_queue(_FIRST_STEP[name], self.boundaries).value for name in self.tasks)
 
     def describe(self) -> str:
         """E.g. ``entry > reasoner > compose > llm_call > reasoner > persist``."""
@@ -60,9 +66,17 @@ def hop_tasks(step_keys: Iterable[str], boundaries: TaskBoundaries = TaskBoundar
         steps.append((int(parts[0]), int(parts[1]), StepName(parts[2])))
     tasks: list[str] = []
     previous: tuple[int, StepName] | None = None
+    entry_call = False  # the task began at a round's entry and made no call yet (``same_task``)
     for round_, _hop, step in sorted(steps):
-        if previous is None or previous[0] != round_ or not same_task(previous[1], step, boundaries):
+        if (
+            previous is None
+            or previous[0] != round_
+            or not same_task(previous[1], step, boundaries, entry_call=entry_call)
+        ):
             tasks.append(task_name(step))
+            entry_call = LAYER_OF[step] is Layer.ENTRY and step_queue(step, boundaries) is Queue.LLM
+        elif LAYER_OF[step] is Layer.LLM_CALL:
+            entry_call = False
         previous = (round_, step)
     return tuple(tasks)
 
@@ -85,5 +99,5 @@ def read_hops(
         state = json.loads(document)
         steps_done = state.get("steps_done") if isinstance(state, Mapping) else None
         if isinstance(steps_done, Mapping):
-            found[turn_id] = TurnHops(hop_tasks(steps_done, boundaries))
+            found[turn_id] = TurnHops(hop_tasks(steps_done, boundaries), boundaries)
     return found

@@ -92,8 +92,9 @@ def server_lines(figures: ServerFigures | None) -> list[str]:
 
 def chain_lines(name: str, result: ChainResult, *, total_of: Sequence[str], by_queues: Sequence[str] = ()) -> list[str]:
     """The block of one bare-chain run."""
+    hops = len(result.hops.tasks)
     return [
-        f"{name}: {result.chains} chains of {len(result.hops.tasks)} hops ({' > '.join(result.hops.queues)})",
+        f"{name}: {result.chains} chains of {hops} hop{'s' * (hops != 1)} ({' > '.join(result.hops.queues)})",
         _field("throughput", _throughput(result.figures, "chains", "from sending the first to the last finished")),
         _field("latency p50/p95/p99", latency_cell(result.figures) + " (sent to last hop)"),
         _field("CPU per chain, ms", cpu_cells(result.cpu_ms, total_of=total_of, apart=())),

@@ -26,13 +26,13 @@ def test_bench_measures_plain_turns_and_the_bare_chain_and_removes_its_data(serv
 
     # Then it succeeds and prints the hops the turns ran, the CPU of every group and the bare chain
     assert done.returncode == 0, out + done.stderr
-    # (by default a task per call: the entry's task, then the model call's, which runs the reasoner and the persistence)
+    # (by default a task per call: the entry's task makes the model call and runs the reasoner and the persistence)
     assert re.search(r"task boundaries:\s+call \(APTIX_TASK_BOUNDARIES\)", out), out
-    assert re.search(r"hops per turn:\s+2 \(20 sampled turns; entry > llm_call\)", out), out
+    assert re.search(r"hops per turn:\s+1 \(20 sampled turns; entry\)", out), out
     assert re.search(r"statuses:\s+completed 20\n", out), out
     for group in ("gateway", "workers", "redis", "postgres", "total"):
         assert re.search(rf"CPU per turn, ms:.*\b{group} [0-9.]+", out), out
-    assert "plain: 20 chains of 2 hops (pipeline > llm)" in out, out
+    assert "plain: 20 chains of 1 hop (llm)" in out, out
     assert re.search(r"CPU per chain, ms:\s+workers [0-9.]+ \| redis [0-9.]+ \| total", out), out
     # and what the servers did per turn by their own counters: Redis's commands and CPU, PostgreSQL's commits
     assert re.search(r"Redis state\+broker:\s+per turn [0-9.]+ commands \(\w+ [0-9.]+.*\), CPU [0-9.]+ ms", out), out

@@ -26,10 +26,10 @@ def test_step_that_fails_its_turn_is_one_failed_task_run_once_when_a_server_tool
     # Then the turn records its failure as before
     assert turn["status"] == "failed" and turn["error"]["code"] == "tool_failed"
     assert f"disk on fire {marker}" in turn["error"]["message"]
-    # (the default APTIX_TASK_BOUNDARIES=call: entry, llm_call, execute_server_tools, and the persistence of the
-    # failure: a step that fails its turn ends its task)
+    # (the default APTIX_TASK_BOUNDARIES=call: the entry with the first model call, execute_server_tools, and the
+    # persistence of the failure: a step that fails its turn ends its task)
     tasks = wait_for(
-        lambda: _finished_tasks(task_events, turn["turn_id"], count=4), what="the 4 tasks of the failed turn"
+        lambda: _finished_tasks(task_events, turn["turn_id"], count=3), what="the 3 tasks of the failed turn"
     )
     # And exactly the task of the step that failed the turn is FAILED, with the turn's code and no more
     failed = {task_id: events for task_id, events in tasks.items() if _ends(events) == "task-failed"}
@@ -55,19 +55,21 @@ def test_step_that_fails_its_turn_is_one_failed_task_run_once_when_a_server_tool
     assert f"[{failed_id}] raised unexpected" not in worker_log
 
 
-def test_model_call_that_fails_its_turn_is_a_failed_llm_call_task(
+def test_model_call_that_fails_its_turn_is_the_failed_task_that_made_it(
     system: System, task_events: TaskEventRecorder
 ) -> None:
     # Given a turn whose model call is refused for good (400: not retried)
     marker = f"m{uuid.uuid4().hex[:10]}"
     turn = system.run_turn({"input": f"[[fail:400]] {marker}"})
     assert turn["status"] == "failed" and turn["error"]["code"] == "llm_error"
-    tasks = wait_for(  # entry, llm_call and the persistence of the failure
-        lambda: _finished_tasks(task_events, turn["turn_id"], count=3), what="the 3 tasks of the failed turn"
+    tasks = wait_for(  # the entry, which makes the first model call, and the persistence of the failure
+        lambda: _finished_tasks(task_events, turn["turn_id"], count=2), what="the 2 tasks of the failed turn"
     )
-    # Then the llm_call task is the one FAILED task of the turn
-    failed = [_name(events) for events in tasks.values() if _ends(events) == "task-failed"]
-    assert failed == ["aptix.step.llm_call"]
+    # Then the task that made the call is the one FAILED task of the turn, with the model call's error
+    failed = {_name(events): events for events in tasks.values() if _ends(events) == "task-failed"}
+    assert list(failed) == ["aptix.step.entry"]
+    failure = next(event for event in failed["aptix.step.entry"] if event["type"] == "task-failed")
+    assert "llm_error" in failure["exception"]
 
 
 def _finished_tasks(recorder: TaskEventRecorder, turn_id: str, *, count: int) -> dict[str, list[dict[str, Any]]]:

@@ -19,9 +19,9 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-SERVER_TOOL_TURN = ["aptix.step.entry", "aptix.step.llm_call", "aptix.step.execute_server_tools", "aptix.step.llm_call"]
-"""The tasks of a turn with one server tool call, in order (the default ``APTIX_TASK_BOUNDARIES=call``: a task per call;
-``tests/integration/test_task_boundaries.py`` has the other settings)."""
+SERVER_TOOL_TURN = ["aptix.step.entry", "aptix.step.execute_server_tools", "aptix.step.llm_call"]
+"""The tasks of a turn with one server tool call, in order (the default ``APTIX_TASK_BOUNDARIES=call``: a task per call,
+the entry's making the first model call; ``tests/integration/test_task_boundaries.py`` has the other settings)."""
 EVERY_STEP = [
     "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer", "reasoner",
     "compose", "llm_call", "reasoner", "execute_server_tools", "reasoner", "compose", "llm_call", "reasoner", "persist",

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.integration
 
 DB_PASSWORD = "hunter2-not-needed"  # the test server trusts local connections: a password it ignores
 # The default APTIX_TASK_BOUNDARIES=call: a task per model or tool call (docs/pipeline.md, "Task boundaries")
-SERVER_TOOL_HOPS = 4  # entry, llm_call, execute_server_tools, llm_call
-CLIENT_TOOL_HOPS = 4  # entry and llm_call until it pauses, the same once the results come back
+SERVER_TOOL_HOPS = 3  # entry (and the first model call), execute_server_tools, llm_call
+CLIENT_TOOL_HOPS = 2  # the entry (and its model call) until it pauses, the same once the results come back
 _TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) (\S+) \[turn=(\S+) step=(\S+)\] (.*)$")
 _TASK_LINE = re.compile(r"Task (aptix\.step\.\w+)\[([0-9a-f-]+)\] (received|succeeded)")
 _ACCEPTED_LINE = re.compile(r"Task accepted: aptix\.step\.\w+\[([0-9a-f-]+)\]")

@@ -17,7 +17,7 @@ import pytest
 from scripted_llm import ScriptedServer
 from shared.broker import queue_depth
 from shared.redis_clients import redis_client
-from shared.task_names import TASK_QUEUES, StepName, task_name
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, StepName, step_queue
 from tests.conftest import redis_databases
 from tests.integration.conftest import System, system_env
 from tests.support.databases import fresh_database
@@ -28,7 +28,7 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 DEADLINE_SECONDS = 2
-FIRST_QUEUE = TASK_QUEUES[task_name(StepName.REQUEST_HANDLER)]
+FIRST_QUEUE = step_queue(StepName.REQUEST_HANDLER, DEFAULT_TASK_BOUNDARIES)
 
 
 @dataclass(frozen=True, slots=True)

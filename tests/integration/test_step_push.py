@@ -25,9 +25,10 @@ from shared.step_sender import CeleryBroker, StepSender, scripts_reach
 from shared.task_names import Queue, StepName
 from tests.conftest import redis_databases
 from tests.support.step_messages import ENVELOPES, envelope_of, messages, send_task, without_ids
-from tests.unit.fakes import FakeLlm, answer, make_context, record_turn
+from tests.unit.fakes import FakeLlm, answer, catalog_with_counted_tool, make_context, record_turn
 from workers.context import lease_renewer
 from workers.driver import run_step
+from workers.llm.types import FunctionCall, LlmResponse
 from workers.runtime import build_step_sender, save_pushes
 
 pytestmark = pytest.mark.integration
@@ -128,7 +129,8 @@ def test_no_message_is_taken_with_publish_signals_connected_or_for_a_parked_wait
     ("boundaries", "messages_sent"),
     [
         ("layer", [StepName.REASONER, StepName.COMPOSE, StepName.LLM_CALL, StepName.REASONER, StepName.PERSIST]),
-        ("call", [StepName.LLM_CALL]),  # the default: the reasoner and the persistence run in the model call's task
+        # the default: the entry's task makes the first model call, and a server tool's answer is a second
+        ("call", [StepName.EXECUTE_SERVER_TOOLS, StepName.LLM_CALL]),
     ],
 )
 def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_none(
@@ -138,7 +140,8 @@ def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_non
     state_url, broker_url = two_databases
     app = create_producer(Settings(broker_url=broker_url, redis_url=state_url))
     store = RedisStateStore.from_url(state_url)
-    ctx = make_context(FakeLlm(answer("hi")), task_boundaries=boundaries)
+    answers = [answer("hi")] if boundaries == "layer" else [_tool_call(), answer("hi")]
+    ctx = make_context(FakeLlm(*answers), catalog=catalog_with_counted_tool(), task_boundaries=boundaries)
     ctx = replace(
         ctx, states=store, cancel_flags=store, in_flight=store, timers=store,
         leases=lease_renewer(store, ctx.settings), push=_sender(app, state_url, broker_url).push,
@@ -237,3 +240,8 @@ def test_a_step_whose_message_kombu_cannot_build_while_the_broker_is_down_is_sen
     assert dispatch is not None and dispatch.failed is None and not dispatch.sent and not dispatch.acked
     saved = store.load(first.turn_id)
     assert saved is not None and saved.next_envelope == dispatch.envelope.model_dump(mode="json")
+
+
+def _tool_call() -> LlmResponse:
+    call = FunctionCall(call_id="call_1", name="counted_tool", arguments=json.dumps({"key": f"push-{time.time()}"}))
+    return LlmResponse(response_id="r1", output_text=None, function_calls=(call,))

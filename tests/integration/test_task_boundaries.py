@@ -2,7 +2,8 @@
 threads process and its ``llm,webhooks`` gevent process), the gateway and the scripted model. With ``layer``
 every layer is a task; with ``queue`` a task runs every following step on its queue and a message goes only
 where the queue changes, so each hop crosses from one process to the other; with ``call`` (the default) a
-message goes only to a model or tool call, and the pipeline's steps run in the task before them. Celery's
+message goes only to a model or tool call, the pipeline's steps run in the task before them, and the entry's
+task (on the ``llm`` queue) makes the round's first model call. Celery's
 task events (what Flower shows) are the hops, and each task's result lists the steps it ran; the turn's
 trace still has every step, with its time and worker."""
 
@@ -87,12 +88,11 @@ SERVER_TOOL_TURN = {
     ),
     "call": (
         [
-            "aptix.step.entry",  # and the reasoner and the composition after it
-            "aptix.step.llm_call",  # and the reasoner
+            "aptix.step.entry",  # and the reasoner, the composition, the first model call and the reasoner
             "aptix.step.execute_server_tools",  # and the reasoner and the composition
             "aptix.step.llm_call",  # and the reasoner and the persistence
         ],
-        [*_ENTRY_STEPS, "reasoner", "compose", "reasoner", "reasoner", "compose", "reasoner"],
+        [*_ENTRY_STEPS, "reasoner", "compose", "llm_call", "reasoner", "reasoner", "compose", "reasoner"],
     ),
 }
 """Task boundaries -> a server-tool turn's tasks, and the steps its trace records as run inline."""
@@ -106,7 +106,7 @@ CLIENT_TOOL_ROUND = {
         "aptix.step.persist",
     ],
     "queue": ["aptix.step.entry", "aptix.step.llm_call", "aptix.step.reasoner"],
-    "call": ["aptix.step.entry", "aptix.step.llm_call"],
+    "call": ["aptix.step.entry"],
 }
 """Task boundaries -> the tasks of each round of a client-tool turn."""
 
@@ -134,6 +134,12 @@ def test_a_server_tool_turn_is_a_task_per_boundary_each_running_the_steps_after_
     assert sum(steps.count("reasoner") for steps in ran) == 4  # after the entry, each call, and the tool
     assert [re.search(r"next (\w+)", result)[1] for result in results[:-1]] == first[1:]  # type: ignore[index]
     assert "next" not in results[-1]
+    received = [e for events in queue_events.task_events(turn["turn_id"]).values() for e in events]
+    hosts = {e["name"]: e["hostname"] for e in received if e["type"] == "task-received"}
+    if queue_system.env["APTIX_TASK_BOUNDARIES"] == "call":  # the entry ran where model calls run: the llm process
+        assert hosts["aptix.step.entry"] == hosts["aptix.step.llm_call"] != hosts["aptix.step.execute_server_tools"]
+    else:
+        assert hosts["aptix.step.entry"] == hosts["aptix.step.execute_server_tools"] != hosts["aptix.step.llm_call"]
 
 
 def test_a_client_tool_turn_pauses_and_its_resumed_round_has_the_same_tasks(

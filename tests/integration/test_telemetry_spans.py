@@ -56,9 +56,9 @@ pytestmark = pytest.mark.integration
 
 HEADERS = {"Authorization": f"Bearer {KEY_A}"}
 # The default APTIX_TASK_BOUNDARIES=call: a task per model or tool call (docs/pipeline.md, "Task boundaries")
-SERVER_TOOL_HOPS = 4  # entry, llm_call, execute_server_tools, llm_call
-CLIENT_TOOL_HOPS = 4  # entry and llm_call until the pause, the same after the results
-PLAIN_HOPS = 2
+SERVER_TOOL_HOPS = 3  # entry (and the first model call), execute_server_tools, llm_call
+CLIENT_TOOL_HOPS = 2  # the entry (and its model call) until the pause, the same after the results
+PLAIN_HOPS = 1  # the entry, which makes the model call
 
 
 @dataclass
@@ -151,7 +151,7 @@ def test_a_turn_re_driven_by_the_reconciler_stays_in_one_trace(traced: Traced, r
     # Given a turn whose first message was lost before any worker took it (no worker runs yet)
     turn = traced.post_turn({"input": f"hello m{uuid.uuid4().hex[:8]}"}, wait=None)
     broker = redis.Redis.from_url(traced.settings.effective_broker_url)
-    assert broker.delete("pipeline") == 1, "the turn's first message was not waiting in the pipeline queue"
+    assert broker.delete("llm") == 1, "the turn's first message was not waiting in the llm queue (the entry's)"
     # When the reconciler finds it past its deadline and re-drives it, and a worker then runs it
     _reconciler(traced.settings, later=timedelta(hours=2)).scan()
     request.getfixturevalue("worker")
@@ -284,7 +284,10 @@ def _reconciler(settings: Settings, *, later: timedelta) -> Reconciler:
         leader=LeaderLease(store.client, key=RECONCILER_LEADER_KEY, owner="test-reconciler"),
         ending=TurnEnding(turns=turns, cancel_flags=store, in_flight=store, metrics=WorkerMetrics(), clock=utc_now),
         broker=RedisBrokerWatch(
-            redis.Redis.from_url(settings.effective_broker_url), store.client, owner="test-reconciler"
+            redis.Redis.from_url(settings.effective_broker_url),
+            store.client,
+            owner="test-reconciler",
+            boundaries=settings.task_boundaries,
         ),
         clock=lambda: utc_now() + later,
     )

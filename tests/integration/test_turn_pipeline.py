@@ -107,14 +107,14 @@ def test_follow_up_turn_sends_earlier_turns_and_keeps_the_persisted_mode(system:
     validate_request_bodies([request])
 
 
-def test_a_plain_turn_is_a_task_per_call_and_every_step_is_still_in_its_trace(
+def test_a_plain_turn_is_one_task_and_every_step_is_still_in_its_trace(
     system: System, task_events: TaskEventRecorder
 ) -> None:
     turn = system.run_turn({"input": f"tasks {_marker()}"})
-    # A plain turn is 2 hops by default (APTIX_TASK_BOUNDARIES=call; tests/integration/test_task_boundaries.py has
-    # the others): the entry's task runs the AGN-032 entry steps, the reasoner and the composition, and the model
-    # call's task the reasoner and the persistence after it ...
-    hops = ["aptix.step.entry", "aptix.step.llm_call"]
+    # A plain turn is 1 hop by default (APTIX_TASK_BOUNDARIES=call; tests/integration/test_task_boundaries.py has
+    # the others): the entry's task runs the AGN-032 entry steps, the reasoner, the composition, the model call,
+    # and the reasoner and the persistence after it ...
+    hops = ["aptix.step.entry"]
 
     def every_hop() -> list[str] | None:
         # Task events come through the broker from several threads: one may arrive after a later one's.
@@ -128,7 +128,7 @@ def test_a_plain_turn_is_a_task_per_call_and_every_step_is_still_in_its_trace(
     fused = [step for step in system.trace(turn["turn_id"]) if step["kind"] == "layer_step"]
     assert [step["step"] for step in fused] == [
         "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
-        "reasoner", "compose", "reasoner",
+        "reasoner", "compose", "llm_call", "reasoner",
     ]  # fmt: skip
     assert all(step["duration_ms"] is not None and "@" in step["worker"] for step in fused)
 
@@ -159,7 +159,7 @@ def test_redelivered_steps_change_nothing_when_the_turn_already_ran(
         envelope = TurnEnvelope(turn_id=turn["turn_id"], step=step, hop=hop, iteration=iteration)
         sender.send([envelope])
         sender.send([envelope])
-    _wait_for_tasks(task_events, turn["turn_id"], at_least=2 + 2 * len(steps))  # the turn's own 2, and these
+    _wait_for_tasks(task_events, turn["turn_id"], at_least=1 + 2 * len(steps))  # the turn's own 1, and these
     # Then there is still one LLM call, and the rows and the turn are unchanged
     assert len(system.llm_requests(marker)) == 1
     assert _row_counts(engine, turn["session_id"]) == before

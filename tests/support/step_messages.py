@@ -17,7 +17,7 @@ from celery import Celery
 from shared.models.envelope import TurnEnvelope
 from shared.state import MemoryStateStore
 from shared.step_sender import SENT_AT_HEADER, CeleryBroker, StepSender
-from shared.task_names import TASK_QUEUES, StepName, task_name
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, StepName, step_queue, task_name
 
 __all__ = ["ENVELOPES", "envelope_of", "messages", "send_task", "step_sender", "without_ids"]
 
@@ -37,13 +37,14 @@ def step_sender(app: Celery) -> StepSender:
 
 
 def send_task(app: Celery, envelope: TurnEnvelope, countdown: float = 0.0) -> None:
-    """The envelope through Celery's own ``send_task``, the way a task is sent by name, with the one header
-    the step sender adds (:data:`~shared.step_sender.SENT_AT_HEADER`)."""
+    """The envelope through Celery's own ``send_task``, the way a task is sent by name to its step's queue
+    (under the default ``APTIX_TASK_BOUNDARIES``), with the one header the step sender adds
+    (:data:`~shared.step_sender.SENT_AT_HEADER`)."""
     name = task_name(envelope.step)
     app.send_task(
         name,
         args=[envelope.model_dump(mode="json")],
-        queue=TASK_QUEUES[name].value,
+        queue=step_queue(envelope.step, DEFAULT_TASK_BOUNDARIES).value,
         countdown=countdown or None,
         priority=envelope.priority,
         headers={SENT_AT_HEADER: time.time() + countdown},
@@ -52,8 +53,7 @@ def send_task(app: Celery, envelope: TurnEnvelope, countdown: float = 0.0) -> No
 
 def messages(broker_url: str, envelope: TurnEnvelope) -> list[bytes]:
     """The raw messages of ``envelope``'s turn on the broker, in the order they were sent."""
-    name = task_name(envelope.step)
-    queue = TASK_QUEUES[name].value
+    queue = step_queue(envelope.step, DEFAULT_TASK_BOUNDARIES).value
     key = queue if envelope.priority == 0 else f"{queue}\x06\x16{envelope.priority}"
     raws = reversed(redis.Redis.from_url(broker_url).lrange(key, 0, -1))
     return [raw for raw in raws if envelope.turn_id in json.loads(raw)["headers"]["argsrepr"]]

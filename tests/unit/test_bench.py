@@ -143,8 +143,15 @@ def test_hop_tasks_with_queue_boundaries_collapse_each_run_on_one_queue_into_the
 
 def test_hop_tasks_with_call_boundaries_are_the_entry_and_a_task_per_call() -> None:
     tasks = hop_tasks(reversed(PLAIN_STEPS), TaskBoundaries.CALL)
-    assert TurnHops(tasks).describe() == "entry > llm_call"
-    assert TurnHops(tasks).queues == ("pipeline", "llm")
+    assert TurnHops(tasks, TaskBoundaries.CALL).describe() == "entry"
+    assert TurnHops(tasks, TaskBoundaries.CALL).queues == ("llm",)
+    server_tool = [*PLAIN_STEPS[:7], "0:7:reasoner:1", "0:8:execute_server_tools:1", "0:9:reasoner:1",
+                   "0:10:compose:2", "0:11:llm_call:2", "0:12:reasoner:2", "0:13:persist:2"]  # fmt: skip
+    hops = TurnHops(hop_tasks(server_tool, TaskBoundaries.CALL), TaskBoundaries.CALL)
+    assert hops.describe() == "entry > execute_server_tools > llm_call"  # the entry's task made the first call only
+    assert hops.queues == ("llm", "tools", "llm")
+    reentry = ["1:0:request_handler:0", "1:1:reasoner:0", "1:2:compose:2", "1:3:llm_call:2", "1:4:reasoner:2"]
+    assert hop_tasks(PLAIN_STEPS + reentry, TaskBoundaries.CALL) == ("aptix.step.entry", "aptix.step.entry")
 
 
 def test_hop_tasks_refuses_a_key_that_is_not_a_step_key() -> None:

@@ -18,7 +18,7 @@ from shared.db.turns import NewTurn
 from shared.errors import LlmError
 from shared.models.envelope import BATCH_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.state import Lease, LedgerEntry, MemoryStateStore
-from shared.task_names import StepName, TaskBoundaries
+from shared.task_names import Queue, StepName, TaskBoundaries
 from tests.unit.fakes import (
     FIXED_NOW,
     TOOL_RUNS,
@@ -392,25 +392,40 @@ def test_a_turn_whose_workers_change_task_boundaries_midway_runs_every_step_once
     assert len(llm.requests) == 1
 
 
-def test_with_call_boundaries_a_plain_turn_is_two_messages_and_the_model_call_runs_the_rest() -> None:
+def test_with_call_boundaries_a_plain_turn_is_one_message_whose_task_runs_every_step() -> None:
     llm = FakeLlm(LlmResponse(response_id="r", output_text="x"))
     ctx = make_context(llm, task_boundaries="call")
     sent = _drive(ctx, _record_turn(ctx))
-    # entry's task runs up to the model call; the model call's task runs the reasoner and the persistence
-    assert [d.envelope.step for d in sent] == [StepName.LLM_CALL]
+    # the entry's task runs on into the model call, and after it the reasoner and the persistence
+    assert sent == []
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status.value == "completed" and record.output_text == "x"
     state = ctx.states.load(TURN_ID)
-    assert state is not None and state.version == 3  # a save per message, and one after the model's answer
+    assert state is not None and state.version == 2  # one after the model's answer, one at the end
     inline = [step.step for step in state.trace if step.kind == "layer_step"]
-    assert inline[-2:] == ["compose", "reasoner"]  # the persistence committed the trace: no record after it
+    assert inline[-3:] == ["compose", "llm_call", "reasoner"]  # the persistence committed the trace: none after it
     assert len(llm.requests) == 1
+
+
+def test_with_call_boundaries_an_entry_that_came_on_the_pipeline_queue_sends_the_model_call() -> None:
+    # Given a gateway whose APTIX_TASK_BOUNDARIES is not call: it puts the entry on the pipeline queue
+    llm = FakeLlm(LlmResponse(response_id="r", output_text="x"))
+    ctx = make_context(llm, task_boundaries="call")
+    entry = _record_turn(ctx)
+    model_call = run_step(ctx, entry, queue=Queue.PIPELINE.value)
+    # Then its task (in a pool not made to wait on models) stops before the call and sends it on the model's queue
+    assert model_call is not None and model_call.envelope.step is StepName.LLM_CALL and llm.requests == []
+    # and a redelivery of that entry, once the call ran, finds the call's message arrived: nothing to send again
+    assert run_step(ctx, model_call.envelope, queue=Queue.LLM.value) is None
+    assert run_step(ctx, entry, queue=Queue.PIPELINE.value) is None
+    record = ctx.turns.get(TURN_ID)
+    assert record is not None and record.status.value == "completed" and len(llm.requests) == 1
 
 
 def test_a_message_reports_every_step_it_ran_and_the_step_it_sent_next() -> None:
     ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), task_boundaries="call")
     entry, model = MessageTally(), MessageTally()
-    model_call = run_step(ctx, _record_turn(ctx), tally=entry)
+    model_call = run_step(ctx, _record_turn(ctx), tally=entry, queue=Queue.PIPELINE.value)
     assert model_call is not None
     entry_ran = ran(entry, model_call)
     assert entry_ran is not None and entry_ran.endswith("; next llm_call")
@@ -425,12 +440,23 @@ def test_a_message_reports_every_step_it_ran_and_the_step_it_sent_next() -> None
     assert run_step(ctx, model_call.envelope, tally=again) is None and ran(again, None) is None
 
 
+def test_an_entry_that_runs_the_model_call_reports_every_step_and_no_next() -> None:
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="x")), task_boundaries="call")
+    tally = MessageTally()
+    assert run_step(ctx, _record_turn(ctx), tally=tally, queue=Queue.LLM.value) is None
+    assert re.findall(r"(\w+) \d+\.\d ms", ran(tally, None) or "") == [
+        "request_handler", "session_creator", "session_context_resolver", "context_provider_initializer",
+        "reasoner", "compose", "llm_call", "reasoner", "persist",
+    ]  # fmt: skip
+
+
 def test_with_call_boundaries_a_server_tool_turn_is_a_message_per_call() -> None:
     key = "call-bounds"
     ctx = make_context(FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="done")),
                        catalog=catalog_with_counted_tool(), task_boundaries="call")  # fmt: skip
     sent = _drive(ctx, _record_turn(ctx))
-    assert [d.envelope.step for d in sent] == [StepName.LLM_CALL, StepName.EXECUTE_SERVER_TOOLS, StepName.LLM_CALL]
+    # the entry's task makes the first model call; the tool and the second call are a message each
+    assert [d.envelope.step for d in sent] == [StepName.EXECUTE_SERVER_TOOLS, StepName.LLM_CALL]
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status.value == "completed"
     assert TOOL_RUNS[key] == 1
@@ -452,13 +478,15 @@ def test_a_turn_cancelled_during_its_model_call_runs_nothing_after_the_call(boun
     llm = _CancelledDuringTheCall(_tool_call(key), LlmResponse(response_id="r2", output_text="never"))
     ctx = make_context(llm, catalog=catalog_with_counted_tool(), task_boundaries=boundaries.value)
     llm.ctx = ctx
-    model_call = _drive(ctx, _record_turn(ctx), until=StepName.LLM_CALL)[-1]
-    # the model call's message ends the chain (call: in its own task, after its save) or the next message's does
-    after = _drive(ctx, model_call.envelope)
-    assert [d.envelope.step for d in after] == ([] if boundaries is TaskBoundaries.CALL else [StepName.REASONER])
+    entry = _record_turn(ctx)
+    if boundaries is TaskBoundaries.CALL:  # the entry's task makes the call and ends after its save
+        assert _drive(ctx, entry) == []
+    else:  # the model call's message ends, and the next message's begin ends the chain
+        model_call = _drive(ctx, entry, until=StepName.LLM_CALL)[-1]
+        assert [d.envelope.step for d in _drive(ctx, model_call.envelope)] == [StepName.REASONER]
     assert key not in TOOL_RUNS and len(llm.requests) == 1
     state = ctx.states.load(TURN_ID)
-    assert state is not None and model_call.envelope.step_key in state.steps_done  # the answer is kept
+    assert state is not None and [k for k in state.steps_done if ":llm_call:" in k]  # the answer is kept
     assert not [step for step in state.trace if step.kind == "layer_step" and step.step == "reasoner"][1:]
 
 
@@ -490,7 +518,7 @@ def test_a_batch_turns_task_runs_in_a_slot_given_up_while_it_waits_for_the_model
     _drive(ctx, first)
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status.value == "completed"
-    assert holding == [holds, holds]  # each message's task, from its first round trip
+    assert holding == [holds]  # the one message's task, from its first round trip
     assert llm.held == [False]  # not while the model answered
     assert not llm.slots.holding()
 
@@ -516,11 +544,10 @@ def test_with_call_boundaries_a_trouble_after_the_model_call_in_its_task_does_no
     base = make_context(llm, task_boundaries="call")
     flaky = _CommitUnreachable(base.turns, times=1)
     ctx = replace(base, turns=flaky)  # type: ignore[arg-type]  # duck-typed repository
-    model_call = run_step(ctx, _record_turn(ctx))
-    assert model_call is not None and model_call.envelope.step is StepName.LLM_CALL
-    # Given the model answered, and the persistence run inline after it could not reach the database
-    again = run_step(ctx, model_call.envelope)
-    assert again is not None and again.countdown > 0 and again.envelope.step_key == model_call.envelope.step_key
+    entry = _record_turn(ctx)
+    # Given the entry's task made the model call, and the persistence run inline after it could not reach the database
+    again = run_step(ctx, entry)
+    assert again is not None and again.countdown > 0 and again.envelope.step_key == entry.step_key
     # When the same message runs again, it finds the model call done and sends on the step after it
     on = run_step(ctx, again.envelope)
     assert on is not None and on.envelope.step is StepName.REASONER

@@ -18,7 +18,7 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.step_sender import StepSender
-from shared.task_names import StepName
+from shared.task_names import DEFAULT_TASK_BOUNDARIES, StepName
 from shared.turn_events import MemoryTurnEventLog
 from tests.unit.fakes import FIXED_NOW, Clock, FakeLlm, make_context, make_state, with_store
 from workers.broker_watch import RedisBrokerWatch
@@ -57,7 +57,9 @@ def _reconciler(
         steps=StepSender(_Sent() if sent is None else sent, timers=ctx.timers, park_after=30),
         leader=LeaderLease(client, key=RECONCILER_LEADER_KEY, owner=owner),
         ending=replace(ctx.ending, admission=admission),
-        broker=None if broker is None else RedisBrokerWatch(broker, client, owner=owner),
+        broker=None
+        if broker is None
+        else RedisBrokerWatch(broker, client, owner=owner, boundaries=DEFAULT_TASK_BOUNDARIES),
         clock=clock or Clock(),
         admission=admission,
     )
