@@ -67,25 +67,27 @@ def chromium() -> Iterator[Chromium]:
 def test_flower_task_list_shows_every_task_of_a_turn_by_its_turn_id(
     system: System, flower: Flower, chromium: Chromium
 ) -> None:
-    # Given a turn with one server tool call, whose 4 tasks (a task per call, the default) Flower has seen end
+    # Given a turn with one server tool call, whose 3 tasks (a task per call, the entry's making the first: the
+    # default) Flower has seen end
     key = uuid.uuid4().hex
     turn = system.run_turn({"input": f"[[call:record_call {json.dumps({'key': key})}]] {key}"})
     assert turn["status"] == "completed"
     turn_id = turn["turn_id"]
-    wait_for(lambda: len(flower.tasks(search=turn_id, state="SUCCESS")) >= 4, what="Flower to see the turn's tasks")
+    wait_for(lambda: len(flower.tasks(search=turn_id, state="SUCCESS")) >= 3, what="Flower to see the turn's tasks")
     # When an operator opens Flower's task list and searches for the turn id
     page = chromium.page(http_credentials={"username": flower.user, "password": flower.password})
     try:
         page.goto(f"{flower.url}/tasks")
         page.locator("#tasks-table_filter input").fill(turn_id)
-        # Then the page lists the turn's 4 tasks, the turn id visible in each row's args column, and in each
+        # Then the page lists the turn's 3 tasks, the turn id visible in each row's args column, and in each
         # row's result the steps that task ran (the reasoner and the persistence inline after the last call)
         rows = page.locator("#tasks-table tbody tr", has_text=turn_id)
-        expect(rows).to_have_count(4)
+        expect(rows).to_have_count(3)
         expect(page.locator(".dataTables_scrollHead th", has_text="Args")).to_be_visible()
         expect(page.locator(".dataTables_scrollHead th", has_text="Result")).to_be_visible()
         expect(rows.filter(has_text="aptix.step.execute_server_tools")).to_have_count(1)
-        expect(rows.filter(has_text="SUCCESS")).to_have_count(4)
+        expect(rows.filter(has_text="SUCCESS")).to_have_count(3)
+        expect(rows.filter(has_text=re.compile(r"compose [\d.]+ ms, llm_call [\d.]+ ms"))).to_have_count(1)
         expect(rows.filter(has_text=re.compile(r"reasoner [\d.]+ ms, persist [\d.]+ ms"))).to_have_count(1)
     finally:
         _screenshot(page, "flower-tasks-of-a-turn")

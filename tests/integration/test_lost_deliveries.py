@@ -153,7 +153,7 @@ def test_a_worker_killed_while_it_relays_a_streamed_answer_leaves_no_text_twice(
             seen.append(item)
             # When the worker relaying the answer is killed (SIGKILL, by its pid) after three deltas
             if sum(event.event == "output_text.delta" for event in seen) == 3 and len(workers) == 2:
-                holder = _lease_holder(client, turn_id, "llm_call")
+                holder = _lease_holder(client, turn_id, "request_handler")  # the entry's task makes the call
                 workers.pop(holder).kill(signal.SIGKILL)
 
     # Then the other worker ran the call again, and the stream the client read (and a replay of it)
