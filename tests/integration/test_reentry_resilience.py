@@ -63,10 +63,12 @@ def test_step_of_a_killed_worker_runs_again_on_the_other_worker(two_worker_syste
     turn_id = system.post_turn({"input": f"[[sleep:4000]] slow {marker}"}).json()["turn_id"]
 
     def lease_owner() -> str | None:
-        leases = [client.get(key) for key in client.keys(claim_key(turn_id, "*llm_call*"))]
+        # the entry's task makes the model call (the default APTIX_TASK_BOUNDARIES=call): its lease is the entry's
+        leases = [client.get(key) for key in client.keys(claim_key(turn_id, "*request_handler*"))]
         return leases[0].decode() if leases and leases[0] else None
 
-    holder = wait_for(lease_owner, what="the LLM step to start", seconds=5).split("@")[0]
+    wait_for(lambda: system.llm_requests(marker), what="the LLM step to start", seconds=5)
+    holder = wait_for(lease_owner, what="the lease of the step making the call", seconds=5).split("@")[0]
     victim = next(p for p in workers if p.name == holder)
     # When that worker dies in the middle of the step
     victim.kill(signal.SIGKILL)

@@ -204,12 +204,15 @@ def test_a_position_that_is_not_an_event_id_is_422(system: System) -> None:
 
 
 def test_a_cancel_on_the_gateway_ends_the_stream_with_turn_cancelled(system: System) -> None:
-    # Given a slow turn being streamed
-    with _stream(system, "POST", "/v1/turns", params={"stream": "true"}, json={"input": "[[sleep:3000]] x"}) as r:
+    # Given a slow turn being streamed, its model call under way (the entry's task makes it, and sends the
+    # entry's trace records with the save after it)
+    marker = _marker()
+    body = {"input": f"[[sleep:3000]] {marker}"}
+    with _stream(system, "POST", "/v1/turns", params={"stream": "true"}, json=body) as r:
         turn_id = r.headers["aptix-turn-id"]
         assert r.headers["aptix-session-id"].startswith("sess_")
         items = iter_sse(r)
-        assert next(item for item in items if isinstance(item, SseEvent)).event == "trace"
+        wait_for(lambda: system.llm_requests(marker), what="the turn's model call")
         # When the client cancels it
         cancelled = system.http.post(f"/v1/turns/{turn_id}/cancel", headers=system.headers())
         assert cancelled.status_code == 200, cancelled.text
