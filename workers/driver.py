@@ -165,7 +165,15 @@ def _run(
             if not gate.enter_context(_through_gate(ctx, lease, suspect=lost >= max(1, limit - 1))):
                 release = Release.HELD_BACK
                 return _hold_back(ctx, env)
-            state = start.state or _load_durable(ctx, env)
+            state = start.state
+            if state is not None and _behind_its_pause(state, env):
+                # the task that paused the turn committed, and its last save has not landed (a slow link), or never
+                # will (its worker died): the checkpoint its commit wrote is the paused state; a late save is refused
+                logger.info("turn %s: Redis holds a state from before its pause; %s carries on from the checkpoint",
+                            env.turn_id, env.step_key)  # fmt: skip
+                ctx.states.drop(env.turn_id)
+                state = None
+            state = state or _load_durable(ctx, env)
             if state is None:
                 return None
             bind(session_id=state.session_id, org_id=state.org_id)
@@ -357,6 +365,16 @@ def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
         return request_handler.initial_state(row)
     logger.warning("no state for turn %s; dropping %s", env.turn_id, env.step_key)
     return None
+
+
+def _behind_its_pause(state: TurnState, env: TurnEnvelope) -> bool:
+    """Whether ``state``, found in Redis by ``env``, a tool-results re-entry, is from before the pause it resumes: an
+    earlier round's state that is not the paused one (the gateway takes results only for a turn its commit paused)."""
+    return (
+        env.step is StepName.REQUEST_HANDLER
+        and env.round > state.round
+        and state.status is not TurnStatus.REQUIRES_CLIENT_TOOLS
+    )
 
 
 def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:

@@ -5,10 +5,11 @@ match the pending client calls exactly."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
-from shared.errors import TurnNotRecorded
+from shared.errors import StateConflict, TurnNotRecorded
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, InvokeResult
 from shared.state import LedgerEntry, TurnState
@@ -230,3 +231,35 @@ def test_server_tool_runs_once_across_a_pause_and_resume_when_a_response_mixes_b
     assert row is not None and row.output_text == "both done" and TOOL_RUNS[key] == 1
     outputs = [item for item in llm.requests[-1]["input"] if item.get("type") == "function_call_output"]
     assert [(item["call_id"], item["output"]) for item in outputs] == [("call_s", f"counted {key}"), ("call_c", "C")]
+
+
+def test_a_re_entry_that_finds_the_state_from_before_its_pause_carries_on_from_the_checkpoint() -> None:
+    # Given a turn paused by a task (call boundaries: the model call, the reasoner and the commit in one) whose last
+    # save has not reached Redis: Redis still holds the state it saved after the model's answer, before the pause
+    llm = FakeLlm(calls(("call_1", "open_file", {})), answer("done with the file"))
+    ctx = make_context(llm, task_boundaries="call")
+    saved: list[TurnState] = []
+    save = ctx.states.save
+
+    def keeping(state: TurnState, **options: Any) -> None:
+        save(state, **options)
+        saved.append(state.model_copy(deep=True))
+
+    ctx.states.save = keeping  # type: ignore[method-assign]
+    call_id = _pause_turn(ctx)
+    before_pause = saved[0]
+    assert before_pause.status is TurnStatus.RUNNING and saved[-1].status is TurnStatus.REQUIRES_CLIENT_TOOLS
+    ctx.states.drop(TURN_ID)
+    before_pause.version = 0
+    save(before_pause, ttl_seconds=60)
+    # When the client, which saw the pause, posts its results and the re-entry runs
+    ctx.turns.accept_tool_results(TURN_ID, results=[{"call_id": call_id, "output": "body"}], now=FIXED_NOW,
+                                  deadline_at=FIXED_NOW)  # fmt: skip
+    drive(ctx, envelope(StepName.REQUEST_HANDLER, round=1))
+    # Then it carried on from the paused state the commit checkpointed, not from the one Redis held
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == TurnStatus.COMPLETED.value, row.error
+    assert llm.requests[-1]["input"][-1] == {"type": "function_call_output", "call_id": call_id, "output": "body"}
+    # and the late save of the paused state, from the state it loaded, is refused: the turn moved on
+    with pytest.raises(StateConflict):
+        save(saved[-1].model_copy(update={"version": saved[-1].version - 1}), ttl_seconds=60)
