@@ -24,6 +24,7 @@ __all__ = [
     "Queue",
     "StepName",
     "TaskBoundaries",
+    "entry_call_after",
     "same_task",
     "step_queue",
     "task_name",
@@ -152,3 +153,8 @@ def same_task(step: StepName, following: StepName, boundaries: TaskBoundaries, *
     if boundaries is TaskBoundaries.CALL and (queue is Queue.PIPELINE or (entry_call and queue is Queue.LLM)):
         return True
     return queue is TASK_QUEUES[task_name(step)]
+
+
+def entry_call_after(step: StepName, entry_call: bool) -> bool:
+    """:func:`same_task`'s ``entry_call`` once ``step`` ran in the task: a model call spends it (one call a task)."""
+    return entry_call and LAYER_OF[step] is not Layer.LLM_CALL

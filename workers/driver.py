@@ -51,7 +51,7 @@ from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo, InvokeResult, failure
 from shared.state import Lease, Release, TurnState
-from shared.task_names import LAYER_OF, Layer, Queue, StepName, same_task, step_queue
+from shared.task_names import LAYER_OF, Layer, Queue, StepName, entry_call_after, same_task, step_queue
 from workers import retry
 from workers.context import StepContext
 from workers.metrics import MessageTally
@@ -287,9 +287,11 @@ def _run_layer(
                 if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
                     ctx.webhook_sender.send(stop.deliveries)
             dispatch = _conclude(ctx, current, state, result, tally)
-        if dispatch is None or dispatch.countdown:
-            return dispatch
-        if not same_task(current.step, dispatch.envelope.step, boundaries, entry_call=entry_call):
+        if (
+            dispatch is None
+            or dispatch.countdown
+            or not same_task(current.step, dispatch.envelope.step, boundaries, entry_call=entry_call)
+        ):
             return dispatch
         if dispatch.failed is not None:  # a failed step ends its task, which reports the failure
             return dispatch  # (a persist that raised runs again as a message of its own)
@@ -302,7 +304,7 @@ def _run_layer(
                 logger.info("turn %s was cancelled; stopping after %s", state.turn_id, current.step_key)
                 return None
         current = dispatch.envelope
-        entry_call = entry_call and LAYER_OF[current.step] is not Layer.LLM_CALL  # one call a task
+        entry_call = entry_call_after(current.step, entry_call)
 
 
 def _save(
@@ -399,7 +401,7 @@ def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope, *, entry_ca
         if not same_task(current.step, following.step, ctx.settings.task_boundaries, entry_call=entry_call):
             return None  # that message arrived: the chain moved on
         current = following  # a step this message's task ran inline
-        entry_call = entry_call and LAYER_OF[current.step] is not Layer.LLM_CALL
+        entry_call = entry_call_after(current.step, entry_call)
 
 
 def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:

@@ -19,7 +19,17 @@ from dataclasses import dataclass
 import redis
 
 from shared.state.keys import state_key
-from shared.task_names import LAYER_OF, Layer, Queue, StepName, TaskBoundaries, same_task, step_queue, task_name
+from shared.task_names import (
+    LAYER_OF,
+    Layer,
+    Queue,
+    StepName,
+    TaskBoundaries,
+    entry_call_after,
+    same_task,
+    step_queue,
+    task_name,
+)
 
 __all__ = ["TurnHops", "hop_tasks", "read_hops"]
 
@@ -75,8 +85,8 @@ def hop_tasks(step_keys: Iterable[str], boundaries: TaskBoundaries = TaskBoundar
         ):
             tasks.append(task_name(step))
             entry_call = LAYER_OF[step] is Layer.ENTRY and step_queue(step, boundaries) is Queue.LLM
-        elif LAYER_OF[step] is Layer.LLM_CALL:
-            entry_call = False
+        else:
+            entry_call = entry_call_after(step, entry_call)
         previous = (round_, step)
     return tuple(tasks)
 
