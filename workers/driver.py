@@ -14,7 +14,8 @@ belong to the same task (``shared.task_names.same_task``: by default the same la
 being one; with ``APTIX_TASK_BOUNDARIES=queue`` every following step on the same queue, with ``call`` every
 following step up to the next model or tool call, the state saved after a model call that others follow, and a
 round's entry delivered on the model call's queue running on into that call), writes
-a durable checkpoint after the steps the step map marks, hands the webhook deliveries a ``persist``
+a durable checkpoint as a task that ran a step the step map marks ends (none when the task went on to the
+turn's commit, which writes the state itself), hands the webhook deliveries a ``persist``
 step's commit recorded to the webhooks queue, records each outcome and the turn's frontier (the next
 message), saves the state once (moving the turn's in-flight marker and giving the lease back, in one
 more round trip; when the chain ends there, the same write frees the turn's admission slot) and says
@@ -271,6 +272,7 @@ def _run_layer(
     runs that call too); the message that leaves the task."""
     current = env
     boundaries = ctx.settings.task_boundaries
+    unwritten = False  # a model answer this task has not checkpointed in the database yet
     while True:
         with log_context(step=current.step.value, iteration=current.iteration):
             started = time.perf_counter()
@@ -286,23 +288,27 @@ def _run_layer(
                 tally.committed, tally.error = stop.committed, state.error
                 if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
                     ctx.webhook_sender.send(stop.deliveries)
-            dispatch = _conclude(ctx, current, state, result, tally)
+            dispatch, answered = _conclude(ctx, current, state, result, tally)
+            # the turn's commit wrote its state (or it had ended otherwise and needs no checkpoint)
+            unwritten = (unwritten or answered) and stop is None
         if (
             dispatch is None
             or dispatch.countdown
             or not same_task(current.step, dispatch.envelope.step, boundaries, entry_call=entry_call)
-        ):
+            or dispatch.failed is not None  # a failed step ends its task, which reports the failure
+        ):  # (a persist that raised runs again as a message of its own)
+            if unwritten:
+                _checkpoint(ctx, state)
             return dispatch
-        if dispatch.failed is not None:  # a failed step ends its task, which reports the failure
-            return dispatch  # (a persist that raised runs again as a message of its own)
-        if STEP_MAP[current.step].checkpoint:
-            # a step whose work costs (the model's answer) is saved before the steps after it run: should the task end
-            # before its last save (its worker lost, a trouble in a later step), its next delivery finds the step done
-            # and sends on the step after it, as at a hop, rather than asking the model again
-            ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
-            if ctx.cancel_flags.is_cancelled(state.turn_id):  # as the next message's begin would: cancelled meanwhile
-                logger.info("turn %s was cancelled; stopping after %s", state.turn_id, current.step_key)
-                return None
+        # a step whose work costs (the model's answer) is saved before the steps after it run: should the task end
+        # before its last save (its worker lost, a trouble in a later step), its next delivery finds the step done and
+        # sends on the step after it, as at a hop, rather than asking the model again; the same round trip reads, as the
+        # next message's begin would, whether the turn was cancelled meanwhile
+        if STEP_MAP[current.step].checkpoint and ctx.states.save(
+            state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until(), check_cancel=True
+        ):
+            logger.info("turn %s was cancelled; stopping after %s", state.turn_id, current.step_key)
+            return None
         current = dispatch.envelope
         entry_call = entry_call_after(current.step, entry_call)
 
@@ -390,13 +396,16 @@ def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:
 def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope, *, entry_call: bool) -> Dispatch | None:
     """What a redelivered message must send again: the message that left its task, unless it arrived
     (``entry_call``: the task ran the round's first model call too, as :func:`_run_layer`)."""
-    current = env
+    current, answered = env, False
     while True:
+        answered = answered or STEP_MAP[current.step].checkpoint
         sent = state.steps_done[current.step_key]
         if sent is None:
             return None
         following = TurnEnvelope.model_validate(sent)
         if following.step_key not in state.steps_done:
+            if answered:  # its task saved the answer in Redis and ended before its checkpoint (its worker lost)
+                _checkpoint(ctx, state)
             return Dispatch(following)
         if not same_task(current.step, following.step, ctx.settings.task_boundaries, entry_call=entry_call):
             return None  # that message arrived: the chain moved on
@@ -426,7 +435,9 @@ def _invoke(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResu
 
 def _conclude(
     ctx: StepContext, env: TurnEnvelope, state: TurnState, result: InvokeResult[Next], tally: MessageTally
-) -> Dispatch | None:
+) -> tuple[Dispatch | None, bool]:
+    """Record ``env``'s outcome in ``state``; the message that follows, and whether the step's work is one the
+    database must keep (a step the step map marks ``checkpoint`` moved on: :func:`_checkpoint` before the task ends)."""
     dispatch: Dispatch | None
     if not result.ok:
         assert result.error is not None
@@ -440,12 +451,16 @@ def _conclude(
         state.steps_done[env.step_key] = None if dispatch is None else dispatch.envelope.model_dump(mode="json")
         state.model_retry = None
     state.next_envelope = None if dispatch is None else dispatch.envelope.model_dump(mode="json")
-    if moved_on and result.ok and STEP_MAP[env.step].checkpoint:
-        checkpoint = state.checkpoint()
-        retry.retry_dropped_connection(
-            lambda: ctx.turns.checkpoint(env.turn_id, checkpoint, now=ctx.clock(), deadline_at=ctx.deadline())
-        )
-    return dispatch
+    return dispatch, moved_on and result.ok and STEP_MAP[env.step].checkpoint
+
+
+def _checkpoint(ctx: StepContext, state: TurnState) -> None:
+    """Write ``state`` as the turn's durable checkpoint (kept only if it got further than the stored one), its
+    frontier the message that leaves the task, and push the turn's reconciler deadline."""
+    checkpoint = state.checkpoint()
+    retry.retry_dropped_connection(
+        lambda: ctx.turns.checkpoint(state.turn_id, checkpoint, now=ctx.clock(), deadline_at=ctx.deadline())
+    )
 
 
 def _dispatch_for(env: TurnEnvelope, next_step: Next | None) -> Dispatch | None:

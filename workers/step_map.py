@@ -3,10 +3,11 @@
 The queue of each step comes from :data:`shared.task_names.TASK_QUEUES`. The driver refuses a move
 this table does not allow. ``persist`` is reachable from every step: a failure at any point is
 committed there (AGN-027 §5), so it is listed once in :data:`ALWAYS_ALLOWED`. After a step marked
-``checkpoint`` moves on, the driver writes the turn's state to the database: the points that cannot
-be cheaply redone (a model's answer). The turn's start (``request_handler`` marks it running), each
-server tool's start and outcome (``execute_server_tools``) and each commit (``persist``) are durable
-by themselves.
+``checkpoint`` moves on, the driver writes the turn's state to the database before that step's task
+ends (in Redis at once, when more steps follow in the task), unless the task went on to the turn's
+commit, which writes it: the points that cannot be cheaply redone (a model's answer). The turn's
+start (``request_handler`` marks it running), each server tool's start and outcome
+(``execute_server_tools``) and each commit (``persist``) are durable by themselves.
 """
 
 from __future__ import annotations

@@ -551,10 +551,53 @@ def test_with_call_boundaries_a_trouble_after_the_model_call_in_its_task_does_no
     # When the same message runs again, it finds the model call done and sends on the step after it
     on = run_step(ctx, again.envelope)
     assert on is not None and on.envelope.step is StepName.REASONER
+    # and writes the answer's checkpoint its first run ended before: Redis may lose the state now
+    checkpoint = ctx.turns.load_snapshot(TURN_ID)
+    assert checkpoint is not None and checkpoint["last_response"] is not None
+    assert TurnEnvelope.model_validate(checkpoint["next_envelope"]) == on.envelope
+    memory_store(ctx).flush()
     _drive(ctx, on.envelope)
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status.value == "completed" and record.output_text == "once"
     assert len(llm.requests) == 1 and flaky.left == 0
+
+
+class _CountedCheckpoints:
+    """A turn repository that keeps the frontier (next step) of every checkpoint written."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner, self.frontiers = inner, []
+
+    def checkpoint(self, turn_id: str, state: dict[str, Any], **kwargs: Any) -> Any:
+        self.frontiers.append(TurnEnvelope.model_validate(state["next_envelope"]).step)
+        return self._inner.checkpoint(turn_id, state, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize(
+    ("boundaries", "frontiers"),
+    [
+        # a message per layer: each answer's checkpoint carries on at the reasoner
+        ("layer", [StepName.REASONER, StepName.REASONER]),
+        # a message per call: the first answer's task ends at the tool, the checkpoint carries on there; the second
+        # answer's task goes on to the commit, whose snapshot holds it
+        ("call", [StepName.EXECUTE_SERVER_TOOLS]),
+    ],
+)
+def test_a_model_answer_is_checkpointed_once_as_its_task_ends_unless_the_task_commits(
+    boundaries: TaskBoundaries, frontiers: list[StepName]
+) -> None:
+    base = make_context(FakeLlm(_tool_call("once-a-task"), LlmResponse(response_id="r2", output_text="done")),
+                        catalog=catalog_with_counted_tool(), task_boundaries=boundaries)  # fmt: skip
+    counted = _CountedCheckpoints(base.turns)
+    ctx = replace(base, turns=counted)  # type: ignore[arg-type]  # duck-typed repository
+    _drive(ctx, _record_turn(ctx))
+    assert counted.frontiers == frontiers
+    checkpoint = ctx.turns.load_snapshot(TURN_ID)
+    assert checkpoint is not None and checkpoint["status"] == "completed"
+    assert sum(key.split(":")[2] == StepName.LLM_CALL.value for key in checkpoint["steps_done"]) == 2
 
 
 class _SaveFails(MemoryStateStore):

@@ -116,15 +116,15 @@ def test_every_hop_of_a_plain_turn_costs_two_state_store_round_trips() -> None:
     assert [hop.redis for hop in hops] == [2] * 6  # begin, save
 
 
-def test_by_default_a_plain_turn_is_one_message_of_four_round_trips() -> None:
+def test_by_default_a_plain_turn_is_one_message_of_three_round_trips() -> None:
     hops = _plain_turn(webhooks=False, task_boundaries="call")
     assert [hop.step for hop in hops] == ["request_handler"]
     # the entry's message runs on into the model call: begin, the save of the model's answer before the reasoner
-    # runs inline, the turn's cancel flag, the last save
-    assert [hop.redis for hop in hops] == [4]
-    # the same database work as a message per layer, in one message: the start (two), the answer's checkpoint,
-    # the commit
-    assert [(hop.statements, hop.transactions) for hop in hops] == [(9, 4)]
+    # runs inline (with the read of the turn's cancel flag), the last save
+    assert [hop.redis for hop in hops] == [3]
+    # the start (two) and the commit: the model's answer is in the commit's snapshot, the same task's, so it has no
+    # checkpoint of its own (a message per layer writes one, below)
+    assert [(hop.statements, hop.transactions) for hop in hops] == [(7, 3)]
 
 
 def test_a_plain_turn_writes_the_database_at_its_start_its_model_answer_and_its_commit() -> None:
