@@ -29,6 +29,7 @@ from typing import Annotated, Any
 
 import redis
 from celery import Celery, Task
+from celery.backends.base import BaseBackend
 from celery.exceptions import Reject
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -55,10 +56,15 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> None:
 
     On ``app`` only (``shared=False``): Celery's default adds a task to every app finalized after it in
     the process, before that app's own, so a second worker app (the tests', ``aptix dev``'s) would run
-    its steps on the first app's runtime."""
+    its steps on the first app's runtime.
+
+    Each task keeps the app's result backend (disabled: no task stores a result) for good: Celery keeps
+    ``app.backend`` per thread, and to it each greenlet of a gevent pool is a thread, so every task run
+    there would build a backend of its own (a tenth of a millisecond of configuration lookups each)."""
+    backend = app.backend
     for layer in Layer:
-        _register(app, layer, runtime)
-    _register_webhook(app, runtime)
+        _register(app, layer, runtime, backend)
+    _register_webhook(app, runtime, backend)
 
 
 class _AttemptMessage(BaseModel):
@@ -70,9 +76,9 @@ class _AttemptMessage(BaseModel):
     attempt: Annotated[int, Field(ge=1)]
 
 
-def _register_webhook(app: Celery, runtime: WorkerRuntime) -> None:
+def _register_webhook(app: Celery, runtime: WorkerRuntime, backend: BaseBackend) -> None:
     @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
-        name=WEBHOOK_TASK, acks_late=True, ignore_result=True, shared=False
+        name=WEBHOOK_TASK, acks_late=True, ignore_result=True, shared=False, backend=backend
     )
     def deliver_webhook(payload: dict[str, Any]) -> None:
         try:
@@ -87,7 +93,7 @@ def _register_webhook(app: Celery, runtime: WorkerRuntime) -> None:
                            message.delivery_id, message.attempt, type(exc).__name__)  # fmt: skip
 
 
-def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
+def _register(app: Celery, layer: Layer, runtime: WorkerRuntime, backend: BaseBackend) -> None:
     @app.task(  # type: ignore[untyped-decorator]  # Celery's decorator is untyped
         name=f"aptix.step.{layer.value}",
         bind=True,
@@ -96,6 +102,7 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime) -> None:
         throws=(TurnFailed,),
         ignore_result=True,
         shared=False,
+        backend=backend,
     )
     def step_task(self: Task, payload: dict[str, Any]) -> str | None:
         envelope = _validate(layer, payload)

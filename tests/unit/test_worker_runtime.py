@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from shared.settings import Settings
+from shared.task_names import Layer
 from tests.unit.fakes import FakeBroker
 from workers import retry
 from workers.runtime import WorkerRuntime
@@ -95,3 +97,17 @@ def test_a_second_worker_app_in_a_process_runs_its_steps_on_its_own_runtime() ->
     for app, name in zip(apps, ("first", "second"), strict=True):
         with pytest.raises(LookupError, match=name):
             app.tasks[task_name(StepName.REQUEST_HANDLER)].run(payload)
+
+
+def test_every_task_of_the_workers_app_keeps_one_result_backend_whatever_thread_runs_it(tmp_path: Path) -> None:
+    # Celery keeps app.backend per thread, and a gevent pool's greenlets are threads to it
+    from workers.app import create_celery
+
+    app = create_celery(_settings(tmp_path), reconciler=False, scheduler=False)
+    tasks = [task for name, task in app.tasks.items() if name.startswith("aptix.")]
+    assert len(tasks) == len(Layer) + 1  # a task per layer, the webhook task
+    seen: list[object] = []
+    thread = threading.Thread(target=lambda: seen.extend(task.backend for task in tasks))
+    thread.start()
+    thread.join()
+    assert len({id(backend) for backend in seen}) == 1 and seen[0] is tasks[0].backend  # the main thread's
