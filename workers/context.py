@@ -103,8 +103,9 @@ class BreakerPort(Protocol):
 class LimiterPort(Protocol):
     """A model's shared rate limits (``workers.llm.limiter``): asked before each call, told after."""
 
-    def pace(self, request: dict[str, Any]) -> Slot:
-        """Let the call go now (and charge it), or say how long to wait."""
+    def pace(self, request: dict[str, Any], breaker: BreakerPort | None = None, *, at: float = 0.0) -> Slot:
+        """Let the call go now (and charge it), or say how long to wait: the limits' wait, else the wait of
+        ``breaker`` (asked at ``at``, once the limits let the call go; nothing is charged then)."""
 
     def settle(self, slot: Slot, *, used: int, called: bool = True) -> None:
         """Correct the call's charge: the tokens it used, or nothing at all when it was not made."""

@@ -11,11 +11,13 @@ import itertools
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
 
 from tests.conftest import ConnectRedis
+from workers.llm.breaker import CircuitBreaker, breaker_key
 from workers.llm.limiter import BURST_SECONDS, MAX_PAUSE_SECONDS, Limits, RateLimiter, Slot, limiter_keys
 
 pytestmark = pytest.mark.integration
@@ -194,3 +196,67 @@ def test_the_buckets_expire_once_idle(connect_redis: ConnectRedis, model: str) -
     limiter.acquire(0)
     name, _ = limiter_keys("http://127.0.0.1:9/v1", model)
     assert 3600 <= client.ttl(name) <= 3602
+
+
+# --- the limits and the model's circuit breaker in one round trip ---------------------------------------------------
+
+REQUEST = {"model": "m", "input": "hello", "max_output_tokens": 100}
+
+
+def _breaker(client: redis.Redis, model: str) -> CircuitBreaker:
+    return CircuitBreaker(client, name=breaker_key("http://127.0.0.1:9/v1", model), failure_threshold=1)
+
+
+def _commands(client: redis.Redis, sent: list[str]) -> list[str]:
+    """``sent``, to which the commands ``client`` sends from now on are added, by name."""
+    send = client.execute_command
+
+    def counted(*args: Any, **options: Any) -> Any:
+        sent.append(str(args[0]))
+        return send(*args, **options)
+
+    client.execute_command = counted  # type: ignore[method-assign]
+    return sent
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["same-connection", "breaker-elsewhere"])
+def test_the_breaker_is_asked_once_the_limits_let_a_call_go_and_an_open_one_leaves_nothing_charged(
+    connect_redis: ConnectRedis, model: str, together: bool
+) -> None:
+    client = connect_redis()
+    limiter = _limiter(client, model, rpm=60, tpm=60_000)  # 1 s a request
+    breaker = _breaker(client if together else connect_redis(), model)
+    warm = _limiter(client, model + "-warm")  # the server has the scripts already (no NOSCRIPT, SCRIPT LOAD)
+    warm.pace(REQUEST, _breaker(breaker.client, model + "-warm"))
+    sent = _commands(client, [])
+    if not together:
+        _commands(breaker.client, sent)
+
+    # a closed breaker: the call goes, charged, in one round trip when the breaker is on the limiter's connection
+    slot = limiter.pace(REQUEST, breaker, at=T0, now=T0)
+    assert slot.wait == 0 and slot.breaker_wait == 0 and slot.tokens > 0
+    assert len(sent) == (1 if together else 2), sent
+    assert limiter.acquire(0, now=T0 + 0.5).reason == "requests"  # charged: the next second is taken
+
+    # an open breaker: the limits would let the call go (a second later), the breaker says wait, nothing is charged
+    breaker.record_failure(T0)
+    stopped = limiter.pace(REQUEST, breaker, at=T0 + 1, now=T0 + 1)
+    assert stopped.breaker_wait == pytest.approx(4.0) and stopped.wait == 0 and stopped.tokens == 0
+    assert limiter.acquire(0, now=T0 + 1) == Slot()  # the slot of T0 + 1 was still free
+
+
+def test_a_call_the_limits_hold_back_does_not_take_a_half_open_breakers_probe(
+    connect_redis: ConnectRedis, model: str
+) -> None:
+    client = connect_redis()
+    limiter = _limiter(client, model, rpm=60)
+    breaker = _breaker(client, model)
+    breaker.record_failure(T0)  # open for 5 s
+    limiter.acquire(0, now=T0 + 10)
+    # half-open at T0 + 10.5, but the limits hold the call back until T0 + 11: the probe is left to a call that goes
+    held = limiter.pace(REQUEST, breaker, at=T0 + 10.5, now=T0 + 10.5)
+    assert held.reason == "requests" and held.breaker_wait == 0
+    assert client.hget(breaker.name, "probe_until") is None
+    probe = limiter.pace(REQUEST, breaker, at=T0 + 11, now=T0 + 11)
+    assert probe == Slot() and client.hget(breaker.name, "probe_until") is not None
+    assert limiter.pace(REQUEST, breaker, at=T0 + 12, now=T0 + 12).breaker_wait > 0  # one probe at a time

@@ -193,6 +193,8 @@ def test_the_limiter_breaker_leader_and_event_log_run_on_the_cluster(client: red
     breaker = CircuitBreaker(client, name=breaker_key("http://127.0.0.1:9/v1", model), failure_threshold=1)
     breaker.record_failure(100.0)
     assert breaker.before_call(100.1) > 0
+    # the limits and the breaker in one script: their keys share a slot
+    assert limiter.pace({"input": "x"}, breaker, at=100.2, now=1_700_000_010.0).breaker_wait > 0
     lease = LeaderLease(client, key=f"{RECONCILER_LEADER_KEY}-{uuid.uuid4().hex}", owner="a")
     assert lease.hold(10) and lease.hold(10)
     lease.give_up()

@@ -22,7 +22,7 @@ from shared.modes import ModeCatalog, load_catalog
 from shared.settings import Settings
 from shared.task_names import StepName
 from tests.unit.fakes import FakeLlm, drive, make_context, make_state, record_turn
-from workers.context import StepContext
+from workers.context import BreakerPort, StepContext
 from workers.driver import run_step
 from workers.llm.limiter import OUTPUT_TOKENS_GUESS, Limits, Slot, estimate_tokens, limits_for
 from workers.llm.types import LlmResponse
@@ -42,9 +42,10 @@ class RecordingLimiter:
     settled: list[tuple[Slot, int, bool]] = field(default_factory=list)
     paused: list[float] = field(default_factory=list)
 
-    def pace(self, request: dict[str, Any]) -> Slot:
+    def pace(self, request: dict[str, Any], breaker: BreakerPort | None = None, *, at: float = 0.0) -> Slot:
         self.paced.append(request)
-        return self.answer
+        wait = 0.0 if self.answer.wait > 0 or breaker is None else breaker.before_call(at)
+        return Slot(breaker_wait=wait) if wait > 0 else self.answer  # the port's contract: nothing charged then
 
     def settle(self, slot: Slot, *, used: int, called: bool = True) -> None:
         self.settled.append((slot, used, called))
@@ -220,7 +221,7 @@ def test_llm_call_gives_back_tokens_of_error_answers_and_pauses_only_on_429_retr
     assert limiter.settled == ([(limiter.answer, 0, True)] if settled else [])
 
 
-def test_llm_call_gives_the_whole_charge_back_when_the_breaker_stops_the_call() -> None:
+def test_llm_call_asks_the_breaker_through_the_limiter_and_settles_nothing_when_it_stops_the_call() -> None:
     limiter = RecordingLimiter()
     llm = FakeLlm(*[LlmError("down", status_code=503, retryable=True) for _ in range(2)])
     ctx = _with_limiter(make_context(llm, llm_breaker_failures=2), limiter)
@@ -229,7 +230,7 @@ def test_llm_call_gives_the_whole_charge_back_when_the_breaker_stops_the_call() 
     limiter.settled.clear()
     later = llm_call.run(ctx, _env(), make_state(pending_request=REQUEST)).unwrap()
     assert isinstance(later, RetryAfter) and later.trouble is Trouble.MODEL_BREAKER_OPEN and len(llm.requests) == 2
-    assert limiter.settled == [(limiter.answer, 0, False)]
+    assert later.hint is not None and later.hint > 0 and limiter.settled == []
 
 
 # --- the driver ----------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import redis
 
 from shared.state.keys import model_key
 
-__all__ = ["BreakerState", "BreakerStatus", "CircuitBreaker", "breaker_key"]
+__all__ = ["BREAKER_WAIT_LUA", "BreakerState", "BreakerStatus", "CircuitBreaker", "breaker_key"]
 
 BreakerStatus = Literal["closed", "open", "half_open"]
 
@@ -33,23 +33,28 @@ _PROBE_LEASE_SECONDS = 30.0
 _TTL_SECONDS = 24 * 3600
 """Every write refreshes the hash's TTL, so a model nobody calls any more leaves no key behind."""
 
-# KEYS[1] the hash. ARGV: now, the shortest probe lease, the TTL. Returns the seconds to wait, as a
-# string because Redis turns Lua numbers into integers. A closed breaker costs one HGET.
-_BEFORE_CALL = """
-local h = redis.call('hmget', KEYS[1], 'open_until', 'open_seconds', 'probe_until')
-local open_until = tonumber(h[1])
-if not open_until then return '0' end
-local now = tonumber(ARGV[1])
-if now < open_until then return string.format('%.17g', open_until - now) end
-local period = tonumber(h[2])
-local probe_until = tonumber(h[3])
-if probe_until and now < probe_until then
-  return string.format('%.17g', math.min(probe_until - now, period))
+BREAKER_WAIT_LUA = """
+local function breaker_wait(key, now, lease, ttl)
+  local h = redis.call('hmget', key, 'open_until', 'open_seconds', 'probe_until')
+  local open_until = tonumber(h[1])
+  if not open_until then return '0' end
+  if now < open_until then return string.format('%.17g', open_until - now) end
+  local period = tonumber(h[2])
+  local probe_until = tonumber(h[3])
+  if probe_until and now < probe_until then
+    return string.format('%.17g', math.min(probe_until - now, period))
+  end
+  redis.call('hset', key, 'probe_until', string.format('%.17g', now + math.max(period, lease)))
+  redis.call('expire', key, ttl)
+  return '0'
 end
-redis.call('hset', KEYS[1], 'probe_until', string.format('%.17g', now + math.max(period, tonumber(ARGV[2]))))
-redis.call('expire', KEYS[1], ARGV[3])
-return '0'
 """
+"""The breaker's leave for a call, as a Lua function (the limiter's script asks it too: ``workers.llm.limiter``):
+``breaker_wait(the hash, now, the shortest probe lease, the TTL)`` is the seconds to wait, as a string because
+Redis turns Lua numbers into integers. A closed breaker costs one HMGET."""
+
+# KEYS[1] the hash. ARGV: :meth:`CircuitBreaker.leave_args`.
+_BEFORE_CALL = BREAKER_WAIT_LUA + "return breaker_wait(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3])"
 
 # KEYS[1] the hash. ARGV: now, threshold, base period, max period, TTL. A failure while open (a call
 # that started before the breaker opened) is only counted; one after the open period is a failed probe.
@@ -153,8 +158,16 @@ class CircuitBreaker:
             otherwise the seconds to wait before trying again (the breaker is open, or another
             caller's probe is in flight: the rest of its lease, capped at the open period).
         """
-        wait = self._before_call(keys=[self._name], args=[repr(now), repr(_PROBE_LEASE_SECONDS), self._ttl])
-        return float(wait)
+        return float(self._before_call(keys=[self._name], args=self.leave_args(now)))
+
+    def leave_args(self, now: float) -> list[str | int]:
+        """The arguments of :data:`BREAKER_WAIT_LUA` but the hash's key (:attr:`name`), asked at ``now``."""
+        return [repr(now), repr(_PROBE_LEASE_SECONDS), self._ttl]
+
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis connection the breaker's hash is on."""
+        return self._redis
 
     def record_success(self, now: float) -> None:
         """Close the breaker and forget failures. One DEL, which writes nothing when there is nothing to forget.

@@ -38,13 +38,14 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import redis
 
 from shared.modes import ModeCatalog
 from shared.settings import Settings
 from shared.state.keys import model_key
+from workers.llm.breaker import BREAKER_WAIT_LUA, CircuitBreaker
 
 __all__ = [
     "BURST_SECONDS",
@@ -91,34 +92,53 @@ end
 local function num(x) return string.format('%.17g', x) end
 """
 
-# KEYS[1] the hash, KEYS[2] the pause key. ARGV: now ('' for the server's clock), seconds per request
-# (0: no rpm), seconds per token (0: no tpm), tokens, burst seconds, idle TTL. Returns {wait, reason}:
-# wait '0' (reason 'ok') when the call goes (and is charged); else the seconds until its slot.
-_ACQUIRE = (
-    _PRELUDE
-    + """
-local per_request = tonumber(ARGV[2])
-local cost = tonumber(ARGV[4]) * tonumber(ARGV[3])
-local burst = tonumber(ARGV[5])
-local paused = tonumber(redis.call('get', KEYS[2])) or 0
-local h = redis.call('hmget', KEYS[1], 'requests', 'tokens', 'line')
-local requests, tokens, line = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
-local ready, reason = paused, 'paused'
-if requests - burst > ready then ready, reason = requests - burst, 'requests' end
-if tokens - burst > ready then ready, reason = tokens - burst, 'tokens' end
-if ready <= now then
-  if per_request == 0 and cost == 0 then return {'0', 'ok'} end
-  requests = math.max(requests, now) + per_request
-  tokens = math.max(tokens, now) + cost
-  redis.call('hset', KEYS[1], 'requests', num(requests), 'tokens', num(tokens))
-  redis.call('expire', KEYS[1], math.ceil(math.max(requests, tokens, line) - now) + tonumber(ARGV[6]))
-  return {'0', 'ok'}
+# acquire(the hash, the pause key, seconds per request (0: no rpm), seconds per token (0: no tpm), tokens, burst
+# seconds, idle TTL, leave): {wait, reason} with wait '0' (reason 'ok') when the call goes (and is charged), else the
+# seconds until its slot. ``leave`` (or nil) is asked once the limits let the call go, before it is charged: a wait
+# it answers other than '0' is returned as {'0', 'breaker', that wait}, nothing charged.
+_ACQUIRE_FUNCTION = """
+local function acquire(hash, pause_key, per_request, per_token, tokens, burst, idle_ttl, leave)
+  local cost = tokens * per_token
+  local paused = tonumber(redis.call('get', pause_key)) or 0
+  local h = redis.call('hmget', hash, 'requests', 'tokens', 'line')
+  local requests, tokens_at, line = tonumber(h[1]) or 0, tonumber(h[2]) or 0, tonumber(h[3]) or 0
+  local ready, reason = paused, 'paused'
+  if requests - burst > ready then ready, reason = requests - burst, 'requests' end
+  if tokens_at - burst > ready then ready, reason = tokens_at - burst, 'tokens' end
+  if ready <= now then
+    if leave then
+      local wait = leave()
+      if wait ~= '0' then return {'0', 'breaker', wait} end
+    end
+    if per_request == 0 and cost == 0 then return {'0', 'ok'} end
+    requests = math.max(requests, now) + per_request
+    tokens_at = math.max(tokens_at, now) + cost
+    redis.call('hset', hash, 'requests', num(requests), 'tokens', num(tokens_at))
+    redis.call('expire', hash, math.ceil(math.max(requests, tokens_at, line) - now) + idle_ttl)
+    return {'0', 'ok'}
+  end
+  local slot = math.max(ready, line)
+  line = slot + math.max(per_request, cost)
+  redis.call('hset', hash, 'line', num(line))
+  redis.call('expire', hash, math.ceil(math.max(requests, tokens_at, line) - now) + idle_ttl)
+  return {num(slot - now), reason}
 end
-local slot = math.max(ready, line)
-line = slot + math.max(per_request, cost)
-redis.call('hset', KEYS[1], 'line', num(line))
-redis.call('expire', KEYS[1], math.ceil(math.max(requests, tokens, line) - now) + tonumber(ARGV[6]))
-return {num(slot - now), reason}
+"""
+
+# KEYS[1] the hash, KEYS[2] the pause key. ARGV: now ('' for the server's clock), seconds per request, seconds per
+# token, tokens, burst seconds, idle TTL.
+_ACQUIRE_ARGS = "tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])"
+_ACQUIRE = _PRELUDE + _ACQUIRE_FUNCTION + f"return acquire(KEYS[1], KEYS[2], {_ACQUIRE_ARGS}, nil)"
+
+# The same with the model's circuit breaker asked too (``CircuitBreaker.before_call``): KEYS[3] its hash, ARGV[7:10]
+# its arguments (``CircuitBreaker.leave_args``). One round trip where the two are two.
+_ACQUIRE_WITH_LEAVE = (
+    _PRELUDE
+    + _ACQUIRE_FUNCTION
+    + BREAKER_WAIT_LUA
+    + f"""
+local function leave() return breaker_wait(KEYS[3], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]) end
+return acquire(KEYS[1], KEYS[2], {_ACQUIRE_ARGS}, leave)
 """
 )
 
@@ -178,6 +198,16 @@ class Slot:
     or when the model has no tokens limit."""
     reason: HoldReason | None = None
     """Why the call was held back; None when it goes."""
+    breaker_wait: float = 0.0
+    """The seconds the model's circuit breaker asked to wait (the limits let the call go, and nothing was charged);
+    0.0 when it gave its leave or was not asked."""
+
+
+class BreakerLeave(Protocol):
+    """What :meth:`RateLimiter.pace` asks of a model's circuit breaker (``workers.llm.breaker.CircuitBreaker``)."""
+
+    def before_call(self, now: float) -> float:
+        """0 to call now, else the seconds to wait."""
 
 
 class RateLimiter:
@@ -205,20 +235,44 @@ class RateLimiter:
         self._per_request = 60.0 / limits.rpm if limits.rpm else 0.0
         self._per_token = 60.0 / limits.tpm if limits.tpm else 0.0
         self._acquire = client.register_script(_ACQUIRE)
+        self._acquire_with_leave = client.register_script(_ACQUIRE_WITH_LEAVE)
         self._settle = client.register_script(_SETTLE)
         self._pause = client.register_script(_PAUSE)
 
-    def pace(self, request: Mapping[str, Any], *, now: float | None = None) -> Slot:
+    def pace(
+        self,
+        request: Mapping[str, Any],
+        breaker: BreakerLeave | None = None,
+        *,
+        at: float = 0.0,
+        now: float | None = None,
+    ) -> Slot:
         """Let a call with this request body go now, or say when to try again. One round trip.
 
         Args:
             request: the Responses API request the call would send (for its token estimate).
-            now: the Unix time; None for the Redis server's clock.
+            breaker: the model's circuit breaker, asked (at ``at``, its clock's Unix time) once the limits let
+                the call go: when it says wait (:attr:`Slot.breaker_wait`), nothing is charged. A
+                :class:`~workers.llm.breaker.CircuitBreaker` on the limiter's connection is asked in the same
+                script, so the round trip is still one.
+            now: the Unix time of the limits; None for the Redis server's clock.
 
         Returns:
-            The slot: ``wait`` 0 and the reserved tokens, or the wait and its reason.
+            The slot: ``wait`` 0 and the reserved tokens, or the wait and its reason, or the breaker's wait.
         """
-        return self.acquire(estimate_tokens(request) if self.limits.tpm else 0, now=now)
+        tokens = estimate_tokens(request) if self.limits.tpm else 0
+        if isinstance(breaker, CircuitBreaker) and breaker.client is self._redis:
+            keys = [*self._keys, breaker.name]
+            args = [*self._args(tokens, now), *breaker.leave_args(at)]
+            return _slot(self._acquire_with_leave(keys=keys, args=args), tokens)
+        slot = self.acquire(tokens, now=now)
+        if breaker is None or slot.wait > 0:
+            return slot
+        wait = breaker.before_call(at)
+        if wait <= 0:
+            return slot
+        self.settle(slot, used=0, called=False, now=now)
+        return Slot(breaker_wait=wait)
 
     def acquire(self, tokens: int, *, now: float | None = None) -> Slot:
         """Let a call of ``tokens`` (estimated) go now, or say when to try again. One round trip.
@@ -231,12 +285,17 @@ class RateLimiter:
             The slot.
         """
         tokens = tokens if self.limits.tpm else 0
-        args: list[str | int] = [_now(now), repr(self._per_request), repr(self._per_token), tokens]
-        wait, reason = self._acquire(keys=self._keys, args=[*args, repr(BURST_SECONDS), _IDLE_TTL_SECONDS])
-        seconds = float(wait)
-        if seconds <= 0:
-            return Slot(tokens=tokens)
-        return Slot(wait=seconds, reason=_reason(reason))
+        return _slot(self._acquire(keys=self._keys, args=self._args(tokens, now)), tokens)
+
+    def _args(self, tokens: int, now: float | None) -> list[str | int]:
+        return [
+            _now(now),
+            repr(self._per_request),
+            repr(self._per_token),
+            tokens,
+            repr(BURST_SECONDS),
+            _IDLE_TTL_SECONDS,
+        ]
 
     def settle(self, slot: Slot, *, used: int, called: bool = True, now: float | None = None) -> None:
         """Correct a let-through call's charge once its outcome is known. At most one round trip.
@@ -282,9 +341,10 @@ class RateLimiter:
 class Unlimited:
     """A limiter that lets every call go and forgets pauses: the default of a bare StepContext (unit tests)."""
 
-    def pace(self, request: Mapping[str, Any]) -> Slot:
-        """Let the call go."""
-        return Slot()
+    def pace(self, request: Mapping[str, Any], breaker: BreakerLeave | None = None, *, at: float = 0.0) -> Slot:
+        """Let the call go, if ``breaker`` (asked at ``at``) gives its leave."""
+        wait = 0.0 if breaker is None else breaker.before_call(at)
+        return Slot(breaker_wait=wait) if wait > 0 else Slot()
 
     def settle(self, slot: Slot, *, used: int, called: bool = True) -> None:
         """Nothing was charged."""
@@ -351,6 +411,15 @@ def limiter_keys(base_url: str, model: str) -> tuple[str, str]:
 
 def _now(now: float | None) -> str:
     return "" if now is None else repr(now)
+
+
+def _slot(reply: list[bytes], tokens: int) -> Slot:
+    """The slot of an acquire script's reply, for a call that reserved ``tokens``."""
+    wait, reason, *leave = reply
+    if leave:
+        return Slot(breaker_wait=float(leave[0]))
+    seconds = float(wait)
+    return Slot(wait=seconds, reason=_reason(reason)) if seconds > 0 else Slot(tokens=tokens)
 
 
 def _reason(raw: bytes | str) -> HoldReason:

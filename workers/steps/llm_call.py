@@ -13,8 +13,9 @@ breaker, a 429, 5xx, timeout or connection error, an answer no retry can fix) an
 decides the rest: when the step runs again (holding no worker slot meanwhile), against which budget
 (``APTIX_LLM_RETRY_BUDGET_SECONDS``, ``APTIX_LLM_MAX_ATTEMPTS``), and what the turn fails with once it
 is spent. Fails with: ``llm_rate_limited`` / ``llm_error`` (through that policy).
-The driver writes a durable checkpoint after this step: the model's answer is never asked twice
-because Redis lost it.
+The driver keeps the answer: in Redis at once when the task runs more steps, and in the database before
+the task ends (the turn's commit, when the task goes on to it): the model's answer is not asked twice
+because a worker died or Redis lost it after that.
 """
 
 from __future__ import annotations
@@ -47,14 +48,12 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if request is None:
         return failure(ErrorCode.INTERNAL_ERROR, f"llm_call {env.iteration} found no composed request")
     model = str(request.get("model") or ctx.settings.llm_model)
-    limiter = ctx.limiter(model)
-    slot = limiter.pace(request)
+    limiter, breaker = ctx.limiter(model), ctx.breaker(model)
+    slot = limiter.pace(request, breaker, at=ctx.clock().timestamp())  # the limits, then the breaker: one round trip
     if slot.wait > 0:
         return _held_back(ctx, state, model, slot)
-    breaker = ctx.breaker(model)
-    wait = breaker.before_call(ctx.clock().timestamp())
-    if wait > 0:
-        limiter.settle(slot, used=0, called=False)
+    if slot.breaker_wait > 0:  # nothing was charged
+        wait = slot.breaker_wait
         logger.info("turn %s: the model's circuit breaker is open; trying again in %.1fs", state.turn_id, wait)
         ctx.metrics.count_breaker_open(model)
         message = "the model did not answer: its circuit breaker stayed open (every recent call failed)"
