@@ -39,7 +39,7 @@ from shared.webhooks import WebhookSender
 from workers.batch_slots import BatchSlots, green
 from workers.leases import LeaseRenewer
 from workers.llm.breaker import CircuitBreaker, breaker_key
-from workers.llm.limiter import RateLimiter, Slot, Unlimited, limiter_keys, limits_for
+from workers.llm.limiter import BreakerLeave, RateLimiter, Slot, Unlimited, limiter_keys, limits_for
 from workers.llm.types import LlmResponse
 from workers.metrics import WorkerMetrics
 from workers.process_gate import ProcessGate
@@ -87,11 +87,9 @@ class TokenUsagePort(Protocol):
         """Merge a turn's tokens as committed into its organisation's count of the day it was created."""
 
 
-class BreakerPort(Protocol):
-    """A model's circuit breaker, shared by every worker (``workers.llm.breaker``)."""
-
-    def before_call(self, now: float) -> float:
-        """0 to call now, else the seconds to wait."""
+class BreakerPort(BreakerLeave, Protocol):
+    """A model's circuit breaker, shared by every worker (``workers.llm.breaker``): asked before each call
+    (``before_call``, through the limiter's ``pace``), told after."""
 
     def record_success(self, now: float) -> None:
         """The call succeeded."""

@@ -395,7 +395,9 @@ def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:
 
 def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope, *, entry_call: bool) -> Dispatch | None:
     """What a redelivered message must send again: the message that left its task, unless it arrived
-    (``entry_call``: the task ran the round's first model call too, as :func:`_run_layer`)."""
+    (``entry_call``: the task ran the round's first model call too, as :func:`_run_layer`). Before it sends
+    on from a model's answer, the answer is checkpointed: the lost run may have ended between its save to
+    Redis and its checkpoint (where it did not, the stored checkpoint is as far on and stays)."""
     current, answered = env, False
     while True:
         answered = answered or STEP_MAP[current.step].checkpoint
@@ -404,7 +406,7 @@ def _recorded(ctx: StepContext, state: TurnState, env: TurnEnvelope, *, entry_ca
             return None
         following = TurnEnvelope.model_validate(sent)
         if following.step_key not in state.steps_done:
-            if answered:  # its task saved the answer in Redis and ended before its checkpoint (its worker lost)
+            if answered:
                 _checkpoint(ctx, state)
             return Dispatch(following)
         if not same_task(current.step, following.step, ctx.settings.task_boundaries, entry_call=entry_call):

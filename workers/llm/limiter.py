@@ -51,6 +51,7 @@ __all__ = [
     "BURST_SECONDS",
     "MAX_PAUSE_SECONDS",
     "OUTPUT_TOKENS_GUESS",
+    "BreakerLeave",
     "HoldReason",
     "Limits",
     "RateLimiter",
