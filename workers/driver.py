@@ -174,6 +174,13 @@ def _run(
                             env.turn_id, env.step_key)  # fmt: skip
                 ctx.states.drop(env.turn_id)
                 state = None
+            elif state is not None and _behind(state, env):
+                # the save that sent this message was lost (a Redis failover that did not replicate it, a restart
+                # from an older dump): the state is from before the message, as if Redis had lost it
+                logger.warning("turn %s: Redis holds a state from before %s (a lost save); carrying on from the "
+                               "checkpoint", env.turn_id, env.step_key)  # fmt: skip
+                ctx.states.drop(env.turn_id)
+                state = None
             state = state or _load_durable(ctx, env)
             if state is None:
                 return None
@@ -383,6 +390,13 @@ def _behind_its_pause(state: TurnState, env: TurnEnvelope) -> bool:
         and env.round > state.round
         and state.status is not TurnStatus.REQUIRES_CLIENT_TOOLS
     )
+
+
+def _behind(state: TurnState, env: TurnEnvelope) -> bool:
+    """Whether ``state``, found in Redis by ``env``, is from before the save that sent ``env``: ``env`` neither ran
+    on it nor is where it carries on. Every step's save records it in ``steps_done`` and sends on only after the
+    save, so only a lost save leaves a message ahead of its state."""
+    return env.step_key not in state.steps_done and not _carries_on(state, env)
 
 
 def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:

@@ -118,6 +118,31 @@ def test_server_tool_runs_once_when_its_step_is_redelivered_after_redis_lost_the
     assert TOOL_RUNS[key] == 1
 
 
+def test_message_ahead_of_a_state_whose_save_was_lost_carries_on_from_the_checkpoint_not_the_stale_state() -> None:
+    key = "failover"
+    llm = FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="done"))
+    ctx = make_context(llm, catalog=catalog_with_counted_tool())
+    store = memory_store(ctx)
+    tools_step = _drive(ctx, _record_turn(ctx), until=StepName.EXECUTE_SERVER_TOOLS)[-1].envelope
+    before_tools = store.load(TURN_ID)
+    assert before_tools is not None
+    second_call = _drive(ctx, tools_step, until=StepName.LLM_CALL, iteration=2)[-1].envelope
+    # Given the saves after the tool were lost (a failover promoted a replica that holds the state before them)
+    store.drop(TURN_ID)
+    before_tools.version = 0
+    store.save(before_tools, ttl_seconds=60)
+    # When the message those saves sent arrives, it does not run on that state (it has no composed request)
+    assert run_step(ctx, second_call) is None
+    assert ctx.states.load(TURN_ID) is None and len(llm.requests) == 1
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "running"
+    # Then the reconciler's message from the checkpoint finishes the turn, the tool not run again
+    _drive(ctx, TurnEnvelope.model_validate(ctx.turns.load_snapshot(TURN_ID)["next_envelope"]))  # type: ignore[index]
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "completed" and row.output_text == "done"
+    assert TOOL_RUNS[key] == 1 and len(llm.requests) == 2
+
+
 def test_tool_started_without_an_outcome_is_not_run_again_and_the_model_is_told() -> None:
     key = "unknown-outcome"
     llm = FakeLlm(_tool_call(key), LlmResponse(response_id="r2", output_text="noted"))
