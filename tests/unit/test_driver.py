@@ -632,14 +632,48 @@ class _SaveFails(MemoryStateStore):
         raise redis.ConnectionError("Connection refused")
 
 
-def test_tool_outcome_is_recorded_durably_when_redis_fails_right_after_the_tool_ran() -> None:
+def test_tool_outcome_is_recorded_durably_and_the_step_writes_nothing_to_redis_after_the_tool_ran() -> None:
     key = "redis-gone"
     ctx = with_store(make_context(catalog=catalog_with_counted_tool()), _SaveFails())
     state = make_state(turn_id=TURN_ID)
     state.ledger.append(LedgerEntry(call_id="call_1", name="counted_tool", arguments=json.dumps({"key": key}),
                                     kind="server", iteration=1))  # fmt: skip
     env = TurnEnvelope(turn_id=TURN_ID, step=StepName.EXECUTE_SERVER_TOOLS, hop=6, iteration=1)
-    with pytest.raises(redis.ConnectionError):
-        execute_server_tools.run(ctx, env, state)
+    assert execute_server_tools.run(ctx, env, state).ok  # Redis is only the driver's save's, after the step
     assert TOOL_RUNS[key] == 1
     assert ctx.tool_runs.for_turn(TURN_ID)["call_1"].status == "succeeded"
+
+
+class _FinishFails:
+    """A tool-run repository whose outcomes cannot be written (the database went away after the start)."""
+
+    def __init__(self, inner: ToolRunRepository) -> None:
+        self._inner = inner
+
+    def start(self, **kwargs: Any) -> ToolRun | None:
+        return self._inner.start(**kwargs)
+
+    def finish(self, **_kwargs: Any) -> bool:
+        raise OperationalError("UPDATE", {}, Exception("connection refused"))
+
+
+def test_tool_outcome_is_saved_in_redis_when_its_durable_record_fails_and_the_tool_does_not_run_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("workers.retry._DROPPED_CONNECTION_PAUSES", (0.0, 0.0))
+    key = "record-gone"
+    base = make_context(catalog=catalog_with_counted_tool())
+    ctx = replace(base, tool_runs=_FinishFails(base.tool_runs))  # type: ignore[arg-type]  # duck-typed repository
+    state = make_state(turn_id=TURN_ID)
+    state.ledger.append(LedgerEntry(call_id="call_1", name="counted_tool", arguments=json.dumps({"key": key}),
+                                    kind="server", iteration=1))  # fmt: skip
+    env = TurnEnvelope(turn_id=TURN_ID, step=StepName.EXECUTE_SERVER_TOOLS, hop=6, iteration=1)
+    with pytest.raises(OperationalError):
+        execute_server_tools.run(ctx, env, state)
+    # the durable record says "started" only; the ledger in Redis has the outcome
+    assert base.tool_runs.for_turn(TURN_ID)["call_1"].status == "started"
+    saved = ctx.states.load(TURN_ID)
+    assert saved is not None and [(e.status, e.output) for e in saved.ledger] == [("done", f"counted {key}")]
+    # a run of the step again on that state runs no call
+    assert execute_server_tools.run(base, env, saved).ok
+    assert TOOL_RUNS[key] == 1

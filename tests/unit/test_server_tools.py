@@ -80,12 +80,18 @@ def test_calls_of_other_iterations_and_done_calls_are_not_run() -> None:
     assert state.ledger[0].status == "pending"
 
 
-def test_state_is_saved_after_each_call() -> None:
+def test_a_step_run_again_from_the_state_before_it_runs_no_call_a_second_time() -> None:
+    # Given a step whose calls ran, and whose state was never saved after them (its worker died)
     ctx = _context()
-    state = _state(("call_1", "counted_tool", {"key": _key()}))
-    _run(ctx, state)
-    saved = ctx.states.load(TURN_ID)
-    assert saved is not None and saved.ledger[0].status == "done"
+    first, second = _key(), _key()
+    calls = (("call_1", "counted_tool", {"key": first}), ("call_2", "counted_tool", {"key": second}))
+    assert _run(ctx, _state(*calls)).ok
+    assert ctx.states.load(TURN_ID) is None  # the step itself writes no state: the driver's save does
+    # When the step runs again on the state from before it, each outcome comes from its durable record
+    again = _state(*calls)
+    assert _run(ctx, again).ok
+    assert (TOOL_RUNS[first], TOOL_RUNS[second]) == (1, 1)
+    assert [entry.output for entry in again.ledger] == [f"counted {first}", f"counted {second}"]
 
 
 def test_call_with_a_recorded_outcome_is_not_run_again_and_its_output_is_replayed() -> None:

@@ -4,8 +4,10 @@ Reads: the tool ledger's pending server calls of this iteration, each call's dur
 Writes: a durable "started" record before each handler runs and its outcome after
 (``shared.db.tool_runs``); each call's result into the ledger (the ToolResults provider) and a
 ``function_call_output`` into the transcript; a ``tool_execution`` trace step per call; mode
-changes (via ``agent_change_mode``). The state is saved after every call, so a redelivered step
-never runs a call the ledger shows as done.
+changes (via ``agent_change_mode``). A call's outcome is found by a redelivered step in its durable
+record; when that record cannot be written, the state (the ledger showing the call done) is saved in
+Redis before the step fails, so a redelivered step finds the outcome in one of the two, never
+"started" only. The driver saves the state once the step's task ends.
 
 At most once: a call whose record shows an outcome is not run again (its recorded output is
 used); a call found "started" without an outcome (its worker died while it ran) is not run again:
@@ -72,12 +74,14 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
         trace(
             ctx, state, env, "tool_execution", duration_ms=duration_ms, tool=entry.name, call_id=entry.call_id, ok=True
         )
-        # Both records of the outcome are attempted, whichever fails: the ledger in Redis and the
-        # durable one. A step that runs again finds the call done in either, never "started" only.
+        # The durable record is what a step that runs again reads; should it fail, the ledger in Redis records the
+        # outcome instead: a step that runs again finds the call done in either, never "started" only. (An
+        # idempotent call keeps neither: it may simply run again, as a built-in reading the clock does.)
         try:
-            ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
-        finally:
             record()
+        except Exception:
+            ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
+            raise
     return success(Continue(StepName.REASONER, env.iteration))
 
 
