@@ -92,8 +92,9 @@ class Broker(Protocol):
         """
 
 
-Pushes = Callable[[TurnEnvelope, float], BrokerPush | None]
-"""Builds a step's message (envelope, countdown) for a save to push; None when it must be sent apart."""
+Pushes = Callable[[TurnEnvelope | None, float], BrokerPush | None]
+"""Builds a step's message (envelope, countdown) for a save to push (with no envelope, a push of no message,
+that only acknowledges); None when it must be sent apart."""
 
 
 class StepSender:
@@ -150,20 +151,23 @@ class StepSender:
             return
         self._broker.publish(envelopes, countdown=countdown)
 
-    def push(self, envelope: TurnEnvelope, countdown: float = 0.0, ack: str | None = None) -> BrokerPush | None:
+    def push(self, envelope: TurnEnvelope | None, countdown: float = 0.0, ack: str | None = None) -> BrokerPush | None:
         """The message of sending ``envelope`` after ``countdown`` seconds, built but not sent, for the
         state store's save to push in its round trip, and to acknowledge there the message of delivery tag
         ``ack`` (the one the step ran from); None when it must go through :meth:`send` (the broker is not
         beside the state store, publish signals are connected, or it would be parked; or kombu could not
-        reach the broker to build it: one of :data:`SEND_ERRORS`, which :meth:`send` then meets in turn)."""
-        if self._pushes is None or countdown > self._park_after:
+        reach the broker to build it: one of :data:`SEND_ERRORS`, which :meth:`send` then meets in turn).
+        With no ``envelope`` (the save that ends a turn's chain) the push sends nothing and only
+        acknowledges ``ack``; None when there is nothing to acknowledge or the save cannot."""
+        if self._pushes is None or countdown > self._park_after or (envelope is None and ack is None):
             return None
         try:
             push = self._pushes(envelope, countdown)
         except SEND_ERRORS as exc:
             # kombu could not get its producer a connection (the broker restarting): the save then
             # fails or not on its own, and what follows it sends the message apart, as before this fold.
-            logger.info("could not build %s's message for the save (%s); it is sent apart", envelope.step_key, exc)
+            what = "an acknowledgement" if envelope is None else f"{envelope.step_key}'s message"
+            logger.info("could not build %s for the save (%s); it is sent apart", what, exc)
             return None
         return push if push is None or ack is None else replace(push, ack=ack)
 
@@ -231,19 +235,22 @@ class CeleryBroker:
                 for envelope in envelopes:
                     self._publish(producer, envelope, countdown, conf, ids, signalled, retry=False)
 
-    def push(self, envelope: TurnEnvelope, countdown: float, *, db: int | None) -> BrokerPush | None:
+    def push(self, envelope: TurnEnvelope | None, countdown: float, *, db: int | None) -> BrokerPush | None:
         """The message :meth:`publish` would send for ``envelope``, as the ``LPUSH`` kombu would send it,
         for a save to push on a broker beside the state store (``db``: the broker's database when it is
         not the state store's); None when publish signals are connected or the broker's channel is not a
         Redis channel of ``shared.broker_transport`` without a ``global_keyprefix`` (nothing is sent either
-        way). Its acknowledgement keys are the channel's (``BrokerPush.ack`` sets the tag)."""
-        if signals.before_task_publish.receivers or signals.after_task_publish.receivers:
+        way). Its acknowledgement keys are the channel's (``BrokerPush.ack`` sets the tag). With no
+        ``envelope``, a push of no message: the acknowledgement keys alone (publish signals do not matter)."""
+        if envelope is not None and (signals.before_task_publish.receivers or signals.after_task_publish.receivers):
             return None
         with self._app.producer_or_acquire() as producer, producer.connection._reraise_as_library_errors():
             channel = producer.channel
             if type(channel) is not Channel or channel.global_keyprefix:
                 return None  # another broker; or kombu's client prefixes every key, which a script would not
             unacked = {"unacked_key": channel.unacked_key, "unacked_index_key": channel.unacked_index_key}
+            if envelope is None:
+                return BrokerPush(key=None, payload="", db=db, **unacked)
             with capturing() as taken, producer.batch(max_size=1):
                 self._publish(producer, envelope, countdown, self._conf, self._ids(), False, retry=False)
         commands = [command for batch in taken for command in batch.commands]

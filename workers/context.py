@@ -170,9 +170,10 @@ class StepContext:
     """The organisations' admission slots, which a turn ended outside ``persist`` leaves (none when not given)."""
     webhook_sender: WebhookSender | None = None
     """Sends the webhook deliveries a commit or an early end recorded (none when not given: the sweep does)."""
-    push: Callable[[TurnEnvelope, float, str | None], BrokerPush | None] = field(default=lambda *_args: None)
+    push: Callable[[TurnEnvelope | None, float, str | None], BrokerPush | None] = field(default=lambda *_args: None)
     """The next step's message for the save to push, acknowledging the message of the delivery tag given
-    (``StepSender.push``); None: the task sends it."""
+    (``StepSender.push``); None: the task sends it. With no envelope (the save that ends the chain), the
+    acknowledgement alone; None: the task acknowledges its message as usual."""
     token_usage: TokenUsagePort | None = None
     """Counts each committed turn's tokens for its organisation's daily budget (none when not given)."""
 

@@ -192,7 +192,7 @@ def _run(
             if start.deliveries > 1 and state.stream:  # a worker died running it: maybe while relaying text
                 withdraw_lost_text(ctx.events, env.turn_id)
             dispatch = _run_layer(ctx, env, state, tally, entry_call=entry_call)
-            dispatch = _save(ctx, state, lease, dispatch, delivery_tag)
+            dispatch = _save(ctx, state, lease, dispatch, delivery_tag, tally)
             saved = True
             ctx.metrics.count_message(tally)
             return dispatch
@@ -321,7 +321,12 @@ def _run_layer(
 
 
 def _save(
-    ctx: StepContext, state: TurnState, lease: Lease, dispatch: Dispatch | None, delivery_tag: str | None
+    ctx: StepContext,
+    state: TurnState,
+    lease: Lease,
+    dispatch: Dispatch | None,
+    delivery_tag: str | None,
+    tally: MessageTally,
 ) -> Dispatch | None:
     """Save the state, moving the turn's in-flight marker and giving the lease back, in one round trip;
     the message to send next, marked sent when the same write put it on its queue.
@@ -330,10 +335,13 @@ def _save(
     flight: its marker goes and it leaves its organisation's admission slot (``shared.state.admission``).
     When the broker is the state store's Redis server, the same write sends the next message
     (``StepSender.push``) and acknowledges the one the step came in (``delivery_tag``): both happen if
-    and only if the state was written, and the task sends nothing (nor does its ack touch Redis).
+    and only if the state was written, and the task sends nothing (nor does its ack touch Redis); the
+    save that ends the chain acknowledges its message so too (``tally.acked``).
     """
     if dispatch is None:
-        ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True)
+        ack = None if delivery_tag is None else ctx.push(None, 0.0, delivery_tag)
+        ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True, push=ack)
+        tally.acked = ack is not None
         return None
     alive_until = ctx.alive_until(dispatch.countdown)
     push = ctx.push(dispatch.envelope, dispatch.countdown, delivery_tag)

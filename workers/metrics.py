@@ -66,6 +66,9 @@ class MessageTally:
     """The status a ``persist`` step wrote (None when it wrote none: the turn had ended otherwise)."""
     error: ErrorInfo | None = None
     """The error of the committed turn."""
+    acked: bool = False
+    """The save that ended the turn's chain acknowledged the message on Redis (a message that sends on says
+    so in ``Dispatch.acked``): Celery's ack of it then skips Redis."""
 
 
 class WorkerMetrics:

@@ -9,7 +9,8 @@ Everything else is the driver's (:func:`workers.driver.run_step`), including eve
 the task cannot hand on (the broker refused the next message) is requeued, never dropped: its step
 is recorded, so running it again only sends that next message. With the broker on the state store's
 Redis server, the driver's save has sent the next message already (``Dispatch.sent``) and acknowledged
-this one on Redis (``Dispatch.acked``: Celery's ack of it then stays in memory).
+this one on Redis (``Dispatch.acked``: Celery's ack of it then stays in memory); the save that ends the
+turn's chain acknowledges its message so too (``MessageTally.acked``).
 
 A task whose step failed its turn ends by raising :class:`~shared.errors.TurnFailed`, after the
 driver recorded the failure and after the next message (persist) was sent: Celery marks the task
@@ -115,6 +116,8 @@ def _register(app: Celery, layer: Layer, runtime: WorkerRuntime, backend: BaseBa
         queue = (self.request.delivery_info or {}).get("routing_key")  # the queue it came on
         dispatch = run_step(runtime.context, envelope, delivery_tag=tag, tally=tally, queue=queue)
         if dispatch is None:
+            if tally.acked and tag is not None:  # by the save that ended the chain
+                acknowledged_by_save(tag)
             return ran(tally, None)
         if dispatch.acked and tag is not None:  # by the save that sent the next step: Celery's ack then skips Redis
             acknowledged_by_save(tag)

@@ -57,8 +57,9 @@ _PIPELINE_CHUNK = 1000
 # carries (name, data pairs after ARGV[15]) to the turn's event log, with the state's TTL and round, and
 # last, when ARGV[11] names a broker list, pushes the turn's next step message ARGV[12] on it (in
 # database ARGV[10] of the server, when that is not '') and acknowledges the message of delivery tag
-# ARGV[13] (when not ''), deleting its entries in kombu's unacked hash ARGV[14] and index ARGV[15]: the
-# message goes, and the one it follows is acknowledged, if and only if the state was written. The broker's
+# ARGV[13] (when not ''; with no list too: the save that ends the chain), deleting its entries in kombu's
+# unacked hash ARGV[14] and index ARGV[15]: the message goes, and the one it follows is acknowledged, if
+# and only if the state was written. The broker's
 # keys are not declared keys: a push is only asked of a single Redis server (``shared.step_sender``),
 # never of a cluster. What a turn's last save does for its organisation's admission books is
 # ``shared.state.admission``'s script, in the same pipeline.
@@ -90,9 +91,9 @@ if #ARGV > 15 then
   end
   redis.call('expire', KEYS[4], ARGV[4])
 end
-if ARGV[11] ~= '' then
+if ARGV[11] ~= '' or ARGV[13] ~= '' then
   if ARGV[10] ~= '' then redis.call('select', ARGV[10]) end
-  redis.call('lpush', ARGV[11], ARGV[12])
+  if ARGV[11] ~= '' then redis.call('lpush', ARGV[11], ARGV[12]) end
   if ARGV[13] ~= '' then
     redis.call('zrem', ARGV[15], ARGV[13])
     redis.call('hdel', ARGV[14], ARGV[13])
@@ -154,7 +155,7 @@ def _push_args(push: BrokerPush | None) -> list[str | int]:
     if push is None:
         return [""] * 6
     db = "" if push.db is None else push.db
-    return [db, push.key, push.payload, push.ack or "", push.unacked_key, push.unacked_index_key]
+    return [db, push.key or "", push.payload, push.ack or "", push.unacked_key, push.unacked_index_key]
 
 
 class RedisStateStore:

@@ -50,16 +50,16 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class BrokerPush:
     """A step message a save puts on its broker queue in the same round trip (``shared.step_sender``), and
-    the message it acknowledges there.
+    the message it acknowledges there; or, for the save that ends a turn's chain, the acknowledgement alone.
 
     It is the one command kombu's Redis transport would send for the message (an ``LPUSH`` of the
     message to its queue's list for its priority), for a broker on the state store's Redis server.
     """
 
-    key: str
-    """The broker list the message goes to."""
+    key: str | None
+    """The broker list the message goes to; None: no message, the acknowledgement alone."""
     payload: str
-    """The message, as kombu puts it on the list."""
+    """The message, as kombu puts it on the list ('' with no message)."""
     db: int | None = None
     """The broker's database on the server, when it is not the state store's; None: the same."""
     ack: str | None = None
@@ -153,9 +153,9 @@ class TurnStates(Protocol):
           admission scheduler is woken (the books are ``shared.state.admission``'s: the save does
           for a turn whose chain ended what ``AdmissionQueue.finished`` does, without its round trip;
           the memory store keeps no admission books);
-        - ``push``, the turn's next step message, goes on its broker queue, and the message it names
-          (``BrokerPush.ack``) is acknowledged there: both if and only if the state was written (the
-          memory store has no broker: it refuses a push).
+        - ``push``, the turn's next step message, goes on its broker queue (a push of no message: nothing
+          goes), and the message it names (``BrokerPush.ack``) is acknowledged there: both if and only if
+          the state was written (the memory store has no broker: it refuses a push).
 
         Raises:
             StateConflict: when another writer saved first (nothing was written).

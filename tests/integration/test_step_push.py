@@ -29,6 +29,7 @@ from tests.unit.fakes import FakeLlm, answer, catalog_with_counted_tool, make_co
 from workers.context import lease_renewer
 from workers.driver import run_step
 from workers.llm.types import FunctionCall, LlmResponse
+from workers.metrics import MessageTally
 from workers.runtime import build_step_sender, save_pushes
 
 pytestmark = pytest.mark.integration
@@ -94,6 +95,36 @@ def test_a_save_that_is_refused_pushes_nothing(two_databases: tuple[str, str]) -
     assert json.loads(raw)["headers"]["task"] == "aptix.step.reasoner"
 
 
+def test_a_push_of_no_message_only_acknowledges_and_only_when_its_save_is_written(
+    two_databases: tuple[str, str],
+) -> None:
+    # Given a step message a worker holds unacknowledged, the last of its turn's chain
+    state_url, broker_url = two_databases
+    app = create_producer(Settings(broker_url=broker_url, redis_url=state_url))
+    sender, store = _sender(app, state_url, broker_url), RedisStateStore.from_url(state_url)
+    broker = redis.Redis.from_url(broker_url)
+    envelope = TurnEnvelope(turn_id="turn_ends", step=StepName.PERSIST, hop=5)
+    send_task(app, envelope, 0.0)
+    (raw,) = messages(broker_url, envelope)
+    tag = _take(broker, raw)
+    assert sender.push(None) is None  # nothing to acknowledge: no push
+    ack = sender.push(None, 0.0, tag)
+    assert ack is not None and ack.key is None and ack.ack == tag
+    store.save(_state(envelope.turn_id), ttl_seconds=60)
+    # When a save refused (another worker saved since) carries its acknowledgement, it stays held
+    with pytest.raises(StateConflict):
+        store.save(_state(envelope.turn_id), ttl_seconds=60, push=ack)
+    assert broker.hexists("unacked", tag) and broker.zscore("unacked_index", tag) is not None
+    # Then the save from the stored version acknowledges it, and sends nothing
+    current = _state(envelope.turn_id)
+    current.version = 1
+    lists = sorted(key for key in broker.keys("*") if broker.type(key) == b"list")
+    store.save(current, ttl_seconds=60, push=ack)
+    assert not broker.hexists("unacked", tag) and broker.zscore("unacked_index", tag) is None
+    assert sorted(key for key in broker.keys("*") if broker.type(key) == b"list") == lists
+    assert all(broker.llen(key) == 0 for key in lists)
+
+
 def test_a_broker_in_the_state_stores_own_database_is_pushed_to_without_a_database_switch(
     redis_db_url: str, redis_client: redis.Redis
 ) -> None:
@@ -157,11 +188,11 @@ def test_the_driver_s_save_sends_each_next_step_of_a_turn_and_the_task_sends_non
         assert envelope_of(raw) == dispatch.envelope
         tag = _take(broker, raw)
         ran.append(dispatch.envelope.step)
-        dispatch = run_step(ctx, dispatch.envelope, delivery_tag=tag)
-        # and the message the step came in was acknowledged by the same save, unless the chain ended there
-        held = broker.hexists("unacked", tag) or broker.zscore("unacked_index", tag) is not None
-        assert held is (dispatch is None)
-        assert dispatch is None or dispatch.acked
+        tally = MessageTally()
+        dispatch = run_step(ctx, dispatch.envelope, delivery_tag=tag, tally=tally)
+        # and the message the step came in was acknowledged by the same save, the chain's last one too
+        assert not broker.hexists("unacked", tag) and broker.zscore("unacked_index", tag) is None
+        assert dispatch.acked if dispatch is not None else tally.acked
     assert ran == messages_sent
     row = ctx.turns.get(first.turn_id)
     assert row is not None and row.status == "completed"
