@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 import redis
 from sqlalchemy.exc import DBAPIError
 
-from shared.errors import StepBusy, TurnFailed, TurnNotRecorded
+from shared.errors import StateConflict, StepBusy, TurnFailed, TurnNotRecorded
 from shared.logging import bind, log_context
 from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
@@ -280,44 +280,58 @@ def _run_layer(
     current = env
     boundaries = ctx.settings.task_boundaries
     unwritten = False  # a model answer this task has not checkpointed in the database yet
-    while True:
-        with log_context(step=current.step.value, iteration=current.iteration):
-            started = time.perf_counter()
-            result = _invoke(ctx, current, state)
-            seconds = time.perf_counter() - started
-            tally.steps.append((current.step, seconds))
-            stop = result.value if result.ok and isinstance(result.value, Stop) else None
-            if (current is not env or LAYER_OF[env.step] is Layer.ENTRY) and stop is None:
-                # a step that is not a hop of its own still shows in the trace, with its time and worker (not
-                # the step that ends the chain: it committed the trace, and a record after that would not be kept)
-                trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
-            if stop is not None and stop.committed is not None:
-                tally.committed, tally.error = stop.committed, state.error
-                if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
-                    ctx.webhook_sender.send(stop.deliveries)
-            dispatch, answered = _conclude(ctx, current, state, result, tally)
-            # the turn's commit wrote its state (or it had ended otherwise and needs no checkpoint)
-            unwritten = (unwritten or answered) and stop is None
-        if (
-            dispatch is None
-            or dispatch.countdown
-            or not same_task(current.step, dispatch.envelope.step, boundaries, entry_call=entry_call)
-            or dispatch.failed is not None  # a failed step ends its task, which reports the failure
-        ):  # (a persist that raised runs again as a message of its own)
-            if unwritten:
-                _checkpoint(ctx, state)
-            return dispatch
-        # a step whose work costs (the model's answer) is saved before the steps after it run: should the task end
-        # before its last save (its worker lost, a trouble in a later step), its next delivery finds the step done and
-        # sends on the step after it, as at a hop, rather than asking the model again; the same round trip reads, as the
-        # next message's begin would, whether the turn was cancelled meanwhile
-        if STEP_MAP[current.step].checkpoint and ctx.states.save(
-            state, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until(), check_cancel=True
-        ):
-            logger.info("turn %s was cancelled; stopping after %s", state.turn_id, current.step_key)
-            return None
-        current = dispatch.envelope
-        entry_call = entry_call_after(current.step, entry_call)
+    kept: str | None = None  # the state as this task's model answer left it, while the steps after it run
+    try:
+        while True:
+            with log_context(step=current.step.value, iteration=current.iteration):
+                started = time.perf_counter()
+                result = _invoke(ctx, current, state)
+                seconds = time.perf_counter() - started
+                tally.steps.append((current.step, seconds))
+                stop = result.value if result.ok and isinstance(result.value, Stop) else None
+                if (current is not env or LAYER_OF[env.step] is Layer.ENTRY) and stop is None:
+                    # a step that is not a hop of its own still shows in the trace, with its time and worker (not
+                    # the step that ends the chain: it committed the trace, and a record after that would not be kept)
+                    trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
+                if stop is not None and stop.committed is not None:
+                    tally.committed, tally.error = stop.committed, state.error
+                    if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
+                        ctx.webhook_sender.send(stop.deliveries)
+                dispatch, answered = _conclude(ctx, current, state, result, tally)
+                # the turn's commit wrote its state (or it had ended otherwise and needs no checkpoint)
+                unwritten = (unwritten or answered) and stop is None
+            if (
+                dispatch is None
+                or dispatch.countdown
+                or not same_task(current.step, dispatch.envelope.step, boundaries, entry_call=entry_call)
+                or dispatch.failed is not None  # a failed step ends its task, which reports the failure
+            ):  # (a persist that raised runs again as a message of its own)
+                if unwritten:
+                    _checkpoint(ctx, state)
+                return dispatch
+            if STEP_MAP[current.step].checkpoint:
+                # a step whose work costs (the model's answer) is kept here while the steps after it in the task run,
+                # not saved: the task's last save, its checkpoint or the commit holds it. Should a later step meet
+                # trouble, the kept state is saved before the message goes back (:func:`_keep`), so the next delivery
+                # finds the step done and sends on the step after it rather than asking the model again
+                kept = state.model_dump_json()
+            current = dispatch.envelope
+            entry_call = entry_call_after(current.step, entry_call)
+    except Exception:
+        if kept is not None:
+            _keep(ctx, kept)
+        raise
+
+
+def _keep(ctx: StepContext, kept: str) -> None:
+    """Save the state a model's answer left (``kept``, JSON), as its task hands its message back after a trouble in
+    a later step; when that save cannot be made, the next delivery asks the model again."""
+    answered = TurnState.model_validate_json(kept)
+    try:
+        ctx.states.save(answered, ttl_seconds=ctx.state_ttl_seconds, alive_until=ctx.alive_until())
+    except (redis.RedisError, StateConflict) as exc:
+        logger.warning("turn %s: could not keep the model's answer (%s); the model is asked again", answered.turn_id,
+                       _name(exc))  # fmt: skip
 
 
 def _save(

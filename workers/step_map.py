@@ -4,8 +4,9 @@ The queue of each step comes from :data:`shared.task_names.TASK_QUEUES`. The dri
 this table does not allow. ``persist`` is reachable from every step: a failure at any point is
 committed there (AGN-027 §5), so it is listed once in :data:`ALWAYS_ALLOWED`. After a step marked
 ``checkpoint`` moves on, the driver writes the turn's state to the database before that step's task
-ends (in Redis at once, when more steps follow in the task), unless the task went on to the turn's
-commit, which writes it: the points that cannot be cheaply redone (a model's answer). The turn's
+ends, unless the task went on to the turn's commit, which writes it (and in Redis with the task's last
+save, or at once when a later step of its task meets trouble): the points that cannot be cheaply redone
+(a model's answer). The turn's
 start (``request_handler`` marks it running), each server tool's start and outcome
 (``execute_server_tools``) and each commit (``persist``) are durable by themselves.
 """

@@ -62,8 +62,7 @@ class MemoryStateStore:
         release: Lease | None = None,
         leave_admission: bool = False,
         push: BrokerPush | None = None,
-        check_cancel: bool = False,
-    ) -> bool:
+    ) -> None:
         if push is not None:
             raise ValueError("the memory state store has no broker to push a step message to")
         with self._lock:
@@ -83,7 +82,6 @@ class MemoryStateStore:
             if release is not None:
                 self._release(release)
                 self.deliveries.pop((release.turn_id, release.step_key), None)
-            return check_cancel and state.turn_id in self._cancelled
 
     def drop(self, turn_id: str) -> None:
         with self._lock:

@@ -224,14 +224,12 @@ class RedisStateStore:
         release: Lease | None = None,
         leave_admission: bool = False,
         push: BrokerPush | None = None,
-        check_cancel: bool = False,
-    ) -> bool:
+    ) -> None:
         """See :meth:`TurnStates.save`. The turn's keys are written by one script; with ``leave_admission``
         its organisation's in-flight set (another slot on a cluster) is written by the admission script
         in the same pipeline, so one round trip still does it all on a single Redis. That part does not
         wait for the save's verdict: a refused last save (another copy of the same step saved first)
-        still frees the slot, as that copy's save does. ``check_cancel`` reads the cancel flag in the same
-        pipeline."""
+        still frees the slot, as that copy's save does."""
         expected = state.version
         state.version = expected + 1
         events, undo = take_unsent_events(state)
@@ -249,14 +247,11 @@ class RedisStateStore:
         calls: list[Call] = [ScriptCall(self._save, keys, args)]
         if leave_admission:
             calls += self._leave(state.org_id, [turn_id])
-        if check_cancel:
-            calls.append(("EXISTS", cancel_key(turn_id)))
         replies = pipelined(self.client, calls) if len(calls) > 1 else [self._save(keys=keys, args=args)]
         if not replies[0]:
             state.version = expected
             undo()
             raise StateConflict(f"turn {turn_id!r} was saved by someone else since version {expected}")
-        return check_cancel and bool(replies[-1])
 
     def drop(self, turn_id: str) -> None:
         self.client.delete(state_key(turn_id), version_key(turn_id))

@@ -136,11 +136,8 @@ class TurnStates(Protocol):
         release: Lease | None = None,
         leave_admission: bool = False,
         push: BrokerPush | None = None,
-        check_cancel: bool = False,
-    ) -> bool:
-        """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``. With ``check_cancel``,
-        whether the turn's cancel flag is set (:meth:`CancelFlags.is_cancelled`, read after the write in the same
-        round trip); False without.
+    ) -> None:
+        """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``.
 
         Everything else the write does, it is told to do, and does in the same atomic round trip:
 

@@ -116,21 +116,6 @@ def test_begin_refuses_a_cancelled_turn_unless_told_not_to_check(store: RedisSta
     assert store.begin(Lease(turn_id, "0:6:persist:1", "a"), ttl_seconds=30, check_cancel=False).claimed
 
 
-def test_a_save_told_to_check_reads_the_cancel_flag_in_its_round_trip_and_saves_either_way(
-    store: RedisStateStore,
-) -> None:
-    state = _state()
-    assert store.save(state, ttl_seconds=60, check_cancel=True) is False
-    store.cancel_many([state.turn_id], ttl_seconds=60)
-    assert store.save(state, ttl_seconds=60) is False  # not asked
-    assert store.save(state, ttl_seconds=60, check_cancel=True, leave_admission=True) is True
-    loaded = store.load(state.turn_id)
-    assert loaded is not None and loaded.version == 3
-    stale = state.model_copy(update={"version": 1})
-    with pytest.raises(StateConflict):  # a refused save is refused, cancelled or not
-        store.save(stale, ttl_seconds=60, check_cancel=True)
-
-
 def test_a_save_does_not_release_a_lease_someone_else_holds(store: RedisStateStore) -> None:
     state = _state()
     assert store.claim(Lease(state.turn_id, "0:1:compose:1", "other"), ttl_seconds=30)

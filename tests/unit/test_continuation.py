@@ -234,10 +234,10 @@ def test_server_tool_runs_once_across_a_pause_and_resume_when_a_response_mixes_b
 
 
 def test_a_re_entry_that_finds_the_state_from_before_its_pause_carries_on_from_the_checkpoint() -> None:
-    # Given a turn paused by a task (call boundaries: the model call, the reasoner and the commit in one) whose last
-    # save has not reached Redis: Redis still holds the state it saved after the model's answer, before the pause
+    # Given a turn paused by a task (a message per layer) whose last save has not reached Redis: Redis still holds
+    # the state the model call's task saved, before the pause
     llm = FakeLlm(calls(("call_1", "open_file", {})), answer("done with the file"))
-    ctx = make_context(llm, task_boundaries="call")
+    ctx = make_context(llm, task_boundaries="layer")
     saved: list[TurnState] = []
     save = ctx.states.save
 
@@ -247,7 +247,7 @@ def test_a_re_entry_that_finds_the_state_from_before_its_pause_carries_on_from_t
 
     ctx.states.save = keeping  # type: ignore[method-assign]
     call_id = _pause_turn(ctx)
-    before_pause = saved[0]
+    before_pause = [state for state in saved if state.status is TurnStatus.RUNNING][-1]  # the model call's
     assert before_pause.status is TurnStatus.RUNNING and saved[-1].status is TurnStatus.REQUIRES_CLIENT_TOOLS
     ctx.states.drop(TURN_ID)
     before_pause.version = 0

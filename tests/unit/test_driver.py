@@ -19,6 +19,7 @@ from shared.errors import LlmError
 from shared.models.envelope import BATCH_PRIORITY, INTERACTIVE_PRIORITY, TurnEnvelope
 from shared.state import Lease, LedgerEntry, MemoryStateStore
 from shared.task_names import Queue, StepName, TaskBoundaries
+from shared.turn_ending import CANCELLED_BY_CLIENT
 from tests.unit.fakes import (
     FIXED_NOW,
     TOOL_RUNS,
@@ -426,7 +427,7 @@ def test_with_call_boundaries_a_plain_turn_is_one_message_whose_task_runs_every_
     record = ctx.turns.get(TURN_ID)
     assert record is not None and record.status.value == "completed" and record.output_text == "x"
     state = ctx.states.load(TURN_ID)
-    assert state is not None and state.version == 2  # one after the model's answer, one at the end
+    assert state is not None and state.version == 1  # one save, at the end: the model's answer rode it
     inline = [step.step for step in state.trace if step.kind == "layer_step"]
     assert inline[-3:] == ["compose", "llm_call", "reasoner"]  # the persistence committed the trace: none after it
     assert len(llm.requests) == 1
@@ -488,31 +489,44 @@ def test_with_call_boundaries_a_server_tool_turn_is_a_message_per_call() -> None
 
 
 class _CancelledDuringTheCall(FakeLlm):
-    """A model whose first answer comes after the turn was cancelled."""
+    """A model whose first answer comes after the turn was cancelled (as the gateway cancels it)."""
 
     ctx: StepContext
 
     def create(self, request: dict[str, Any]) -> LlmResponse:
-        self.ctx.states.cancel_many([TURN_ID], ttl_seconds=60)
+        if not self.requests:
+            assert self.ctx.ending.end(TURN_ID, CANCELLED_BY_CLIENT) is not None
         return super().create(request)
 
 
 @pytest.mark.parametrize("boundaries", list(TaskBoundaries))
-def test_a_turn_cancelled_during_its_model_call_runs_nothing_after_the_call(boundaries: TaskBoundaries) -> None:
+def test_a_turn_cancelled_during_its_model_call_runs_no_tool_and_no_other_call(boundaries: TaskBoundaries) -> None:
     key = f"cancelled-{boundaries.value}"
     llm = _CancelledDuringTheCall(_tool_call(key), LlmResponse(response_id="r2", output_text="never"))
     ctx = make_context(llm, catalog=catalog_with_counted_tool(), task_boundaries=boundaries.value)
     llm.ctx = ctx
     entry = _record_turn(ctx)
-    if boundaries is TaskBoundaries.CALL:  # the entry's task makes the call and ends after its save
-        assert _drive(ctx, entry) == []
+    if boundaries is TaskBoundaries.CALL:  # the entry's task makes the call, and the tool's message finds the cancel
+        assert [d.envelope.step for d in _drive(ctx, entry)] == [StepName.EXECUTE_SERVER_TOOLS]
     else:  # the model call's message ends, and the next message's begin ends the chain
         model_call = _drive(ctx, entry, until=StepName.LLM_CALL)[-1]
         assert [d.envelope.step for d in _drive(ctx, model_call.envelope)] == [StepName.REASONER]
     assert key not in TOOL_RUNS and len(llm.requests) == 1
     state = ctx.states.load(TURN_ID)
     assert state is not None and [k for k in state.steps_done if ":llm_call:" in k]  # the answer is kept
-    assert not [step for step in state.trace if step.kind == "layer_step" and step.step == "reasoner"][1:]
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "cancelled"
+
+
+def test_a_plain_turn_cancelled_during_its_model_call_stays_cancelled_when_its_task_goes_on_to_the_commit() -> None:
+    llm = _CancelledDuringTheCall(LlmResponse(response_id="r", output_text="too late"))
+    ctx = make_context(llm, task_boundaries="call")
+    llm.ctx = ctx
+    tally = MessageTally()
+    assert run_step(ctx, _record_turn(ctx), tally=tally) is None
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and row.status == "cancelled" and row.output_text is None
+    assert tally.committed is None  # the commit wrote nothing: the turn had ended
 
 
 class _SeesTheSlots(FakeLlm):

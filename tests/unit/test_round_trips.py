@@ -116,12 +116,12 @@ def test_every_hop_of_a_plain_turn_costs_two_state_store_round_trips() -> None:
     assert [hop.redis for hop in hops] == [2] * 6  # begin, save
 
 
-def test_by_default_a_plain_turn_is_one_message_of_three_round_trips() -> None:
+def test_by_default_a_plain_turn_is_one_message_of_two_round_trips() -> None:
     hops = _plain_turn(webhooks=False, task_boundaries="call")
     assert [hop.step for hop in hops] == ["request_handler"]
-    # the entry's message runs on into the model call: begin, the save of the model's answer before the reasoner
-    # runs inline (with the read of the turn's cancel flag), the last save
-    assert [hop.redis for hop in hops] == [3]
+    # the entry's message runs on into the model call, then the reasoner and the commit: begin, and the last save,
+    # which holds the model's answer too (it is saved apart only when a step after it meets trouble)
+    assert [hop.redis for hop in hops] == [2]
     # the start (two) and the commit: the model's answer is in the commit's snapshot, the same task's, so it has no
     # checkpoint of its own (a message per layer writes one, below)
     assert [(hop.statements, hop.transactions) for hop in hops] == [(7, 3)]

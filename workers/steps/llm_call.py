@@ -13,9 +13,10 @@ breaker, a 429, 5xx, timeout or connection error, an answer no retry can fix) an
 decides the rest: when the step runs again (holding no worker slot meanwhile), against which budget
 (``APTIX_LLM_RETRY_BUDGET_SECONDS``, ``APTIX_LLM_MAX_ATTEMPTS``), and what the turn fails with once it
 is spent. Fails with: ``llm_rate_limited`` / ``llm_error`` (through that policy).
-The driver keeps the answer: in Redis at once when the task runs more steps, and in the database before
-the task ends (the turn's commit, when the task goes on to it): the model's answer is not asked twice
-because a worker died or Redis lost it after that.
+The driver keeps the answer: in Redis with the task's last save (at once when a later step of the task
+meets trouble), and in the database before the task ends (the turn's commit, when the task goes on to
+it): the model's answer is not asked twice because a step after it failed, or a worker died or Redis
+lost it after that.
 """
 
 from __future__ import annotations
