@@ -298,14 +298,17 @@ def test_cancel_stops_a_running_turn(system: System, task_events: TaskEventRecor
     # When it is cancelled
     response = system.http.post(f"/v1/turns/{turn_id}/cancel", headers=system.headers())
     assert response.status_code == 200 and response.json()["status"] == "cancelled"
-    # Then the call in flight ends, its task (the default boundaries: the entry's, and the reasoner would run in it)
-    # stops the chain once the answer is saved, and no tool runs and no second call is made (without the cancel
-    # the tool result would make one)
-    results = wait_for(lambda: task_events.succeeded_results(turn_id), what="the task that made the model call")
-    assert re.fullmatch(r"'ran request_handler .*, compose [\d.]+ ms, llm_call [\d.]+ ms'", results[0]), results
+    # Then the call in flight ends, its task (the default boundaries: the entry's) runs the reasoner after it and
+    # sends the tool's message, whose start finds the turn cancelled and ends the chain: no tool runs and no second
+    # call is made (without the cancel the tool result would make one)
+    results = wait_for(lambda: task_events.succeeded_results(turn_id)[1:] and task_events.succeeded_results(turn_id),
+                       what="the tool's task")  # fmt: skip
+    assert re.fullmatch(r"'ran request_handler .*, llm_call [\d.]+ ms, reasoner [\d.]+ ms; next execute_server_tools'",
+                        results[0]), results  # fmt: skip
+    assert results[1:] == ["None"]  # it ran no step
     final = system.wait_turn(turn_id)
     assert final["status"] == "cancelled"
-    assert task_events.succeeded_tasks(turn_id) == ["aptix.step.entry"]
+    assert task_events.succeeded_tasks(turn_id) == ["aptix.step.entry", "aptix.step.execute_server_tools"]
     assert len(system.llm_requests(marker)) == 1, "the turn went on after it was cancelled"
 
 
