@@ -167,18 +167,12 @@ def _run(
                 release = Release.HELD_BACK
                 return _hold_back(ctx, env)
             state = start.state
-            if state is not None and _behind_its_pause(state, env):
-                # the task that paused the turn committed, and its last save has not landed (a slow link), or never
-                # will (its worker died): the checkpoint its commit wrote is the paused state; a late save is refused
-                logger.info("turn %s: Redis holds a state from before its pause; %s carries on from the checkpoint",
-                            env.turn_id, env.step_key)  # fmt: skip
-                ctx.states.drop(env.turn_id)
-                state = None
-            elif state is not None and _behind(state, env):
-                # the save that sent this message was lost (a Redis failover that did not replicate it, a restart
-                # from an older dump): the state is from before the message, as if Redis had lost it
-                logger.warning("turn %s: Redis holds a state from before %s (a lost save); carrying on from the "
-                               "checkpoint", env.turn_id, env.step_key)  # fmt: skip
+            if state is not None and _behind(state, env):
+                # the save that sent this message was lost (a Redis failover that did not replicate it, a restart from
+                # an older dump), or a pause's last save has not landed (a slow link) or never will (its worker died):
+                # the state is from before the message, as if Redis had lost it; a late save is refused
+                logger.warning("turn %s: Redis holds a state from before %s; carrying on from the checkpoint",
+                               env.turn_id, env.step_key)  # fmt: skip
                 ctx.states.drop(env.turn_id)
                 state = None
             state = state or _load_durable(ctx, env)
@@ -353,7 +347,7 @@ def _save(
     save that ends the chain acknowledges its message so too (``tally.acked``).
     """
     if dispatch is None:
-        ack = None if delivery_tag is None else ctx.push(None, 0.0, delivery_tag)
+        ack = ctx.push(None, 0.0, delivery_tag)  # None without a tag, or a broker the save cannot reach
         ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True, push=ack)
         tally.acked = ack is not None
         return None
@@ -415,10 +409,10 @@ def _behind_its_pause(state: TurnState, env: TurnEnvelope) -> bool:
 
 
 def _behind(state: TurnState, env: TurnEnvelope) -> bool:
-    """Whether ``state``, found in Redis by ``env``, is from before the save that sent ``env``: ``env`` neither ran
-    on it nor is where it carries on. Every step's save records it in ``steps_done`` and sends on only after the
-    save, so only a lost save leaves a message ahead of its state."""
-    return env.step_key not in state.steps_done and not _carries_on(state, env)
+    """Whether ``state``, found in Redis by ``env``, is from before the save that sent ``env``: a state from before the
+    pause a re-entry resumes, or one ``env`` neither ran on nor is where it carries on (every step's save records it in
+    ``steps_done`` and sends on only after the save, so only a lost save leaves a message ahead of its state)."""
+    return _behind_its_pause(state, env) or (env.step_key not in state.steps_done and not _carries_on(state, env))
 
 
 def _carries_on(checkpoint: TurnState, env: TurnEnvelope) -> bool:
