@@ -245,6 +245,27 @@ def test_the_breaker_is_asked_once_the_limits_let_a_call_go_and_an_open_one_leav
     assert limiter.acquire(0, now=T0 + 1) == Slot()  # the slot of T0 + 1 was still free
 
 
+@pytest.mark.parametrize("limited", [False, True])
+def test_the_leave_says_whether_the_breaker_had_anything_to_remember(
+    connect_redis: ConnectRedis, model: str, limited: bool
+) -> None:
+    client = connect_redis()
+    limiter = _limiter(client, model, rpm=600) if limited else _limiter(client, model)
+    breaker = CircuitBreaker(client, name=breaker_key("http://127.0.0.1:9/v1", model), failure_threshold=2)
+    assert limiter.pace(REQUEST, breaker, at=T0, now=T0).breaker_clean  # no hash: a success need not DEL
+    assert breaker.before_call(T0) == 0.0
+    breaker.record_failure(T0)  # one failure, below the threshold: closed, but remembered
+    remembers = limiter.pace(REQUEST, breaker, at=T0 + 1, now=T0 + 1)
+    assert remembers.wait == 0 and remembers.breaker_wait == 0 and not remembers.breaker_clean
+    breaker.record_success(T0 + 1)
+    assert limiter.pace(REQUEST, breaker, at=T0 + 2, now=T0 + 2).breaker_clean
+    breaker.record_failure(T0 + 2)
+    breaker.record_failure(T0 + 2)  # open for 5 s, then half-open: the probe's leave is not clean
+    assert limiter.pace(REQUEST, breaker, at=T0 + 3, now=T0 + 3).breaker_wait > 0
+    probe = limiter.pace(REQUEST, breaker, at=T0 + 8, now=T0 + 8)
+    assert probe.breaker_wait == 0 and not probe.breaker_clean
+
+
 def test_a_call_the_limits_hold_back_does_not_take_a_half_open_breakers_probe(
     connect_redis: ConnectRedis, model: str
 ) -> None:

@@ -187,6 +187,16 @@ def test_llm_call_settles_with_the_tokens_the_answer_reports() -> None:
     assert limiter.paced == [REQUEST] and limiter.settled == [(limiter.answer, 42, True)]
 
 
+@pytest.mark.parametrize("clean", [False, True])
+def test_llm_call_tells_the_breaker_of_a_success_unless_its_leave_found_it_clean(clean: bool) -> None:
+    limiter = RecordingLimiter(Slot(tokens=100, breaker_clean=clean))
+    ctx = _with_limiter(make_context(FakeLlm(LlmResponse(response_id="r", output_text="hi"))), limiter)
+    breaker = ctx.breaker("m")
+    breaker.record_failure(0.0)  # what the breaker remembers; a clean leave says there was nothing
+    llm_call.run(ctx, _env(), make_state(pending_request=REQUEST))
+    assert breaker.state(1.0).failures == (1 if clean else 0)
+
+
 def test_llm_call_keeps_the_estimate_when_the_answer_reports_no_usage() -> None:
     limiter = RecordingLimiter()
     ctx = _with_limiter(make_context(FakeLlm(LlmResponse(response_id="r", output_text="hi"))), limiter)

@@ -35,9 +35,12 @@ _TTL_SECONDS = 24 * 3600
 
 BREAKER_WAIT_LUA = """
 local function breaker_wait(key, now, lease, ttl)
-  local h = redis.call('hmget', key, 'open_until', 'open_seconds', 'probe_until')
+  local h = redis.call('hmget', key, 'open_until', 'open_seconds', 'probe_until', 'failures')
   local open_until = tonumber(h[1])
-  if not open_until then return '0' end
+  if not open_until then
+    if h[4] then return '0' end
+    return 'clean'
+  end
   if now < open_until then return string.format('%.17g', open_until - now) end
   local period = tonumber(h[2])
   local probe_until = tonumber(h[3])
@@ -51,7 +54,9 @@ end
 """
 """The breaker's leave for a call, as a Lua function (the limiter's script asks it too: ``workers.llm.limiter``):
 ``breaker_wait(the hash, now, the shortest probe lease, the TTL)`` is the seconds to wait, as a string because
-Redis turns Lua numbers into integers. A closed breaker costs one HMGET."""
+Redis turns Lua numbers into integers, or ``'clean'``: go, and the breaker has nothing to remember (no hash),
+so the call's success need not tell it (:attr:`~workers.llm.limiter.Slot.breaker_clean`). A closed breaker
+costs one HMGET."""
 
 # KEYS[1] the hash. ARGV: :meth:`CircuitBreaker.leave_args`.
 _BEFORE_CALL = BREAKER_WAIT_LUA + "return breaker_wait(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3])"
@@ -158,7 +163,8 @@ class CircuitBreaker:
             otherwise the seconds to wait before trying again (the breaker is open, or another
             caller's probe is in flight: the rest of its lease, capped at the open period).
         """
-        return float(self._before_call(keys=[self._name], args=self.leave_args(now)))
+        wait = self._before_call(keys=[self._name], args=self.leave_args(now))
+        return 0.0 if wait in (b"clean", "clean") else float(wait)
 
     def leave_args(self, now: float) -> list[str | int]:
         """The arguments of :data:`BREAKER_WAIT_LUA` but the hash's key (:attr:`name`), asked at ``now``."""
@@ -172,7 +178,10 @@ class CircuitBreaker:
     def record_success(self, now: float) -> None:
         """Close the breaker and forget failures. One DEL, which writes nothing when there is nothing to forget.
 
-        Any success closes it: the probe's, or that of a call that started before the breaker opened.
+        Any success closes it: the probe's, or that of a call that started before the breaker opened. A caller
+        whose leave found the breaker clean (:attr:`~workers.llm.limiter.Slot.breaker_clean`) need not call
+        this: a failure another caller counted meanwhile then stays counted, one failure nearer the threshold,
+        until a success that saw it.
 
         Args:
             now: the current Unix time (unused: a closed breaker has no times to record).

@@ -96,7 +96,8 @@ local function num(x) return string.format('%.17g', x) end
 # acquire(the hash, the pause key, seconds per request (0: no rpm), seconds per token (0: no tpm), tokens, burst
 # seconds, idle TTL, leave): {wait, reason} with wait '0' (reason 'ok') when the call goes (and is charged), else the
 # seconds until its slot. ``leave`` (or nil) is asked once the limits let the call go, before it is charged: a wait
-# it answers other than '0' is returned as {'0', 'breaker', that wait}, nothing charged.
+# it answers other than '0' or 'clean' is returned as {'0', 'breaker', that wait}, nothing charged; a call that
+# goes carries its answer third ({'0', 'ok', '0' or 'clean'}).
 _ACQUIRE_FUNCTION = """
 local function acquire(hash, pause_key, per_request, per_token, tokens, burst, idle_ttl, leave)
   local cost = tokens * per_token
@@ -107,16 +108,18 @@ local function acquire(hash, pause_key, per_request, per_token, tokens, burst, i
   if requests - burst > ready then ready, reason = requests - burst, 'requests' end
   if tokens_at - burst > ready then ready, reason = tokens_at - burst, 'tokens' end
   if ready <= now then
+    local went = {'0', 'ok'}
     if leave then
       local wait = leave()
-      if wait ~= '0' then return {'0', 'breaker', wait} end
+      if wait ~= '0' and wait ~= 'clean' then return {'0', 'breaker', wait} end
+      went[3] = wait
     end
-    if per_request == 0 and cost == 0 then return {'0', 'ok'} end
+    if per_request == 0 and cost == 0 then return went end
     requests = math.max(requests, now) + per_request
     tokens_at = math.max(tokens_at, now) + cost
     redis.call('hset', hash, 'requests', num(requests), 'tokens', num(tokens_at))
     redis.call('expire', hash, math.ceil(math.max(requests, tokens_at, line) - now) + idle_ttl)
-    return {'0', 'ok'}
+    return went
   end
   local slot = math.max(ready, line)
   line = slot + math.max(per_request, cost)
@@ -202,6 +205,10 @@ class Slot:
     breaker_wait: float = 0.0
     """The seconds the model's circuit breaker asked to wait (the limits let the call go, and nothing was charged);
     0.0 when it gave its leave or was not asked."""
+    breaker_clean: bool = False
+    """The breaker gave its leave with nothing to remember (no failures, no probe): the call's success need not
+    tell it (:meth:`~workers.llm.breaker.CircuitBreaker.record_success`, a round trip). False when it was not asked
+    in the same script."""
 
 
 class BreakerLeave(Protocol):
@@ -417,10 +424,12 @@ def _now(now: float | None) -> str:
 def _slot(reply: list[bytes], tokens: int) -> Slot:
     """The slot of an acquire script's reply, for a call that reserved ``tokens``."""
     wait, reason, *leave = reply
-    if leave:
+    if reason in (b"breaker", "breaker"):
         return Slot(breaker_wait=float(leave[0]))
     seconds = float(wait)
-    return Slot(wait=seconds, reason=_reason(reason)) if seconds > 0 else Slot(tokens=tokens)
+    if seconds > 0:
+        return Slot(wait=seconds, reason=_reason(reason))
+    return Slot(tokens=tokens, breaker_clean=bool(leave) and leave[0] in (b"clean", "clean"))
 
 
 def _reason(raw: bytes | str) -> HoldReason:

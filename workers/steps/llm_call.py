@@ -82,7 +82,8 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     ctx.metrics.count_model_call(
         model, seconds=seconds, input_tokens=response.input_tokens, output_tokens=response.output_tokens
     )
-    breaker.record_success(ctx.clock().timestamp())
+    if not slot.breaker_clean:  # a clean breaker has nothing to forget: no round trip
+        breaker.record_success(ctx.clock().timestamp())
     duration_ms = seconds * 1000
     state.last_response = response_to_dict(response)
     state.pending_request = None
