@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 import redis
 from sqlalchemy.exc import DBAPIError
 
+from shared.db.turn_sql import SessionModes
 from shared.errors import StateConflict, StepBusy, TurnFailed, TurnNotRecorded
 from shared.logging import bind, log_context
 from shared.models.envelope import TurnEnvelope
@@ -361,16 +362,21 @@ def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
     """The state of a turn Redis does not have: its checkpoint, or for its first message its request.
 
     A first message starts its turn (status ``running``, a fresh reconciler deadline): a turn that never
-    started (the rule) is started and read in one statement, and has no checkpoint. One that did start
+    started (the rule) is started and read in one statement, which also creates a new session's row (the session
+    creator step then only records it), and has no checkpoint. One that did start
     (a worker died on this message) has its deadline pushed, and carries on from its checkpoint if it has
     one; one that finished meanwhile (cancelled, expired) is not run.
     """
     first_message = env.step is StepName.REQUEST_HANDLER and env.round == 0
     row = None
     if first_message:
-        started = ctx.turns.start(env.turn_id, now=ctx.clock(), deadline_at=ctx.deadline())
+        modes = SessionModes(tuple(mode.name for mode in ctx.catalog.modes), ctx.catalog.default_mode)
+        started = ctx.turns.start(env.turn_id, now=ctx.clock(), deadline_at=ctx.deadline(), modes=modes)
         if started is not None:
-            return request_handler.initial_state(started)
+            state = request_handler.initial_state(started.turn)
+            if started.created_mode is not None:  # a new session's row, in the same write (the creator step's)
+                state.session_created, state.mode = True, started.created_mode
+            return state
         row = ctx.turns.get(env.turn_id)
         if row is None:
             raise TurnNotRecorded(env.turn_id)

@@ -28,7 +28,9 @@ from shared.models.trace import TraceStep
 from shared.models.turn import JsonObject, ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.result import ErrorInfo
 
-__all__ = ["IDENTITY_FIELDS", "Committed", "Ended", "InFlightTurn", "NewTurn", "TurnOutcome", "TurnRecord"]
+__all__ = [
+    "IDENTITY_FIELDS", "Committed", "Ended", "InFlightTurn", "NewTurn", "Started", "TurnOutcome", "TurnRecord",
+]  # fmt: skip
 
 IDENTITY_FIELDS: tuple[str, ...] = (
     "turn_id", "session_id", "org_id", "user_id", "batch_id", "new_session", "requested_mode",
@@ -129,6 +131,16 @@ class TurnRecord(NewTurn):
     def identity(self) -> dict[str, Any]:
         """The fields of ``IDENTITY_FIELDS``, by name: what a starting ``TurnState`` copies."""
         return {name: getattr(self, name) for name in IDENTITY_FIELDS}
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A turn's start (``TurnRepository.start``): its record as it now is, and the session the same write created."""
+
+    turn: TurnRecord
+    created_mode: str | None = None
+    """The mode of the new session the start created; None when it created none (not asked to, not a new session's
+    turn, or the session was there already)."""
 
 
 @dataclass(frozen=True, slots=True)

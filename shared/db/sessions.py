@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TypeVar
 
-from sqlalchemy import Table, bindparam, select
+from sqlalchemy import Connection, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.dml import ReturningInsert
@@ -14,7 +14,7 @@ from sqlalchemy.sql.dml import ReturningInsert
 from shared.db.engine import one_statement
 from shared.db.tables import ModeHistoryRow, SessionRow
 
-__all__ = ["ModeHistoryRecord", "SessionRecord", "SessionRepository"]
+__all__ = ["ModeHistoryRecord", "SessionRecord", "SessionRepository", "insert_session"]
 
 _SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 _CREATE: dict[str, ReturningInsert[tuple[str]]] = {}
@@ -80,9 +80,8 @@ class SessionRepository:
         Returns:
             The session and whether this call created it.
         """
-        values = {"p_session_id": session_id, "p_org_id": org_id, "p_user_id": user_id, "p_mode": mode, "p_now": now}
         with one_statement(self._db) as conn:
-            created = conn.execute(_create_statement(conn.dialect.name), values).scalar_one_or_none() is not None
+            created = insert_session(conn, session_id=session_id, org_id=org_id, user_id=user_id, mode=mode, now=now)
         if created:
             record = SessionRecord(
                 session_id=session_id, org_id=org_id, user_id=user_id, mode=mode, version=1, created_at=now,
@@ -158,6 +157,13 @@ _Record = TypeVar("_Record", SessionRecord, ModeHistoryRecord)
 def _record(record: type[_Record], row: SessionRow | ModeHistoryRow) -> _Record:
     """The record of ``row``: the record's fields are the row's columns."""
     return record(**{field.name: getattr(row, field.name) for field in fields(record)})
+
+
+def insert_session(conn: Connection, *, session_id: str, org_id: str, user_id: str, mode: str, now: datetime) -> bool:
+    """Insert a new session's row on ``conn`` unless one exists (``INSERT ... ON CONFLICT DO NOTHING``); whether it
+    did. Its transaction is the caller's."""
+    values = {"p_session_id": session_id, "p_org_id": org_id, "p_user_id": user_id, "p_mode": mode, "p_now": now}
+    return conn.execute(_create_statement(conn.dialect.name), values).scalar_one_or_none() is not None
 
 
 def _create_statement(name: str) -> ReturningInsert[tuple[str]]:

@@ -6,20 +6,24 @@ compute its cache key again each time (measured: a third of a checkpoint's CPU).
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     Row,
     Select,
+    String,
     Table,
     Text,
+    any_,
     bindparam,
+    case,
     delete,
     exists,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
@@ -48,6 +52,7 @@ __all__ = [
     "START_QUEUED",
     "TERMINAL",
     "TOUCH_SESSION",
+    "SessionModes",
     "checkpoint_statement",
     "commit_statement",
     "commit_values",
@@ -55,6 +60,7 @@ __all__ = [
     "new_turn_row",
     "new_turn_values",
     "snapshot_values",
+    "start_statement",
     "to_record",
     "upsert_snapshot",
 ]
@@ -66,6 +72,7 @@ IN_FLIGHT = tuple(status.value for status in TurnStatus if status.is_in_flight)
 
 _TURNS: Table = TurnRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 _SNAPSHOTS: Table = ProviderSnapshotRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
+_SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 _RECORD_FIELDS = tuple(field.name for field in fields(TurnRecord))
 _STARTED = {
     "status": TurnStatus.RUNNING.value, "updated_at": bindparam("p_now"), "deadline_at": bindparam("p_deadline")
@@ -81,6 +88,54 @@ START_QUEUED: ReturningUpdate[Any] = (
     .returning(*(_TURNS.c[name] for name in _RECORD_FIELDS))
 )
 """``START`` of a turn that never started, returning its record (as it is after the start) in the same statement."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionModes:
+    """How the session a turn's start creates gets its mode (AGN-011 §3.1): the requested mode if the catalog knows it,
+    else the catalog's default (an unknown mode was refused at the gateway; one that left the catalog since falls
+    back)."""
+
+    known: tuple[str, ...]
+    default: str
+
+    def of(self, requested: str | None) -> str:
+        """The mode of a session whose turn asked for ``requested``."""
+        return requested if requested in self.known else self.default
+
+
+def start_statement() -> Select[Any]:
+    """``START_QUEUED`` that also creates a new session's row, on PostgreSQL: one statement, one round trip where the
+    two are two. Its row is the started turn's record and ``created_mode``: the mode of the session it created (NULL
+    when the turn is not a new session's, its session existed, or it did not start). Parameters: ``p_turn_id``,
+    ``p_now``, ``p_deadline``, ``p_modes`` (:attr:`SessionModes.known`, a list), ``p_default_mode``."""
+    global _START_WITH_SESSION
+    if _START_WITH_SESSION is None:
+        started = START_QUEUED.cte("started")
+        requested = started.c.requested_mode
+        mode = case(
+            (requested == any_(bindparam("p_modes", type_=postgresql.ARRAY(String))), requested),
+            else_=bindparam("p_default_mode", type_=String),
+        )
+        at = bindparam("p_now", type_=_SESSIONS.c.created_at.type)
+        created = (
+            postgresql.insert(_SESSIONS)
+            .from_select(
+                ["session_id", "org_id", "user_id", "mode", "version", "created_at", "updated_at"],
+                select(started.c.session_id, started.c.org_id, started.c.user_id, mode, literal(1), at, at).where(
+                    started.c.new_session
+                ),
+            )
+            .on_conflict_do_nothing(index_elements=["session_id"])
+            .returning(_SESSIONS.c.mode)
+            .cte("created")
+        )
+        statement: Select[Any] = select(*started.c, created.c.mode.label("created_mode"))
+        _START_WITH_SESSION = statement.select_from(started.outerjoin(created, true()))
+    return _START_WITH_SESSION
+
+
+_START_WITH_SESSION: Select[Any] | None = None
 PUSH_DEADLINE: Update = (
     update(_TURNS)
     .where(_TURNS.c.turn_id == bindparam("p_turn_id"), _TURNS.c.status == TurnStatus.RUNNING.value)
@@ -119,7 +174,6 @@ FINISH: ReturningUpdate[str, str] = (
 FINISH_IN_FLIGHT: ReturningUpdate[str, str] = (
     update(_TURNS).where(*_FINISH_WHERE).values(_FINISH_VALUES).returning(_TURNS.c.session_id, _TURNS.c.org_id)
 )
-_SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]  # a declarative class's __table__ is a Table
 TOUCH_SESSION = (
     update(_SESSIONS).where(_SESSIONS.c.session_id == bindparam("p_session_id")).values(updated_at=bindparam("p_now"))
 )

@@ -23,7 +23,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db import turn_sql as sql
 from shared.db.engine import one_statement
-from shared.db.records import Committed, Ended, InFlightTurn, NewTurn, TurnOutcome, TurnRecord
+from shared.db.records import Committed, Ended, InFlightTurn, NewTurn, Started, TurnOutcome, TurnRecord
+from shared.db.sessions import insert_session
 from shared.db.tables import ProviderSnapshotRow, TranscriptItemRow, TurnRow
 from shared.db.webhook_outbox import WebhookOutbox
 from shared.models.turn import UNFINISHED_STATUSES, TurnStatus
@@ -147,14 +148,40 @@ class TurnRepository:
             rows = orm.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.created_at))
             return [sql.to_record(row) for row in rows]
 
-    def start(self, turn_id: str, *, now: datetime, deadline_at: datetime) -> TurnRecord | None:
+    def start(
+        self, turn_id: str, *, now: datetime, deadline_at: datetime, modes: sql.SessionModes | None = None
+    ) -> Started | None:
         """The turn's start, if it never started: a queued turn moves to running (its deadline pushed) and its
-        record comes back from the same statement; None when it is not queued (started, finished or unknown)."""
-        with one_statement(self._db) as conn:
-            row = conn.execute(
-                sql.START_QUEUED, {"p_turn_id": turn_id, "p_now": now, "p_deadline": deadline_at}
-            ).first()
-        return None if row is None else sql.to_record(row)
+        record comes back from the same statement; None when it is not queued (started, finished or unknown).
+
+        With ``modes``, a new session's turn also creates its session (mode: ``modes.of`` the requested one) in
+        the same write: on PostgreSQL one statement in autocommit (:func:`~shared.db.turn_sql.start_statement`),
+        one round trip where the start and the session's insert were two; on SQLite one transaction. A session
+        that exists already is left as it is (:attr:`Started.created_mode` None).
+        """
+        values: dict[str, Any] = {"p_turn_id": turn_id, "p_now": now, "p_deadline": deadline_at}
+        if modes is None:
+            with one_statement(self._db) as conn:
+                row = conn.execute(sql.START_QUEUED, values).first()
+            return None if row is None else Started(sql.to_record(row))
+        if self._on_postgresql:
+            values |= {"p_modes": list(modes.known), "p_default_mode": modes.default}
+            with one_statement(self._db) as conn:
+                row = conn.execute(sql.start_statement(), values).first()
+            return None if row is None else Started(sql.to_record(row), row.created_mode)
+        with self._db.begin() as orm:
+            row = orm.execute(sql.START_QUEUED, values).first()
+            if row is None:
+                return None
+            record = sql.to_record(row)
+            if not record.new_session:
+                return Started(record)
+            mode = modes.of(record.requested_mode)
+            created = insert_session(
+                orm.connection(), session_id=record.session_id, org_id=record.org_id, user_id=record.user_id,
+                mode=mode, now=now,
+            )  # fmt: skip
+        return Started(record, mode if created else None)
 
     def mark_running(self, turn_id: str, *, now: datetime, deadline_at: datetime) -> bool:
         """Move a queued turn to running (the turn's start); False when it already finished (e.g. cancelled)."""

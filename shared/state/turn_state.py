@@ -82,6 +82,9 @@ class TurnState(BaseModel):
     round: int = 0
     status: TurnStatus = TurnStatus.RUNNING
     new_session: bool
+    session_created: bool = False
+    """The turn's start created its new session (``TurnRepository.start``, in the same write), in ``mode``: the session
+    creator step only records it."""
     requested_mode: str | None = None
     mode: str | None = None
     user_input: str

@@ -18,6 +18,7 @@ from shared.db.engine import create_db_engine, session_factory
 from shared.db.sessions import SessionRepository
 from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnOutcome, TurnRepository
 from shared.models.turn import PendingToolCall, TurnStatus, Usage
+from tests.support.turn_starts import check_a_start_creates_a_new_sessions_row_in_its_mode
 from tests.support.waiting import wait_for
 from tests.unit.fakes import FIXED_NOW
 
@@ -90,8 +91,9 @@ def test_start_starts_a_queued_turn_once_and_returns_its_record_from_the_same_st
     turns = TurnRepository(session_factory(create_db_engine(database_url)))
     turn_id, later = _turn(turns, _session_id()), FIXED_NOW + timedelta(seconds=5)
     # A queued turn is started, its deadline pushed, and its record is the one it now has
-    started = turns.start(turn_id, now=later, deadline_at=later + timedelta(seconds=60))
-    assert started is not None and started == turns.get(turn_id)
+    start = turns.start(turn_id, now=later, deadline_at=later + timedelta(seconds=60))
+    assert start is not None and start.turn == turns.get(turn_id)
+    started = start.turn
     assert (started.status, started.request, started.deadline_at) == (
         TurnStatus.RUNNING, {"input": "q"}, later + timedelta(seconds=60)
     )  # fmt: skip
@@ -102,6 +104,11 @@ def test_start_starts_a_queued_turn_once_and_returns_its_record_from_the_same_st
     assert turns.start(f"turn_{uuid.uuid4().hex}", now=later, deadline_at=later) is None
     ended = turns.get(turn_id)
     assert ended is not None and ended.status is TurnStatus.COMPLETED
+
+
+def test_a_turns_start_creates_its_new_session_in_the_same_statement(database_url: str) -> None:
+    db = session_factory(create_db_engine(database_url))
+    check_a_start_creates_a_new_sessions_row_in_its_mode(TurnRepository(db), SessionRepository(db))
 
 
 def test_a_worker_engine_without_pre_ping_fails_once_then_reconnects_every_connection(database_url: str) -> None:

@@ -52,11 +52,11 @@ def test_every_database_write_of_a_server_tool_turn_is_one_round_trip(engine: En
         message = dispatch.envelope
 
     assert [step for step, _, _ in hops] == SERVER_TOOL_TURN
-    # request_handler: the turn's start (read back in the same statement), its session's creation;
+    # request_handler: the turn's start (read back, and its new session created, in the same statement);
     # llm_call: the checkpoint of each model answer; execute_server_tools: the call's "started" and
     # outcome records; persist: the commit point. No transaction anywhere.
     assert [(step, trips) for step, trips, _ in hops] == [
-        ("request_handler", 2), ("reasoner", 0), ("compose", 0), ("llm_call", 1), ("reasoner", 0),
+        ("request_handler", 1), ("reasoner", 0), ("compose", 0), ("llm_call", 1), ("reasoner", 0),
         ("execute_server_tools", 2), ("reasoner", 0), ("compose", 0), ("llm_call", 1), ("reasoner", 0),
         ("persist", 1),
     ]  # fmt: skip

@@ -122,17 +122,17 @@ def test_by_default_a_plain_turn_is_one_message_of_two_round_trips() -> None:
     # the entry's message runs on into the model call, then the reasoner and the commit: begin, and the last save,
     # which holds the model's answer too (it is saved apart only when a step after it meets trouble)
     assert [hop.redis for hop in hops] == [2]
-    # the start (two) and the commit: the model's answer is in the commit's snapshot, the same task's, so it has no
-    # checkpoint of its own (a message per layer writes one, below)
-    assert [(hop.statements, hop.transactions) for hop in hops] == [(7, 3)]
+    # the start (its session's row in the same transaction) and the commit: the model's answer is in the commit's
+    # snapshot, the same task's, so it has no checkpoint of its own (a message per layer writes one, below)
+    assert [(hop.statements, hop.transactions) for hop in hops] == [(7, 2)]
 
 
 def test_a_plain_turn_writes_the_database_at_its_start_its_model_answer_and_its_commit() -> None:
     hops = _plain_turn(webhooks=False)
-    # request_handler: start the turn and read it back (one statement), create its session (two
-    # transactions; before: a read, then the start, three statements); llm_call: the checkpoint of the
-    # model's answer; persist: the commit point
-    assert [(hop.statements, hop.transactions) for hop in hops] == [(2, 2), (0, 0), (0, 0), (2, 1), (0, 0), (5, 1)]
+    # request_handler: start the turn and read it back (one statement), create its session, in one transaction
+    # (before: two; before that a read, then the start, three statements); llm_call: the checkpoint of the model's
+    # answer; persist: the commit point
+    assert [(hop.statements, hop.transactions) for hop in hops] == [(2, 1), (0, 0), (0, 0), (2, 1), (0, 0), (5, 1)]
 
 
 def test_with_webhooks_the_commit_records_its_event_in_its_transaction_and_the_driver_sends_it() -> None:

@@ -23,6 +23,7 @@ from shared.db.turns import NewTurn, SessionBusy, TurnOutcome, TurnRepository
 from shared.models.turn import ModeChange, PendingToolCall, TurnStatus, Usage
 from shared.state import TurnState
 from shared.turn_view import to_turn
+from tests.support.turn_starts import check_a_start_creates_a_new_sessions_row_in_its_mode
 from tests.unit.fakes import FIXED_NOW, make_context, sqlite_db
 from workers.context import StepContext
 from workers.steps.request_handler import initial_state
@@ -102,6 +103,11 @@ def test_create_if_absent_creates_a_session_once_on_sqlite() -> None:
     )
     assert (created, created_again) == (True, False)
     assert (first.mode, again.mode, again.created_at) == ("general", "general", FIXED_NOW)
+
+
+def test_a_turns_start_creates_its_new_session_in_the_same_transaction_on_sqlite() -> None:
+    ctx = make_context()
+    check_a_start_creates_a_new_sessions_row_in_its_mode(ctx.turns, ctx.sessions)
 
 
 def test_get_returns_a_frozen_turn_record_not_an_orm_row() -> None:

@@ -1,7 +1,9 @@
 """AgentSessionCreator (AGN-032 §5.2): creates the session and starts its first turn.
 
 Reads: the requested mode. Writes: the session row (mode: the requested one if the catalog knows
-it, else the default; AGN-011 §3.1), ``state.mode``, the ``session_created`` trace step.
+it, else the default; AGN-011 §3.1), ``state.mode``, the ``session_created`` trace step. The turn's
+start usually wrote the row already, with the same rule, in the statement that started the turn
+(``TurnRepository.start``, one database round trip less a new session): the step then only records it.
 Next: session_context_resolver. Fails with: nothing (an unknown mode was refused at the gateway;
 one that left the catalog since falls back to the default).
 """
@@ -21,6 +23,9 @@ __all__ = ["run"]
 
 def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
     """Create the session (once, even when this step is delivered twice)."""
+    if state.session_created:  # the turn's start wrote the row, in the same statement (``workers.driver``)
+        trace(ctx, state, env, "session_created", mode=state.mode, created=True)
+        return success(Continue(StepName.SESSION_CONTEXT_RESOLVER))
     known = ctx.catalog.get(state.requested_mode)
     mode = known.name if known is not None else ctx.catalog.default_mode
     session, created = ctx.sessions.create_if_absent(
