@@ -18,7 +18,7 @@ from shared.db.engine import create_db_engine, session_factory
 from shared.db.sessions import SessionRepository
 from shared.db.turns import IdempotencyConflict, NewTurn, SessionBusy, TurnOutcome, TurnRepository
 from shared.models.turn import PendingToolCall, TurnStatus, Usage
-from tests.support.turn_starts import check_a_start_creates_a_new_sessions_row_in_its_mode
+from tests.support.turn_starts import check_a_start_creates_a_new_sessions_row_in_its_mode, new_turn
 from tests.support.waiting import wait_for
 from tests.unit.fakes import FIXED_NOW
 
@@ -44,13 +44,7 @@ def test_create_if_absent_creates_once_and_then_returns_the_first_session(databa
 
 
 def _turn(turns: TurnRepository, session_id: str) -> str:
-    turn_id = f"turn_{uuid.uuid4().hex}"
-    turns.create(
-        NewTurn(turn_id=turn_id, session_id=session_id, org_id="o", user_id="u", new_session=True,
-                requested_mode=None, request={"input": "q"}, request_hash="h"),
-        now=FIXED_NOW, deadline_at=FIXED_NOW + timedelta(seconds=60),
-    )  # fmt: skip
-    return turn_id
+    return new_turn(turns, session_id=session_id)
 
 
 def _commit(turns: TurnRepository, turn_id: str, *, status: TurnStatus, seconds: int) -> bool:
