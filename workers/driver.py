@@ -46,7 +46,6 @@ from dataclasses import dataclass, replace
 import redis
 from sqlalchemy.exc import DBAPIError
 
-from shared.db.turn_sql import SessionModes
 from shared.errors import StateConflict, StepBusy, TurnFailed, TurnNotRecorded
 from shared.logging import bind, log_context
 from shared.models.envelope import TurnEnvelope
@@ -59,7 +58,7 @@ from workers.context import StepContext
 from workers.metrics import MessageTally
 from workers.next_step import Continue, Next, RetryAfter, Stop
 from workers.step_map import ALWAYS_ALLOWED, STEP_MAP
-from workers.steps import request_handler, session_context_resolver
+from workers.steps import request_handler, session_context_resolver, session_creator
 from workers.text_relay import withdraw_lost_text
 from workers.trace import trace
 
@@ -370,7 +369,7 @@ def _load_durable(ctx: StepContext, env: TurnEnvelope) -> TurnState | None:
     first_message = env.step is StepName.REQUEST_HANDLER and env.round == 0
     row = None
     if first_message:
-        modes = SessionModes(tuple(mode.name for mode in ctx.catalog.modes), ctx.catalog.default_mode)
+        modes = session_creator.session_modes(ctx.catalog)
         started = ctx.turns.start(env.turn_id, now=ctx.clock(), deadline_at=ctx.deadline(), modes=modes)
         if started is not None:
             state = request_handler.initial_state(started.turn)

@@ -10,7 +10,9 @@ one that left the catalog since falls back to the default).
 
 from __future__ import annotations
 
+from shared.db.turn_sql import SessionModes
 from shared.models.envelope import TurnEnvelope
+from shared.modes import ModeCatalog
 from shared.result import InvokeResult, success
 from shared.state import TurnState
 from shared.task_names import StepName
@@ -18,7 +20,13 @@ from workers.context import StepContext
 from workers.next_step import Continue, Next
 from workers.trace import trace
 
-__all__ = ["run"]
+__all__ = ["run", "session_modes"]
+
+
+def session_modes(catalog: ModeCatalog) -> SessionModes:
+    """The rule of a new session's mode with ``catalog``'s modes: the requested one if it knows it, else its default
+    (the turn's start applies it in its statement, this step when the start did not create the session)."""
+    return SessionModes(tuple(mode.name for mode in catalog.modes), catalog.default_mode)
 
 
 def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[Next]:
@@ -26,8 +34,7 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     if state.session_created:  # the turn's start wrote the row, in the same statement (``workers.driver``)
         trace(ctx, state, env, "session_created", mode=state.mode, created=True)
         return success(Continue(StepName.SESSION_CONTEXT_RESOLVER))
-    known = ctx.catalog.get(state.requested_mode)
-    mode = known.name if known is not None else ctx.catalog.default_mode
+    mode = session_modes(ctx.catalog).of(state.requested_mode)
     session, created = ctx.sessions.create_if_absent(
         session_id=state.session_id, org_id=state.org_id, user_id=state.user_id, mode=mode, now=ctx.clock()
     )
