@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -32,7 +32,6 @@ from shared.state import (
 )
 from shared.state.admission import AdmissionQueue
 from shared.state.redis_store import connect
-from shared.state.token_usage import TokenUsage
 from shared.turn_ending import AdmissionSlots, TurnEnding
 from shared.turn_events import RedisTurnEventLog, TurnEventLog
 from shared.webhooks import WebhookSender
@@ -51,7 +50,6 @@ __all__ = [
     "LimiterPort",
     "LlmPort",
     "StepContext",
-    "TokenUsagePort",
     "breakers_on",
     "build_context",
     "lease_renewer",
@@ -78,13 +76,6 @@ class LlmPort(Protocol):
         """Send one Responses API request with ``"stream": true``; ``on_text`` gets each text delta as it
         arrives, ``on_text_done`` the end of each text part, and the result is what :meth:`create`
         returns for the same answer."""
-
-
-class TokenUsagePort(Protocol):
-    """The organisations' daily token counts (``shared.state.token_usage``)."""
-
-    def record(self, org_id: str, day: date, turn_id: str, tokens: int) -> None:
-        """Merge a turn's tokens as committed into its organisation's count of the day it was created."""
 
 
 class BreakerPort(BreakerLeave, Protocol):
@@ -174,8 +165,6 @@ class StepContext:
     """The next step's message for the save to push, acknowledging the message of the delivery tag given
     (``StepSender.push``); None: the task sends it. With no envelope (the save that ends the chain), the
     acknowledgement alone; None: the task acknowledges its message as usual."""
-    token_usage: TokenUsagePort | None = None
-    """Counts each committed turn's tokens for its organisation's daily budget (none when not given)."""
 
     @property
     def state_ttl_seconds(self) -> int:
@@ -304,7 +293,6 @@ def build_context(
         limiter=limiters_on(client, settings, catalog),
         admission=AdmissionQueue(client),
         webhook_sender=webhook_sender,
-        token_usage=TokenUsage(client),
         batch_slots=BatchSlots(settings.gevent_batch_slots) if settings.gevent_batch_slots and green() else None,
     )
 

@@ -288,7 +288,7 @@ def _run_layer(
                     # the step that ends the chain: it committed the trace, and a record after that would not be kept)
                     trace(ctx, state, current, "layer_step", duration_ms=seconds * 1000)
                 if stop is not None and stop.committed is not None:
-                    tally.committed, tally.error = stop.committed, state.error
+                    tally.committed, tally.error, tally.tokens = stop.committed, state.error, stop.tokens
                     if ctx.webhook_sender is not None:  # the commit's outbox rows: committed, whatever this save does
                         ctx.webhook_sender.send(stop.deliveries)
                 dispatch, answered = _conclude(ctx, current, state, result, tally)
@@ -340,7 +340,8 @@ def _save(
     the message to send next, marked sent when the same write put it on its queue.
 
     When no message follows (the turn finished or paused), the same write takes the turn out of
-    flight: its marker goes and it leaves its organisation's admission slot (``shared.state.admission``).
+    flight: its marker goes and it leaves its organisation's admission slot (``shared.state.admission``),
+    and merges what its commit wrote of its tokens (``tally.tokens``) into its organisation's count of the day.
     When the broker is the state store's Redis server, the same write sends the next message
     (``StepSender.push``) and acknowledges the one the step came in (``delivery_tag``): both happen if
     and only if the state was written, and the task sends nothing (nor does its ack touch Redis); the
@@ -348,7 +349,9 @@ def _save(
     """
     if dispatch is None:
         ack = ctx.push(None, 0.0, delivery_tag)  # None without a tag, or a broker the save cannot reach
-        ctx.states.save(state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True, push=ack)
+        ctx.states.save(
+            state, ttl_seconds=ctx.state_ttl_seconds, release=lease, leave_admission=True, push=ack, tokens=tally.tokens
+        )
         tally.acked = ack is not None
         return None
     alive_until = ctx.alive_until(dispatch.countdown)

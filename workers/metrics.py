@@ -41,6 +41,7 @@ from shared.errors import LlmError
 from shared.metrics import finished_labels, turns_finished_counter
 from shared.models.turn import TurnStatus
 from shared.result import ErrorCode, ErrorInfo
+from shared.state.token_usage import TurnTokens
 from shared.task_names import LAYER_OF, StepName
 from workers.retry import Reason
 
@@ -66,6 +67,8 @@ class MessageTally:
     """The status a ``persist`` step wrote (None when it wrote none: the turn had ended otherwise)."""
     error: ErrorInfo | None = None
     """The error of the committed turn."""
+    tokens: TurnTokens | None = None
+    """The committed turn's tokens, which the save that ends its chain merges (``Stop.tokens``)."""
     acked: bool = False
     """The save that ended the turn's chain acknowledged the message on Redis (a message that sends on says
     so in ``Dispatch.acked``): Celery's ack of it then skips Redis."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.models.turn import TurnStatus
+from shared.state.token_usage import TurnTokens
 from shared.task_names import StepName
 from workers.retry import Trouble
 
@@ -27,6 +28,9 @@ class Stop:
     """The status this step's commit wrote; None when it wrote none (the turn had ended otherwise)."""
     deliveries: tuple[str, ...] = ()
     """The webhook deliveries the commit recorded (its outbox rows); the driver sends them."""
+    tokens: TurnTokens | None = None
+    """The turn's tokens as the commit wrote them; the save that ends the chain merges them into its organisation's
+    count of the day (``shared.state.token_usage``)."""
 
 
 @dataclass(frozen=True, slots=True)

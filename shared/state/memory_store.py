@@ -1,14 +1,17 @@
 """MemoryStateStore: every port of ``shared.state.store`` in one process (unit tests), with the same
-semantics as Redis, except that it keeps no admission books (``leave_admission`` is a no-op)."""
+semantics as Redis, except that it keeps no admission books (``leave_admission`` is a no-op) and keeps each
+turn's merged tokens (``tokens``) without the organisations' totals."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from datetime import date
 
 from shared.errors import StateConflict
 from shared.state.store import BrokerPush, EventSink, Lease, Release, StepStart, take_unsent_events
+from shared.state.token_usage import TurnTokens
 from shared.state.turn_state import TurnState
 
 __all__ = ["MemoryStateStore"]
@@ -28,6 +31,8 @@ class MemoryStateStore:
         self._cancelled: set[str] = set()
         self.markers: dict[str, float] = {}
         self.timers: dict[str, float] = {}
+        self.tokens: dict[tuple[str, date, str], int] = {}
+        """Each turn's tokens as merged by saves (the largest), by (organisation, day, turn id)."""
 
     def load(self, turn_id: str) -> TurnState | None:
         with self._lock:
@@ -62,10 +67,14 @@ class MemoryStateStore:
         release: Lease | None = None,
         leave_admission: bool = False,
         push: BrokerPush | None = None,
+        tokens: TurnTokens | None = None,
     ) -> None:
         if push is not None:
             raise ValueError("the memory state store has no broker to push a step message to")
         with self._lock:
+            if tokens is not None and tokens.tokens > 0:
+                counted = (tokens.org_id, tokens.day, tokens.turn_id)
+                self.tokens[counted] = max(self.tokens.get(counted, 0), tokens.tokens)
             raw = self._states.get(state.turn_id)
             current = None if raw is None else TurnState.model_validate_json(raw).version
             if (current or 0) != state.version:

@@ -7,7 +7,7 @@ markers the reconciler reads (one key per turn, ``alive_key``) and the parked ti
 cluster slot). A step costs two round trips of state work: ``begin`` (cancel check, lease, delivery
 count, load) and ``save`` (write, events, marker, lease and delivery count back, the next step's
 message when the broker shares the server and, when the turn's chain ended and the caller says so,
-its admission slot, pipelined with it); a step whose last
+its admission slot and its commit's tokens, pipelined with it); a step whose last
 delivery was lost costs one more (``record_alone``); one more per renewal period renews every lease
 a worker process holds.
 """
@@ -38,6 +38,7 @@ from shared.state.keys import (
 )
 from shared.state.scripts import Call, ScriptCall, pipelined
 from shared.state.store import DELIVERIES_SECONDS, BrokerPush, Lease, Release, StepStart, take_unsent_events
+from shared.state.token_usage import TurnTokens, merge_calls
 from shared.state.turn_state import TurnState
 
 __all__ = ["RedisStateStore", "connect"]
@@ -173,6 +174,7 @@ class RedisStateStore:
         self._record_alone = client.register_script(_RECORD_ALONE)
         self._pop_due = client.register_script(_POP_DUE)
         self._leave = leave_calls(client)
+        self._merge_tokens = merge_calls(client)
 
     @classmethod
     def from_url(
@@ -224,12 +226,14 @@ class RedisStateStore:
         release: Lease | None = None,
         leave_admission: bool = False,
         push: BrokerPush | None = None,
+        tokens: TurnTokens | None = None,
     ) -> None:
         """See :meth:`TurnStates.save`. The turn's keys are written by one script; with ``leave_admission``
-        its organisation's in-flight set (another slot on a cluster) is written by the admission script
-        in the same pipeline, so one round trip still does it all on a single Redis. That part does not
-        wait for the save's verdict: a refused last save (another copy of the same step saved first)
-        still frees the slot, as that copy's save does."""
+        its organisation's in-flight set (another slot on a cluster) is written by the admission script,
+        and with ``tokens`` its organisation's count of the day by the token merge, in the same pipeline,
+        so one round trip still does it all on a single Redis. Those parts do not wait for the save's
+        verdict: a refused last save (another copy of the same step saved first) still frees the slot, as
+        that copy's save does, and merges what that copy's commit merges."""
         expected = state.version
         state.version = expected + 1
         events, undo = take_unsent_events(state)
@@ -247,6 +251,8 @@ class RedisStateStore:
         calls: list[Call] = [ScriptCall(self._save, keys, args)]
         if leave_admission:
             calls += self._leave(state.org_id, [turn_id])
+        if tokens is not None:
+            calls += self._merge_tokens(tokens)
         replies = pipelined(self.client, calls) if len(calls) > 1 else [self._save(keys=keys, args=args)]
         if not replies[0]:
             state.version = expected

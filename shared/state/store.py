@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from shared.state.token_usage import TurnTokens
 from shared.state.turn_state import TurnState
 
 __all__ = [
@@ -136,6 +137,7 @@ class TurnStates(Protocol):
         release: Lease | None = None,
         leave_admission: bool = False,
         push: BrokerPush | None = None,
+        tokens: TurnTokens | None = None,
     ) -> None:
         """Write ``state`` if nobody saved since it was loaded; bumps ``state.version``.
 
@@ -152,7 +154,10 @@ class TurnStates(Protocol):
           the memory store keeps no admission books);
         - ``push``, the turn's next step message, goes on its broker queue (a push of no message: nothing
           goes), and the message it names (``BrokerPush.ack``) is acknowledged there: both if and only if
-          the state was written (the memory store has no broker: it refuses a push).
+          the state was written (the memory store has no broker: it refuses a push);
+        - ``tokens``, what the turn's commit wrote of its tokens, is merged into its organisation's count of
+          the day (``shared.state.token_usage``), whatever the save's verdict: a refused save's copy of the
+          step committed the same (the memory store keeps no token counts).
 
         Raises:
             StateConflict: when another writer saved first (nothing was written).

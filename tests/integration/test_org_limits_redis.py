@@ -11,13 +11,21 @@ import redis
 import redis.asyncio as aioredis
 
 from shared.state.request_rate import RequestRate
-from shared.state.token_usage import TokenUsage
+from shared.state.scripts import pipelined
+from shared.state.token_usage import TokenUsage, TurnTokens, merge_calls
 
 pytestmark = pytest.mark.integration
 
 MINUTE = 28_333_333 * 60.0
 """The start of a minute (Unix time)."""
 DAY = date(2026, 12, 1)
+
+
+def _commit(client: redis.Redis, org_id: str, turn_id: str, tokens: int) -> None:
+    """What a turn's last save sends for its commit's tokens (``RedisStateStore.save(tokens=...)``)."""
+    calls = merge_calls(client)(TurnTokens(org_id, DAY, turn_id, tokens))
+    if calls:
+        pipelined(client, calls)
 
 
 def test_a_minute_admits_the_limit_then_refuses_until_the_next_minute(redis_db_url: str) -> None:
@@ -40,19 +48,21 @@ def test_a_minute_admits_the_limit_then_refuses_until_the_next_minute(redis_db_u
 
 def test_a_commit_counted_twice_counts_once_and_a_later_one_adds_the_difference(redis_client: redis.Redis) -> None:
     usage = TokenUsage(redis_client)
-    usage.record("org-a", DAY, "turn_1", 100)
-    usage.record("org-a", DAY, "turn_1", 100)  # the same commit again (a redelivered persist)
-    usage.record("org-a", DAY, "turn_2", 30)
-    usage.record("org-a", DAY, "turn_1", 150)  # the turn's next round
-    usage.record("org-b", DAY, "turn_3", 7)
+    _commit(redis_client, "org-a", "turn_1", 100)
+    _commit(redis_client, "org-a", "turn_1", 100)  # the same commit again (a redelivered persist)
+    _commit(redis_client, "org-a", "turn_2", 30)
+    _commit(redis_client, "org-a", "turn_1", 150)  # the turn's next round
+    _commit(redis_client, "org-b", "turn_3", 7)
     assert usage.spent("org-a", DAY, seed=dict) == 180
     assert usage.spent("org-b", DAY, seed=dict) == 7
+    # and a turn that used no tokens sends nothing
+    assert merge_calls(redis_client)(TurnTokens("org-c", DAY, "turn_4", 0)) == []
 
 
 def test_a_day_redis_has_no_count_of_is_seeded_once_and_merges_what_commits_said(redis_client: redis.Redis) -> None:
     # Given a commit that reached Redis (turn_2's second round) and a database that still has turn_2's first
     usage = TokenUsage(redis_client)
-    usage.record("org-a", DAY, "turn_2", 80)
+    _commit(redis_client, "org-a", "turn_2", 80)
     seeds: list[int] = []
 
     def seed() -> dict[str, int]:
@@ -62,7 +72,7 @@ def test_a_day_redis_has_no_count_of_is_seeded_once_and_merges_what_commits_said
     # When the budget is read: the database's turns are merged, each turn counted at its largest
     assert usage.spent("org-a", DAY, seed=seed) == 180
     # Then the day is seeded: later reads do not read the database again, and commits still add
-    usage.record("org-a", DAY, "turn_3", 20)
+    _commit(redis_client, "org-a", "turn_3", 20)
     assert usage.spent("org-a", DAY, seed=seed) == 200
     assert seeds == [1]
 

@@ -28,7 +28,8 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, state_key
 from shared.state.leader import LeaderLease
 from shared.state.redis_store import connect
-from shared.state.token_usage import TokenUsage
+from shared.state.scripts import pipelined
+from shared.state.token_usage import TokenUsage, TurnTokens, merge_calls
 from shared.turn_events import RedisTurnEventLog
 from tests.conftest import redis_databases
 from tests.integration.conftest import System, start_system
@@ -100,10 +101,13 @@ def test_every_state_store_operation_runs_on_the_cluster(client: redis.Redis) ->
     assert (start.claimed, start.state, start.deliveries) == (True, None, 1)
     assert store.alive_until([first.turn_id]) == {first.turn_id: 2e9}
     assert not store.claim(Lease(first.turn_id, "0:1:compose:1", "w2"), ttl_seconds=30)
-    # save with events, the lease given back and the turn leaving admission (two slots, one pipeline)
-    store.save(first, ttl_seconds=60, alive_until=2e9 + 1, release=lease, leave_admission=True)
+    # save with events, the lease given back, the turn leaving admission and its tokens merged (other slots, one
+    # pipeline)
+    tokens = TurnTokens("org-t", date(2026, 11, 25), first.turn_id, 42)
+    store.save(first, ttl_seconds=60, alive_until=2e9 + 1, release=lease, leave_admission=True, tokens=tokens)
     loaded = store.load(first.turn_id)
     assert loaded is not None and loaded.version == 1
+    assert TokenUsage(client).spent("org-t", tokens.day, seed=lambda: {"turn_old": 8}) == 50
     stale = TurnState.model_validate_json(first.model_dump_json())
     stale.version = 0
     with pytest.raises(StateConflict):
@@ -214,7 +218,7 @@ def test_the_limiter_breaker_leader_and_event_log_run_on_the_cluster(client: red
     ]  # fmt: skip
     assert [event.event_id for event in log.latest(turn_id, before=None, count=5)][-1] == first
     usage, today = TokenUsage(client), date(2026, 11, 26)
-    usage.record("org-a", today, turn_id, 120)
+    pipelined(client, merge_calls(client)(TurnTokens("org-a", today, turn_id, 120)))
     assert usage.spent("org-a", today, seed=lambda: {"turn_old": 30}) == 150
 
 

@@ -78,6 +78,17 @@ def test_turn_completes_and_leaves_its_checkpoint_and_no_marker() -> None:
     assert ctx.turns.load_snapshot(TURN_ID) is not None
 
 
+def test_the_save_that_ends_the_chain_merges_the_tokens_its_commit_wrote() -> None:
+    # Given a turn whose model answers with 40 + 2 tokens
+    ctx = make_context(FakeLlm(LlmResponse(response_id="r", output_text="hi", input_tokens=40, output_tokens=2)))
+    store = memory_store(ctx)
+    _drive(ctx, _record_turn(ctx))
+    # Then its commit's tokens were merged, on the day it was created, by the save that ended its chain
+    assert store.tokens == {("o", FIXED_NOW.date(), TURN_ID): 42}
+    row = ctx.turns.get(TURN_ID)
+    assert row is not None and (row.usage["input_tokens"], row.usage["output_tokens"]) == (40, 2)
+
+
 def test_model_answer_is_checkpointed_and_not_asked_again_when_redis_loses_the_state() -> None:
     llm = FakeLlm(LlmResponse(response_id="r", output_text="once"))
     ctx = make_context(llm)

@@ -7,13 +7,13 @@ snapshot of the state (to rehydrate a paused turn when Redis lost it), the sessi
 when the turn's organisation gets
 webhooks, the status's webhook event (and its batch's, if this was the batch's last turn in flight)
 as outbox rows (``shared.db.webhook_outbox``; a webhook never fails the turn). Then, when it wrote, the
-turn's tokens so far into its organisation's count of the day it was created (``shared.state.token_usage``,
-the daily budget's; a merge, so a commit run twice counts once), and
-the turn event that ends the round, in the state's outbox (sent with the state's save):
+turn event that ends the round, in the state's outbox (sent with the state's save):
 ``turn.requires_client_tools`` or ``turn.completed`` / ``turn.failed``, whose data is the turn as
 ``GET /v1/turns/{id}`` shows it from now on. Next: Stop, saying which status it wrote (none when the
-turn had already ended otherwise, e.g. cancelled: whoever ended it sent its event) and which webhook
-deliveries it recorded (the driver hands them to the webhooks queue). Fails with: nothing (a
+turn had already ended otherwise, e.g. cancelled: whoever ended it sent its event), which webhook
+deliveries it recorded (the driver hands them to the webhooks queue) and the turn's tokens so far, for
+its organisation's count of the day it was created (``shared.state.token_usage``, the daily budget's:
+the save that ends the chain merges them, so a commit run twice counts once). Fails with: nothing (a
 database blip raises and the task is retried).
 """
 
@@ -27,6 +27,7 @@ from shared.models.envelope import TurnEnvelope
 from shared.models.turn import TurnStatus
 from shared.result import InvokeResult, success
 from shared.state import OutboxEvent, TurnState
+from shared.state.token_usage import TurnTokens
 from shared.turn_events import ROUND_END_EVENTS
 from shared.turn_view import committed_turn, turn_json
 from workers.context import StepContext
@@ -54,14 +55,12 @@ def run(ctx: StepContext, env: TurnEnvelope, state: TurnState) -> InvokeResult[N
     )
     if committed is None:
         return success(Stop(committed=None))
-    if ctx.token_usage is not None:
-        created_at = state.created_at or now
-        used = state.usage.input_tokens + state.usage.output_tokens
-        ctx.token_usage.record(state.org_id, created_at.astimezone(UTC).date(), state.turn_id, used)
+    day = (state.created_at or now).astimezone(UTC).date()
+    tokens = TurnTokens(state.org_id, day, state.turn_id, state.usage.input_tokens + state.usage.output_tokens)
     event = ROUND_END_EVENTS.get(state.status)
     if event is not None:
         state.outbox.append(OutboxEvent(event=event, data=_committed(ctx, state, now)))
-    return success(Stop(committed=state.status, deliveries=tuple(committed.deliveries)))
+    return success(Stop(committed=state.status, deliveries=tuple(committed.deliveries), tokens=tokens))
 
 
 def _committed(ctx: StepContext, state: TurnState, now: datetime) -> dict[str, Any]:
