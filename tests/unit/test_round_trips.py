@@ -24,9 +24,10 @@ from shared.models.turn import ToolResult, ToolResultsRequest, TurnRequest
 from shared.state import RedisStateStore
 from shared.webhooks import WebhookConfig, WebhookSender
 from tests.unit.fakes import ORG as CALLER
-from tests.unit.fakes import USER, FakeLlm, Gateway, answer, make_context, record_turn, sqlite_engine
+from tests.unit.fakes import USER, FakeLlm, Gateway, make_context, record_turn, sqlite_engine
 from workers.context import StepContext, lease_renewer
 from workers.driver import run_step
+from workers.llm.types import LlmResponse
 
 ORG = "o"
 """The organisation of every turn ``record_turn`` records."""
@@ -75,7 +76,12 @@ def _plain_turn(*, webhooks: bool, task_boundaries: str = "layer") -> list[_Hop]
     sent: list[str] = []
     config = WebhookConfig(secrets={ORG: b"0123456789abcdef0123"}, default_urls={ORG: "https://h.example/in"})
     ctx = make_context(
-        FakeLlm(answer("warm-up"), answer("hello")),
+        FakeLlm(
+            *(
+                LlmResponse(response_id="r", output_text=text, input_tokens=30, output_tokens=2)
+                for text in ("warm-up", "hello")
+            )
+        ),  # used tokens: the commit's are merged into the day's count
         engine=engine,
         outbox=WebhookOutbox(config) if webhooks else None,
         webhook_sender=WebhookSender(sent.append) if webhooks else None,
@@ -120,7 +126,8 @@ def test_by_default_a_plain_turn_is_one_message_of_two_round_trips() -> None:
     hops = _plain_turn(webhooks=False, task_boundaries="call")
     assert [hop.step for hop in hops] == ["request_handler"]
     # the entry's message runs on into the model call, then the reasoner and the commit: begin, and the last save,
-    # which holds the model's answer too (it is saved apart only when a step after it meets trouble)
+    # which holds the model's answer too (it is saved apart only when a step after it meets trouble), and merges the
+    # commit's tokens into the organisation's count of the day
     assert [hop.redis for hop in hops] == [2]
     # the start (its session's row in the same transaction) and the commit: the model's answer is in the commit's
     # snapshot, the same task's, so it has no checkpoint of its own (a message per layer writes one, below)
