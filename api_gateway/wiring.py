@@ -61,7 +61,7 @@ from shared.state import RedisStateStore
 from shared.state.admission import AdmissionQueue
 from shared.state.request_rate import RequestRate
 from shared.state.token_usage import TokenUsage
-from shared.step_sender import Broker, CeleryBroker, StepSender
+from shared.step_sender import Broker, CeleryBroker, StepSender, save_pushes
 from shared.turn_events import RedisTurnEventLog
 from shared.webhooks import WebhookConfig, WebhookSender
 
@@ -179,7 +179,7 @@ def connect_gateway(settings: Settings, ports: GatewayPorts | None = None) -> Ga
     store = RedisStateStore(client, max_events=settings.events_max_per_turn)
     # The gateway sends first steps and re-entries now, never after a countdown: nothing it sends is
     # parked (the waits the workers park are the retry policy's, ``workers.retry.park_after``).
-    steps = StepSender(ports.broker, timers=store, park_after=math.inf)
+    steps = StepSender(ports.broker, timers=store, park_after=math.inf, pushes=save_pushes(ports.broker, settings))
     events = RedisTurnEventLog(client, ttl_seconds=settings.state_ttl_seconds, max_events=settings.events_max_per_turn)
     metrics = GatewayMetrics()
     limits = OrgLimitsService(

@@ -45,6 +45,7 @@ message was built to go (plus its countdown). The worker that runs it notes how 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -62,13 +63,14 @@ from redis import RedisError
 from shared.broker_transport import Channel, capturing
 from shared.models.envelope import TurnEnvelope
 from shared.redis_clients import SERVER_SCHEMES, redis_client
+from shared.settings import Settings
 from shared.state import BrokerPush, Timers
 from shared.task_names import DEFAULT_TASK_BOUNDARIES, TaskBoundaries, step_queue, task_name
 from shared.telemetry import turn_spans
 
 __all__ = [
     "SEND_ERRORS", "SENT_AT_HEADER", "BesideState", "Broker", "CeleryBroker", "Pushes", "StepSender", "beside_state",
-    "scripts_reach",
+    "save_pushes", "scripts_reach",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -381,3 +383,18 @@ def scripts_reach(state_url: str, broker_url: str, db: int) -> bool:
     finally:
         state.close()
         broker.close()
+
+
+def save_pushes(broker: Broker, settings: Settings) -> Pushes | None:
+    """What builds a step's message for a write of the state store to push (:meth:`StepSender.push`): a worker's
+    save, the gateway's markers of the turns it sends. For a Celery broker on the state store's Redis server (in
+    another database, only when a script reaches it: one probe, :func:`scripts_reach`); None otherwise."""
+    if not isinstance(broker, CeleryBroker):
+        return None
+    beside = beside_state(settings.redis_url, settings.effective_broker_url)
+    if beside is None:
+        return None
+    if beside.db is not None and not scripts_reach(settings.redis_url, settings.effective_broker_url, beside.db):
+        logger.info("the state store's scripts cannot reach the broker's database: each step is sent apart")
+        return None
+    return functools.partial(broker.push, db=beside.db)

@@ -36,7 +36,7 @@ from shared.state.admission import AdmissionQueue
 from shared.state.keys import RECONCILER_LEADER_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.state.legacy import retire_legacy_keys
-from shared.step_sender import Broker, CeleryBroker, Pushes, StepSender, beside_state, scripts_reach
+from shared.step_sender import Broker, Pushes, StepSender, save_pushes
 from shared.ttl_cache import Cached
 from shared.turn_ending import TurnEnding
 from shared.turn_events import RedisTurnEventLog
@@ -246,21 +246,6 @@ def build_step_sender(
     parks in ``timers`` the waits the retry policy says to park (:func:`workers.retry.park_after`);
     a worker's also builds the messages its driver's save pushes (``pushes``: :func:`save_pushes`)."""
     return StepSender(broker, timers=timers, park_after=retry.park_after(settings), pushes=pushes)
-
-
-def save_pushes(broker: Broker, settings: Settings) -> Pushes | None:
-    """What builds the next step's message for a worker's save to push (:meth:`~shared.step_sender.StepSender.push`):
-    for a Celery broker on the state store's Redis server (in another database, only when a script
-    reaches it: one probe, :func:`~shared.step_sender.scripts_reach`); None otherwise."""
-    if not isinstance(broker, CeleryBroker):
-        return None
-    beside = beside_state(settings.redis_url, settings.effective_broker_url)
-    if beside is None:
-        return None
-    if beside.db is not None and not scripts_reach(settings.redis_url, settings.effective_broker_url, beside.db):
-        logger.info("the state store's scripts cannot reach the broker's database: each step is sent apart")
-        return None
-    return functools.partial(broker.push, db=beside.db)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,10 +19,10 @@ from redis import RedisError
 
 from api_gateway.metrics import GatewayMetrics
 from api_gateway.services.errors import Unavailable
-from shared.models.envelope import first_step
+from shared.models.envelope import TurnEnvelope, first_step
 from shared.settings import Settings
 from shared.state import InFlightMarkers
-from shared.state.admission import AdmissionQueue
+from shared.state.admission import AdmissionQueue, Admitted
 from shared.step_sender import SEND_ERRORS, StepSender
 from shared.telemetry import active_telemetry, turn_accepted
 
@@ -61,8 +61,9 @@ class TurnSender:
         A batch's turns go to ``org_id``'s admission queue (``shared.state.admission``): the admission
         scheduler sends their first steps as the organisation's turns in flight drop below
         ``APTIX_ORG_MAX_IN_FLIGHT``, round-robin across organisations. An interactive turn is never
-        held: its first step is sent at once, and it counts in the organisation's turns in flight.
-        Without an admission queue (``admission=None``) every turn is sent at once.
+        held: its first step is sent at once, and it counts in the organisation's turns in flight: its
+        marker, its count and, with the broker on the state store's Redis server, its message in one
+        round trip. Without an admission queue (``admission=None``) every turn is sent at once.
 
         A first message may wait behind a backlog (held, or in the broker): the marker says so for
         ``APTIX_RECONCILER_QUEUED_SECONDS``, so the reconciler does not send it twice meanwhile (a
@@ -85,14 +86,12 @@ class TurnSender:
             # chunk, never 100,000 envelopes in memory at once.
             for start in range(0, len(turn_ids), _SEND_CHUNK):
                 chunk = turn_ids[start : start + _SEND_CHUNK]
-                self._store.mark_alive(chunk, until=until)
                 _start_traces(chunk)
                 if batch and self._admission is not None:
+                    self._store.mark_alive(chunk, until=until)
                     self._admission.hold(org_id, chunk)
                     continue
-                if self._admission is not None:
-                    self._admission.admit_now(org_id, chunk, now=now)
-                self._steps.send([first_step(turn_id, batch=batch) for turn_id in chunk])
+                self._send([first_step(turn_id, batch=batch) for turn_id in chunk], until=until, org_id=org_id, now=now)
         except SEND_ERRORS as exc:
             logger.error("could not enqueue %d turn(s): %s", len(turn_ids), exc)
             raise unavailable(refused) from exc
@@ -126,13 +125,27 @@ class TurnSender:
         now = self._clock().timestamp()
         until = now + self._settings.reconciler_deadline_seconds
         try:
-            self._store.mark_alive([turn_id], until=until)
-            if self._admission is not None:  # never held: it runs again at once, and counts in flight
-                self._admission.admit_now(org_id, [turn_id], now=now)
-            self._steps.send([envelope])
+            self._send([envelope], until=until, org_id=org_id, now=now)  # never held: it runs again at once
         except SEND_ERRORS as exc:
             logger.error("could not enqueue the re-entry of turn %s: %s", turn_id, exc)
             raise unavailable("the results were not accepted") from exc
+
+    def _send(self, envelopes: list[TurnEnvelope], *, until: float, org_id: str, now: float) -> None:
+        """Mark the turns of ``envelopes`` in flight until ``until``, count them in ``org_id``'s turns in flight from
+        ``now`` (with an admission queue), and send their messages: all in one Redis round trip when the broker is
+        the state store's server (the markers' write pushes the messages), else the messages in a second.
+
+        Raises:
+            Exception: one of ``SEND_ERRORS``.
+        """
+        turn_ids = [envelope.turn_id for envelope in envelopes]
+        admitted = None if self._admission is None else Admitted(org_id, now)
+        pushes = [self._steps.push(envelope) for envelope in envelopes]
+        if all(push is not None for push in pushes):
+            self._store.mark_alive(turn_ids, until=until, admitted=admitted, pushes=[p for p in pushes if p])
+            return
+        self._store.mark_alive(turn_ids, until=until, admitted=admitted)
+        self._steps.send(envelopes)
 
 
 def _start_traces(turn_ids: list[str]) -> None:

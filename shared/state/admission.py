@@ -54,8 +54,8 @@ from shared.state.keys import (
 from shared.state.scripts import Call, ScriptCall, pipelined
 
 __all__ = [
-    "DELAY_FRESH_SECONDS", "IDLE_ORG_SECONDS", "REPUBLISH_AFTER_SECONDS", "AdmissionQueue", "DelayReport", "OrgCounts",
-    "Place", "Release", "leave_calls",
+    "DELAY_FRESH_SECONDS", "IDLE_ORG_SECONDS", "REPUBLISH_AFTER_SECONDS", "AdmissionQueue", "Admitted", "DelayReport",
+    "OrgCounts", "Place", "Release", "admit_calls", "leave_calls",
 ]  # fmt: skip
 
 REPUBLISH_AFTER_SECONDS = 5.0
@@ -136,6 +136,25 @@ def leave_calls(client: redis.Redis) -> Callable[[str, Sequence[str]], list[Call
 
 
 @dataclass(frozen=True, slots=True)
+class Admitted:
+    """Turns that are never held (interactive turns, re-entries) counted in ``org_id``'s turns in flight from ``at``."""
+
+    org_id: str
+    at: float
+
+
+def admit_calls(admitted: Admitted, turn_ids: Sequence[str]) -> list[Call]:
+    """What counts ``turn_ids`` in flight as ``admitted`` says, as calls for :func:`~shared.state.scripts.pipelined`."""
+    if not turn_ids:
+        return []
+    in_flight = [item for turn_id in turn_ids for item in (admitted.at, turn_id)]
+    return [
+        ("ZADD", ADMISSION_ORGS_KEY, admitted.at, admitted.org_id),
+        ("ZADD", in_flight_key(admitted.org_id), *in_flight),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
     """Turns one release moved to in flight, under the id of their releasing notes (one per organisation)."""
 
@@ -196,17 +215,14 @@ class AdmissionQueue:
         pipelined(self.client, calls)
 
     def admit_now(self, org_id: str, turn_ids: list[str], *, now: float) -> None:
-        """Count turns that are never held (interactive turns, re-entries) in flight from ``now``.
+        """Count turns that are never held (interactive turns, re-entries) in flight from ``now`` (the state
+        store's ``mark_alive(admitted=...)`` does it with the turns' markers, in their round trip).
 
         Raises:
             redis.RedisError: Redis refused.
         """
-        if not turn_ids:
-            return
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.zadd(ADMISSION_ORGS_KEY, {org_id: now})
-            pipe.zadd(in_flight_key(org_id), dict.fromkeys(turn_ids, now))
-            pipe.execute()
+        if turn_ids:
+            pipelined(self.client, admit_calls(Admitted(org_id, now), turn_ids))
 
     def release(
         self, *, cap: int, limit: int, now: float, caps: Mapping[str, int] | None = None, window: int | None = None

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 
 from shared.errors import StateConflict
+from shared.state.admission import Admitted
 from shared.state.store import BrokerPush, EventSink, Lease, Release, StepStart, take_unsent_events
 from shared.state.token_usage import TurnTokens
 from shared.state.turn_state import TurnState
@@ -162,7 +163,16 @@ class MemoryStateStore:
         with self._lock:
             return turn_id in self._cancelled
 
-    def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
+    def mark_alive(
+        self,
+        turn_ids: Iterable[str],
+        *,
+        until: float,
+        admitted: Admitted | None = None,
+        pushes: Sequence[BrokerPush] = (),
+    ) -> None:
+        if pushes:
+            raise ValueError("the memory state store has no broker to push a step message to")
         with self._lock:
             for turn_id in turn_ids:
                 self.markers[turn_id] = until

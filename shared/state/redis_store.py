@@ -22,7 +22,7 @@ import redis
 
 from shared.errors import StateConflict
 from shared.redis_clients import redis_client
-from shared.state.admission import leave_calls
+from shared.state.admission import Admitted, admit_calls, leave_calls
 from shared.state.keys import (
     MARKER_KEPT_SECONDS,
     TIMER_SHARDS,
@@ -136,6 +136,14 @@ if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('hincrby', KEYS[2], 'alone', 1)
 return 1
 """
+# ARGV: the broker's database on this server ('' for this one), then list and message pairs: the messages of turns
+# whose markers the same pipeline sets (``mark_alive``), pushed as kombu would (its keys are not declared keys: a
+# push is only asked of a single Redis server, as the save's).
+_PUSH = """
+if ARGV[1] ~= '' then redis.call('select', ARGV[1]) end
+for i = 2, #ARGV, 2 do redis.call('lpush', ARGV[i], ARGV[i + 1]) end
+return 1
+"""
 _POP_DUE = """
 local due = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 if #due > 0 then redis.call('zrem', KEYS[1], unpack(due)) end
@@ -173,6 +181,7 @@ class RedisStateStore:
         self._release = client.register_script(_RELEASE)
         self._record_alone = client.register_script(_RECORD_ALONE)
         self._pop_due = client.register_script(_POP_DUE)
+        self._push = client.register_script(_PUSH)
         self._leave = leave_calls(client)
         self._merge_tokens = merge_calls(client)
 
@@ -302,14 +311,38 @@ class RedisStateStore:
     def is_cancelled(self, turn_id: str) -> bool:
         return bool(self.client.exists(cancel_key(turn_id)))
 
-    def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
+    def mark_alive(
+        self,
+        turn_ids: Iterable[str],
+        *,
+        until: float,
+        admitted: Admitted | None = None,
+        pushes: Sequence[BrokerPush] = (),
+    ) -> None:
+        """See :meth:`InFlightMarkers.mark_alive`: a pipeline per thousand turns, the admission's counts and the
+        pushes (one script) in the last."""
         ids = list(dict.fromkeys(turn_ids))
         marker, expiry = repr(until), _marker_ttl(until)
-        for start in range(0, len(ids), _PIPELINE_CHUNK):
-            pipe = self.client.pipeline(transaction=False)
-            for turn_id in ids[start : start + _PIPELINE_CHUNK]:
-                pipe.set(alive_key(turn_id), marker, ex=expiry)
-            pipe.execute()
+        for start in range(0, max(len(ids), 1), _PIPELINE_CHUNK):
+            calls: list[Call] = [
+                ("SET", alive_key(turn_id), marker, "EX", expiry) for turn_id in ids[start : start + _PIPELINE_CHUNK]
+            ]
+            if start + _PIPELINE_CHUNK >= len(ids):
+                if admitted is not None:
+                    calls += admit_calls(admitted, ids)
+                calls += self._push_calls(pushes)
+            if calls:
+                pipelined(self.client, calls)
+
+    def _push_calls(self, pushes: Sequence[BrokerPush]) -> list[Call]:
+        """The script that puts ``pushes``' messages on their broker lists (none to push: no call)."""
+        messages = [item for push in pushes if push.key is not None for item in (push.key, push.payload)]
+        if not messages:
+            return []
+        if len({push.db for push in pushes}) > 1 or any(push.ack is not None for push in pushes):
+            raise ValueError("pushes beside markers go to one broker database and acknowledge nothing")
+        db = pushes[0].db
+        return [ScriptCall(self._push, [], ["" if db is None else db, *messages])]
 
     def alive_until(self, turn_ids: list[str]) -> dict[str, float]:
         found: dict[str, float] = {}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from shared.state.admission import Admitted
 from shared.state.token_usage import TurnTokens
 from shared.state.turn_state import TurnState
 
@@ -199,8 +200,21 @@ class CancelFlags(Protocol):
 class InFlightMarkers(Protocol):
     """Until when each unfinished turn counts as moving: what the reconciler reads (``INFLIGHT_KEY``)."""
 
-    def mark_alive(self, turn_ids: Iterable[str], *, until: float) -> None:
-        """Set the in-flight markers of ``turn_ids`` (a message for each was just sent)."""
+    def mark_alive(
+        self,
+        turn_ids: Iterable[str],
+        *,
+        until: float,
+        admitted: Admitted | None = None,
+        pushes: Sequence[BrokerPush] = (),
+    ) -> None:
+        """Set the in-flight markers of ``turn_ids`` (a message for each was just sent, or goes now).
+
+        In the same round trip (for up to a thousand turns), ``admitted`` counts them in their organisation's
+        turns in flight (what ``AdmissionQueue.admit_now`` does; the memory store keeps no admission books) and
+        ``pushes``, their messages, go on their broker queues (``StepSender.push``: a broker on the state
+        store's Redis server; the memory store has no broker: it refuses a push).
+        """
 
     def alive_until(self, turn_ids: list[str]) -> dict[str, float]:
         """The in-flight markers of those turns that have one."""

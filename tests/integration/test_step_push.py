@@ -5,23 +5,29 @@ database of the server; and never taken where it cannot be (publish signals conn
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery, signals
 
+from api_gateway.metrics import GatewayMetrics
+from api_gateway.services.turn_sender import TurnSender
 from aptix_cli.embedded_redis import EmbeddedRedis
 from aptix_cli.launcher import free_port
 from shared.broker import create_producer, unacked_depth
 from shared.broker_transport import acknowledged_by_save
 from shared.errors import StateConflict
-from shared.models.envelope import TurnEnvelope
+from shared.models.envelope import TurnEnvelope, first_step
 from shared.settings import Settings
 from shared.state import MemoryStateStore, RedisStateStore, TurnState
-from shared.step_sender import CeleryBroker, StepSender, scripts_reach
+from shared.state.admission import AdmissionQueue
+from shared.step_sender import CeleryBroker, StepSender, save_pushes, scripts_reach
 from shared.task_names import Queue, StepName
 from tests.conftest import redis_databases
 from tests.support.step_messages import ENVELOPES, envelope_of, messages, send_task, without_ids
@@ -30,7 +36,7 @@ from workers.context import lease_renewer
 from workers.driver import run_step
 from workers.llm.types import FunctionCall, LlmResponse
 from workers.metrics import MessageTally
-from workers.runtime import build_step_sender, save_pushes
+from workers.runtime import build_step_sender
 
 pytestmark = pytest.mark.integration
 
@@ -276,3 +282,71 @@ def test_a_step_whose_message_kombu_cannot_build_while_the_broker_is_down_is_sen
 def _tool_call() -> LlmResponse:
     call = FunctionCall(call_id="call_1", name="counted_tool", arguments=json.dumps({"key": f"push-{time.time()}"}))
     return LlmResponse(response_id="r1", output_text=None, function_calls=(call,))
+
+
+class _CountingRedis(redis.Redis):
+    """A Redis client that counts its round trips: each command, and each pipeline as one."""
+
+    round_trips = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.round_trips += 1
+        return super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        def counted(raise_on_error: bool = True) -> Any:
+            self.round_trips += 1
+            return execute(raise_on_error)
+
+        pipe.execute = counted  # type: ignore[method-assign]
+        return pipe
+
+
+@pytest.mark.parametrize("pushed", [True, False])
+def test_the_gateway_marks_counts_and_sends_an_interactive_turn_in_one_round_trip_when_it_can_push(
+    two_databases: tuple[str, str], pushed: bool
+) -> None:
+    # Given a gateway's turn sender whose broker is another database of the state store's server (pushed), or one
+    # that cannot push (publish signals connected, another broker: ``pushes`` None)
+    state_url, broker_url = two_databases
+    settings = Settings(redis_url=state_url, broker_url=broker_url)
+    app = create_producer(settings)
+    broker = CeleryBroker(app, retry=False)
+    client = _CountingRedis.from_url(state_url)
+    store = RedisStateStore(client)
+    steps = StepSender(
+        broker, timers=store, park_after=math.inf, pushes=save_pushes(broker, settings) if pushed else None
+    )
+    admission = AdmissionQueue(client)
+    sender = TurnSender(
+        settings=settings, store=store, steps=steps, clock=lambda: datetime.now(UTC), metrics=GatewayMetrics(),
+        admission=admission,
+    )  # fmt: skip
+    resumed = first_step("turn_" + "9" * 32, batch=False, round_=1)
+    for _warm_up in range(2):  # the scripts loaded, as on a gateway that ran a turn
+        sender.send_new(["turn_" + "f" * 32], batch=False, refused="not accepted", org_id="org-a")
+    publishes: list[int] = []
+    publish = broker.publish
+    broker.publish = lambda envelopes, *, countdown: (
+        publishes.append(len(envelopes))
+        or publish(  # type: ignore[method-assign]
+            envelopes, countdown=countdown
+        )
+    )
+    client.round_trips = 0
+    # When it accepts an interactive turn, and the tool results of another
+    sender.send_new(["turn_" + "8" * 32], batch=False, refused="not accepted", org_id="org-a")
+    sends = client.round_trips + len(publishes)
+    sender.send_reentry(resumed.turn_id, round_=1, batch=False, org_id="org-a")
+    # Then each is one round trip when pushed (else its marker and count in one, its message in another, on the
+    # broker's own connection), with the marker set, the turn counted in flight and its message as send_task's
+    assert (sends, client.round_trips + len(publishes) - sends) == ((1, 1) if pushed else (2, 2))
+    assert set(store.alive_until(["turn_" + "8" * 32, resumed.turn_id])) == {"turn_" + "8" * 32, resumed.turn_id}
+    assert admission.counts()["org-a"].in_flight == 3
+    send_task(app, resumed, 0.0)
+    by_send_task, sent = (without_ids(raw) for raw in reversed(messages(broker_url, resumed)))
+    assert sent == by_send_task
+    assert len(messages(broker_url, first_step("turn_" + "8" * 32, batch=False))) == 1
