@@ -158,7 +158,7 @@ class TurnStates(Protocol):
           the state was written (the memory store has no broker: it refuses a push);
         - ``tokens``, what the turn's commit wrote of its tokens, is merged into its organisation's count of
           the day (``shared.state.token_usage``), whatever the save's verdict: a refused save's copy of the
-          step committed the same (the memory store keeps no token counts).
+          step committed the same (the memory store keeps each turn's count, without the organisations' totals).
 
         Raises:
             StateConflict: when another writer saved first (nothing was written).
