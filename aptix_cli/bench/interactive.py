@@ -24,17 +24,33 @@ class InteractiveSample:
     started: int = 0
     latencies: list[float] = field(default_factory=list)
     """Seconds from created to completed, per turn that completed."""
+    offsets: list[float] = field(default_factory=list)
+    """Seconds from the measurement's start to each turn's start, every turn started (in order)."""
+    completed_offsets: list[float] = field(default_factory=list)
+    """The offsets of the turns that completed, in the order of :attr:`latencies`."""
 
     @property
     def all_completed(self) -> bool:
         """Whether every turn started completed."""
         return len(self.latencies) == self.started
 
+    def first(self, seconds: float) -> InteractiveSample:
+        """The turns of this measurement that started within its first ``seconds``."""
+        completed = zip(self.completed_offsets, self.latencies, strict=True)
+        kept = [(at, latency) for at, latency in completed if at < seconds]
+        return InteractiveSample(
+            started=sum(1 for at in self.offsets if at < seconds),
+            latencies=[latency for _, latency in kept],
+            offsets=[at for at in self.offsets if at < seconds],
+            completed_offsets=[at for at, _ in kept],
+        )
+
 
 def interactive_latencies(
     api: ApiClient, *, seconds: float, per_second: float, stop: Callable[[], bool] = lambda: False
 ) -> InteractiveSample:
-    """Start a plain turn every ``1 / per_second`` seconds (or when the last one finished, if later).
+    """Start a plain turn every ``1 / per_second`` seconds (or when the last one finished, if later), for
+    ``seconds`` or until ``stop``.
 
     Args:
         api: the gateway.
@@ -43,18 +59,22 @@ def interactive_latencies(
         stop: asked before each turn; True ends the measurement early.
 
     Returns:
-        How many turns started, and the latency of each that completed.
+        How many turns started, when each started, and the latency of each that completed.
     """
     sample = InteractiveSample()
-    deadline = time.monotonic() + seconds
+    began = time.monotonic()
+    deadline = began + seconds
     while time.monotonic() < deadline and not stop():
-        next_start = time.monotonic() + 1.0 / per_second
+        now = time.monotonic()
+        offset, next_start = now - began, now + 1.0 / per_second
         turn = api.create_turn({"input": f"interactive turn {sample.started}"}, wait=MAX_WAIT_SECONDS)
         sample.started += 1
+        sample.offsets.append(offset)
         while turn["status"] in IN_FLIGHT:
             turn = api.get_turn(str(turn["turn_id"]), wait=MAX_WAIT_SECONDS)
         latency = turn_latency(turn)
         if turn["status"] == "completed" and latency is not None:
             sample.latencies.append(latency)
+            sample.completed_offsets.append(offset)
         time.sleep(max(0.0, next_start - time.monotonic()))
     return sample

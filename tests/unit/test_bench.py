@@ -11,6 +11,7 @@ import pytest
 
 from aptix_cli.bench.cpu import ProcStat, cpu_seconds, descendants, parse_stat, queues_arg
 from aptix_cli.bench.hops import TurnHops, hop_tasks
+from aptix_cli.bench.interactive import InteractiveSample, interactive_latencies
 from aptix_cli.bench.machine import cpu_model
 from aptix_cli.bench.processes import worker_plan
 from aptix_cli.bench.report import cpu_cells, latency_cell, ratio, statuses_cell
@@ -257,3 +258,42 @@ def test_turn_latency_is_created_to_completed_and_none_while_unfinished() -> Non
     turn = {"created_at": "2026-11-23T10:00:00.250000Z", "completed_at": "2026-11-23T10:00:01.000000Z"}
     assert turn_latency(turn) == 0.75
     assert turn_latency({"created_at": "2026-11-23T10:00:00Z", "completed_at": None}) is None
+
+
+class _TurnsApi:
+    """A gateway that answers each interactive turn's create with it queued, then ``outcomes`` in turn."""
+
+    def __init__(self, outcomes: list[str]) -> None:
+        self.outcomes = outcomes
+        self.created = 0
+
+    def create_turn(self, body: dict[str, object], *, wait: float) -> dict[str, object]:
+        self.created += 1
+        return {"turn_id": f"t{self.created}", "status": "queued", "created_at": "2026-11-28T10:00:00Z"}
+
+    def get_turn(self, turn_id: str, *, wait: float) -> dict[str, object]:
+        status = self.outcomes[int(turn_id[1:]) - 1]
+        completed = "2026-11-28T10:00:00.020000Z" if status == "completed" else None
+        return {"turn_id": turn_id, "status": status, "created_at": "2026-11-28T10:00:00Z", "completed_at": completed}
+
+
+def test_interactive_latencies_run_until_stopped_and_keep_when_each_turn_started() -> None:
+    # Given a gateway whose second turn fails and the others complete in 20 ms
+    api = _TurnsApi(["completed", "failed", "completed", "completed"])
+    # When turns are started (as fast as they end) until four have
+    sample = interactive_latencies(api, seconds=60, per_second=1000, stop=lambda: api.created >= 4)  # type: ignore[arg-type]
+    # Then four started, in order, and three completed with their latency and start
+    assert sample.started == 4 and not sample.all_completed
+    assert sample.offsets == sorted(sample.offsets) and len(sample.offsets) == 4
+    assert sample.latencies == [0.02, 0.02, 0.02]
+    assert sample.completed_offsets == [sample.offsets[0], sample.offsets[2], sample.offsets[3]]
+
+
+def test_the_first_seconds_of_an_interactive_sample_are_the_turns_started_in_them() -> None:
+    sample = InteractiveSample(
+        started=4, latencies=[0.01, 0.03, 0.04], offsets=[0.0, 0.5, 1.0, 1.5], completed_offsets=[0.0, 1.0, 1.5]
+    )
+    first = sample.first(1.0)
+    assert (first.started, first.latencies, first.offsets, first.completed_offsets) == (2, [0.01], [0.0, 0.5], [0.0])
+    assert not first.all_completed
+    assert sample.first(10.0) == sample
