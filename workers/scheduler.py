@@ -9,8 +9,9 @@ message the gateway sends an interactive turn). It wakes when turns are held or 
 ends (a Redis nudge the gateway and the worker's last state save push), and at least twice a second.
 
 Crash safety: a release moves the turns and writes a releasing note in one atomic step, and the note
-is deleted only once the messages are sent; a note older than 5 s (its scheduler died in between)
-is sent again by whichever copy finds it. A duplicate first message is harmless: the driver takes the
+is deleted only once the messages are sent (in the first round trip of the next release, a wake-up
+later: no round trip of its own); a note older than 5 s (its scheduler died in between) is sent
+again by whichever copy finds it. A duplicate first message is harmless: the driver takes the
 step's lease and skips a step recorded in ``steps_done`` (``workers.driver``), so no step runs twice.
 
 The window (``workers.admission_window``, unless ``APTIX_ADMISSION_TARGET_DELAY_MS`` is 0): every half
@@ -113,6 +114,8 @@ class AdmissionScheduler:
         self._next_sweep = 0.0
         self._next_republish = 0.0
         self._shown: set[str] = set()
+        self._sent: list[Release] = []
+        """Releases whose first messages were sent and whose notes are not deleted yet (the next release does it)."""
         self.released = 0
         self.republished = 0
 
@@ -128,6 +131,7 @@ class AdmissionScheduler:
                         # Let the turns ending about now nudge too, and release for them all in one step.
                         stop.wait(_COALESCE_SECONDS)
                 else:
+                    self.settle_sent()
                     stop.wait(1.0)
             except _ERRORS as exc:
                 logger.warning("admission scheduler: %s: %s; trying again", type(exc).__name__, exc)
@@ -135,6 +139,8 @@ class AdmissionScheduler:
             except Exception:  # a bug must not stop every batch turn from ever starting
                 logger.exception("admission scheduler: unexpected error; trying again")
                 stop.wait(1.0)
+        with contextlib.suppress(redis.RedisError):  # else another copy sends them again, a harmless duplicate
+            self.settle_sent()
         with contextlib.suppress(redis.RedisError):  # else it lapses by itself
             self._lease.give_up()
 
@@ -170,10 +176,12 @@ class AdmissionScheduler:
         caps = self._caps() if self._caps is not None else None
         released = 0
         while True:
+            sent = list(self._sent)
             release = self._admission.release(
                 cap=self._settings.org_max_in_flight, limit=_RELEASE_BATCH, now=now, caps=caps,
-                window=None if self._window is None else self._window.size,
+                window=None if self._window is None else self._window.size, settled=sent,
             )  # fmt: skip
+            del self._sent[: len(sent)]
             if release is None:
                 return released
             self._send(release)
@@ -194,7 +202,10 @@ class AdmissionScheduler:
     def republish_stale(self, now: float) -> int:
         """Send again the turns of releasing notes their scheduler left behind; how many."""
         sent = 0
+        ours = {release.release_id for release in self._sent}  # sent already, deleted by the next release
         for release in self._admission.stale_releases(now=now):
+            if release.release_id in ours:
+                continue
             logger.warning("admission: sending %d released turn(s) again (their scheduler stopped before sending)",
                            len(release.turn_ids))  # fmt: skip
             self._send(release)
@@ -227,6 +238,12 @@ class AdmissionScheduler:
         counts = {org: (c.held, c.in_flight) for org, c in self._admission.counts().items()}
         self._shown = self._metrics.show_admission(counts, shown=self._shown)
 
+    def settle_sent(self) -> None:
+        """Delete the notes of the releases sent since the last release (one round trip; none when there are none)."""
+        sent = list(self._sent)
+        self._admission.settle(*sent)
+        del self._sent[: len(sent)]
+
     def _send(self, release: Release) -> None:
         self._steps.send([first_step(turn_id, batch=True) for turn_id in release.turn_ids])
-        self._admission.settle(release)
+        self._sent.append(release)

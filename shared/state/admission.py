@@ -15,15 +15,17 @@ capacity for seconds, not for ever.
 Redis Cluster: every script touches the keys of one organisation (their hash tag, ``held_key``), and
 the keys shared by every organisation (:data:`~shared.state.keys.ADMISSION_ORGS_KEY`, the cursor,
 the nudge) are written by plain commands in the same pipeline. So a release plans in Python and
-moves turns with one script per organisation: three round trips per release (the organisations, their
-counts, the moves), once per scheduler wake-up, not per turn. The organisations' set is a sorted set
-of when each was last touched: the scheduler drops an idle organisation (nothing held, in flight or
-being released) only when it was not touched for :data:`IDLE_ORG_SECONDS`, so a hold racing the drop
-(its two writes land on different nodes, in either order) never leaves held turns unseen.
+moves turns with one script per organisation: two round trips per release (the organisations with the
+counts of those the last release saw, the moves), once per scheduler wake-up, not per turn. The
+organisations' set is a sorted set of when each was last touched: the scheduler drops an idle
+organisation (nothing held, in flight or being released) only when it was not touched for
+:data:`IDLE_ORG_SECONDS`, so a hold racing the drop (its two writes land on different nodes, in either
+order) never leaves held turns unseen.
 
 Crash safety: one Lua script moves an organisation's turns from held to in flight *and* writes a
 releasing note (the turns and the time) in that organisation's releasing hash in the same step; the
-scheduler deletes the notes once it has sent their first messages. A note older than
+scheduler deletes the notes once it has sent their first messages (in its next release's first round
+trip, :meth:`AdmissionQueue.release`'s ``settled``). A note older than
 :data:`REPUBLISH_AFTER_SECONDS` belongs to a scheduler that died in between: any scheduler sends those
 messages again (a second first message is harmless: the driver's step lease and ``steps_done`` skip a
 step that ran) and deletes it. Two schedulers releasing at once never release a turn twice: each move
@@ -194,6 +196,8 @@ class AdmissionQueue:
         self._take = client.register_script(_TAKE)
         self._drop_idle = client.register_script(_DROP_IDLE)
         self._finished = client.register_script(_FINISHED)
+        self._orgs_seen: list[str] = []
+        """The organisations the last release saw: the next reads their counts with the organisations' list."""
 
     def hold(self, org_id: str, turn_ids: list[str], *, now: float | None = None) -> None:
         """Hold ``org_id``'s new batch turns (after those it holds already), all or none, and wake the
@@ -225,22 +229,30 @@ class AdmissionQueue:
             pipelined(self.client, admit_calls(Admitted(org_id, now), turn_ids))
 
     def release(
-        self, *, cap: int, limit: int, now: float, caps: Mapping[str, int] | None = None, window: int | None = None
+        self,
+        *,
+        cap: int,
+        limit: int,
+        now: float,
+        caps: Mapping[str, int] | None = None,
+        window: int | None = None,
+        settled: Sequence[Release] = (),
     ) -> Release | None:
         """Move up to ``limit`` held turns to in flight, round-robin across organisations, none past its cap:
         ``caps[org]`` for an organisation with a cap of its own (``aptix orgs set --max-in-flight``), else ``cap``;
         and, given a ``window``, no more than leave every organisation's turns in flight at most ``window`` in all
         (``workers.admission_window``).
 
-        Three round trips: the organisations and the cursor; each one's counts; the moves (one script
-        per organisation, each writing its releasing note in the same atomic step), the cursor, and the
-        drop of idle organisations. :meth:`settle` deletes the notes once the turns' first messages are
-        sent. None when nothing could be released.
+        Two round trips when the organisations are those the last release of this queue saw: the organisations,
+        the cursor and those organisations' counts (with the deletion of the notes of ``settled``, releases whose
+        first messages were sent since: what :meth:`settle` does, riding this round trip); then the moves (one
+        script per organisation, each writing its releasing note in the same atomic step), the cursor, and the drop
+        of idle organisations. An organisation new to this queue costs a round trip more, for its counts. None when
+        nothing could be released.
         """
-        orgs, cursor = self._orgs_and_cursor()
+        orgs, cursor, counts = self._orgs_cursor_and_counts(settled)
         if not orgs:
             return None
-        counts = self._counts(orgs, with_releasing=True)
         if window is not None:
             limit = min(limit, window - sum(flying for _, flying, _ in counts.values()))
             if limit <= 0:
@@ -269,12 +281,11 @@ class AdmissionQueue:
             return None
         return Release(release_id, turn_ids, tuple(org for org in plan if taken[org]))
 
-    def settle(self, release: Release) -> None:
-        """Delete a release's notes: its turns' first messages are sent."""
-        with self.client.pipeline(transaction=False) as pipe:
-            for org in release.orgs:
-                pipe.hdel(org_releasing_key(org), release.release_id)
-            pipe.execute()
+    def settle(self, *releases: Release) -> None:
+        """Delete releases' notes: their turns' first messages are sent (one round trip; :meth:`release` can do it
+        in its first)."""
+        if releases:
+            pipelined(self.client, _settle_calls(releases))
 
     def stale_releases(self, *, now: float, older_than: float = REPUBLISH_AFTER_SECONDS) -> list[Release]:
         """The releasing notes written before ``now - older_than`` (their scheduler died before sending)."""
@@ -391,27 +402,63 @@ class AdmissionQueue:
         orgs: list[bytes] = self.client.zrange(ADMISSION_ORGS_KEY, 0, -1)  # type: ignore[assignment]
         return [_text(org) for org in orgs]
 
-    def _orgs_and_cursor(self) -> tuple[list[str], str]:
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.zrange(ADMISSION_ORGS_KEY, 0, -1)
-            pipe.get(ADMISSION_CURSOR_KEY)
-            orgs, cursor = pipe.execute()
-        return [_text(org) for org in orgs], "" if cursor is None else _text(cursor)
+    def _orgs_cursor_and_counts(self, settled: Sequence[Release]) -> tuple[list[str], str, dict[str, _Sizes]]:
+        """The organisations, the cursor and each organisation's counts (with its releasing notes'), reading the counts
+        of the organisations seen last time in the same round trip (and deleting ``settled``'s notes there); a second
+        round trip for the counts of organisations new since."""
+        seen = self._orgs_seen
+        settles = _settle_calls(settled)
+        calls: list[Call] = [
+            *settles,
+            ("ZRANGE", ADMISSION_ORGS_KEY, 0, -1),
+            ("GET", ADMISSION_CURSOR_KEY),
+            *_count_calls(seen, with_releasing=True),
+        ]
+        replies = pipelined(self.client, calls)[len(settles) :]
+        orgs = [_text(org) for org in replies[0]]
+        known = _sizes(seen, replies[2:], with_releasing=True)
+        new = [org for org in orgs if org not in known]
+        if new:
+            known |= self._counts(new, with_releasing=True)
+        self._orgs_seen = orgs
+        return orgs, "" if replies[1] is None else _text(replies[1]), {org: known[org] for org in orgs}
 
-    def _counts(self, orgs: Sequence[str], *, with_releasing: bool = False) -> dict[str, tuple[int, int, int]]:
+    def _counts(self, orgs: Sequence[str], *, with_releasing: bool = False) -> dict[str, _Sizes]:
         """Each organisation's held, in-flight and (``with_releasing``) releasing-note counts, one round trip."""
-        with self.client.pipeline(transaction=False) as pipe:
-            for org in orgs:
-                pipe.zcard(held_key(org))
-                pipe.zcard(in_flight_key(org))
-                if with_releasing:
-                    pipe.hlen(org_releasing_key(org))
-            sizes = pipe.execute()
-        width = 3 if with_releasing else 2
-        return {
-            org: (int(sizes[width * i]), int(sizes[width * i + 1]), int(sizes[width * i + 2]) if with_releasing else 0)
-            for i, org in enumerate(orgs)
-        }
+        return _sizes(orgs, pipelined(self.client, _count_calls(orgs, with_releasing=with_releasing)),
+                      with_releasing=with_releasing)  # fmt: skip
+
+
+_Sizes = tuple[int, int, int]
+"""An organisation's turns held, in flight, and releasing notes (0 when not read)."""
+
+
+def _settle_calls(releases: Iterable[Release]) -> list[Call]:
+    """What deletes the releasing notes of ``releases``."""
+    return [("HDEL", org_releasing_key(org), release.release_id) for release in releases for org in release.orgs]
+
+
+def _count_calls(orgs: Iterable[str], *, with_releasing: bool) -> list[Call]:
+    """What reads each organisation's held and in-flight counts (and its releasing notes')."""
+    calls: list[Call] = []
+    for org in orgs:
+        calls += [("ZCARD", held_key(org)), ("ZCARD", in_flight_key(org))]
+        if with_releasing:
+            calls.append(("HLEN", org_releasing_key(org)))
+    return calls
+
+
+def _sizes(orgs: Sequence[str], replies: Sequence[int], *, with_releasing: bool) -> dict[str, _Sizes]:
+    """The counts :func:`_count_calls` read, by organisation."""
+    width = 3 if with_releasing else 2
+    return {
+        org: (
+            int(replies[width * i]),
+            int(replies[width * i + 1]),
+            int(replies[width * i + 2]) if with_releasing else 0,
+        )
+        for i, org in enumerate(orgs)
+    }
 
 
 def _round_robin(orgs: list[str], cursor: str, room: dict[str, int], limit: int) -> tuple[dict[str, int], str | None]:

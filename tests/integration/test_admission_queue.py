@@ -22,6 +22,7 @@ from shared.state.keys import ADMISSION_DELAYS_KEY, SCHEDULER_LEADER_KEY
 from shared.state.leader import LeaderLease
 from shared.step_sender import StepSender
 from shared.task_names import StepName
+from tests.support.redis_round_trips import CountingRedis
 from workers.admission_window import AdmissionWindow
 from workers.scheduler import AdmissionScheduler
 
@@ -164,13 +165,59 @@ def test_a_release_whose_scheduler_died_before_sending_is_sent_again_once(redis_
     assert queue.release(cap=10, limit=10, now=T0) is None  # not released a second time
 
 
-def test_a_release_that_was_sent_leaves_no_note(redis_client: redis.Redis) -> None:
+def test_a_release_that_was_sent_leaves_no_note_after_the_next_release(redis_client: redis.Redis) -> None:
     sent: list[TurnEnvelope] = []
     scheduler = _scheduler(redis_client, sent, cap=10)
-    AdmissionQueue(redis_client).hold("org-a", ["a0", "a1", "a2"])
+    queue = AdmissionQueue(redis_client)
+    queue.hold("org-a", ["a0", "a1", "a2"])
+    # Given a release whose first messages were sent
     assert scheduler.release(T0) == 3
     assert [e.turn_id for e in sent] == ["a0", "a1", "a2"]
+    # Then its note waits for the scheduler's next round trip, and the scheduler never sends them again itself
+    assert len(queue.stale_releases(now=T0 + 3600)) == 1
     assert scheduler.republish_stale(T0 + 3600) == 0
+    # When the next release runs (nothing left to release), its first round trip deletes the note
+    assert scheduler.release(T0 + 1) == 0
+    assert queue.stale_releases(now=T0 + 3600) == []
+    assert _scheduler(redis_client, sent, cap=10, owner="s2").republish_stale(T0 + 3600) == 0
+    assert len(sent) == 3
+
+
+def test_a_scheduler_that_stops_deletes_the_notes_of_what_it_sent(redis_client: redis.Redis) -> None:
+    sent: list[TurnEnvelope] = []
+    scheduler = _scheduler(redis_client, sent, cap=10)
+    queue = AdmissionQueue(redis_client)
+    queue.hold("org-a", ["a0"])
+    stop = threading.Event()
+    stop.set()
+    assert scheduler.release(T0) == 1
+    scheduler.run(stop)  # told to stop before its first look
+    assert queue.stale_releases(now=T0 + 3600) == []
+
+
+def test_a_release_reads_the_organisations_and_their_counts_in_one_round_trip_once_it_knows_them(
+    redis_client: redis.Redis,
+) -> None:
+    client = CountingRedis(connection_pool=redis_client.connection_pool)
+    queue = AdmissionQueue(client)
+    queue.hold("org-a", ["a0", "a1"])
+    queue.hold("org-b", ["b0"])
+    first = queue.release(cap=10, limit=1, now=T0)
+    assert first is not None and first.turn_ids == ["a0"]
+    # Given a queue that has seen both organisations, and a release sent since
+    before = client.round_trips
+    second = queue.release(cap=10, limit=10, now=T0, settled=[first])
+    # Then the release is two round trips (the reads with the note's deletion, then the moves) and releases the rest
+    assert client.round_trips - before == 2
+    assert second is not None and sorted(second.turn_ids) == ["a1", "b0"]
+    assert sorted(r.release_id for r in queue.stale_releases(now=T0 + 3600)) == [second.release_id] * 2
+    # And an organisation new to the queue costs a round trip for its counts, and is released like the others
+    queue.hold("org-c", ["c0", "c1"])
+    before = client.round_trips
+    third = queue.release(cap=10, limit=10, now=T0, settled=[second])
+    assert client.round_trips - before == 3
+    assert third is not None and third.turn_ids == ["c0", "c1"]
+    assert [r.release_id for r in queue.stale_releases(now=T0 + 3600)] == [third.release_id]
 
 
 def test_two_schedulers_at_once_release_each_turn_once(redis_client: redis.Redis) -> None:

@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 import redis
@@ -30,6 +29,7 @@ from shared.state.admission import AdmissionQueue
 from shared.step_sender import CeleryBroker, StepSender, save_pushes, scripts_reach
 from shared.task_names import Queue, StepName
 from tests.conftest import redis_databases
+from tests.support.redis_round_trips import CountingRedis
 from tests.support.step_messages import ENVELOPES, envelope_of, messages, send_task, without_ids
 from tests.unit.fakes import FakeLlm, answer, catalog_with_counted_tool, make_context, record_turn
 from workers.context import lease_renewer
@@ -284,27 +284,6 @@ def _tool_call() -> LlmResponse:
     return LlmResponse(response_id="r1", output_text=None, function_calls=(call,))
 
 
-class _CountingRedis(redis.Redis):
-    """A Redis client that counts its round trips: each command, and each pipeline as one."""
-
-    round_trips = 0
-
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.round_trips += 1
-        return super().execute_command(*args, **options)
-
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)
-        execute = pipe.execute
-
-        def counted(raise_on_error: bool = True) -> Any:
-            self.round_trips += 1
-            return execute(raise_on_error)
-
-        pipe.execute = counted  # type: ignore[method-assign]
-        return pipe
-
-
 @pytest.mark.parametrize("pushed", [True, False])
 def test_the_gateway_marks_counts_and_sends_an_interactive_turn_in_one_round_trip_when_it_can_push(
     two_databases: tuple[str, str], pushed: bool
@@ -315,7 +294,7 @@ def test_the_gateway_marks_counts_and_sends_an_interactive_turn_in_one_round_tri
     settings = Settings(redis_url=state_url, broker_url=broker_url)
     app = create_producer(settings)
     broker = CeleryBroker(app, retry=False)
-    client = _CountingRedis.from_url(state_url)
+    client = CountingRedis.from_url(state_url)
     store = RedisStateStore(client)
     steps = StepSender(
         broker, timers=store, park_after=math.inf, pushes=save_pushes(broker, settings) if pushed else None
