@@ -57,16 +57,9 @@ class TaskEventRecorder:
             return list(self._events)
 
     def succeeded_tasks(self, turn_id: str) -> list[str]:
-        """Names of the tasks that succeeded for ``turn_id`` so far, in order."""
-        events = self.events()  # one snapshot: the listener keeps appending meanwhile
-        received = {e["uuid"]: e for e in events if e["type"] == "task-received"}
-        return [
-            str(received[e["uuid"]].get("name"))
-            for e in events
-            if e["type"] == "task-succeeded"
-            and e["uuid"] in received
-            and turn_id in str(received[e["uuid"]].get("args", ""))
-        ]
+        """Names of the tasks that succeeded for ``turn_id`` so far, in the order they were received (see
+        :meth:`succeeded_results`)."""
+        return [str(task.get("name")) for task, _ in self._succeeded(turn_id)]
 
     def succeeded_hops(self, turn_id: str) -> list[str]:
         """Names of the tasks that succeeded for ``turn_id``, one per hop of the chain, in order.
@@ -86,10 +79,21 @@ class TaskEventRecorder:
         return [hops[key] for key in sorted(hops)]
 
     def succeeded_results(self, turn_id: str) -> list[str]:
-        """The results (Flower's Result column) of the tasks that succeeded for ``turn_id`` so far, in order."""
+        """The results (Flower's Result column) of the tasks that succeeded for ``turn_id`` so far, in the order the
+        tasks were received. Not the order their successes arrived: a task sends its next step's message before it
+        returns, so a short next task in another process or thread can report its success first."""
+        return [str(success.get("result")) for _, success in self._succeeded(turn_id)]
+
+    def _succeeded(self, turn_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The task-received and task-succeeded events of each task of ``turn_id`` that succeeded, in the order the
+        tasks were received (one snapshot: the listener keeps appending meanwhile)."""
         events = self.events()
-        ours = {e["uuid"] for e in events if e["type"] == "task-received" and turn_id in str(e.get("args", ""))}
-        return [str(e.get("result")) for e in events if e["type"] == "task-succeeded" and e["uuid"] in ours]
+        succeeded = {e["uuid"]: e for e in events if e["type"] == "task-succeeded"}
+        tasks: dict[str, dict[str, Any]] = {}  # a task received twice (delivered again) keeps its first place
+        for e in events:
+            if e["type"] == "task-received" and e["uuid"] in succeeded and turn_id in str(e.get("args", "")):
+                tasks.setdefault(e["uuid"], e)
+        return [(task, succeeded[task_id]) for task_id, task in tasks.items()]
 
     def task_events(self, turn_id: str) -> dict[str, list[dict[str, Any]]]:
         """Every event of each task of ``turn_id`` so far, by task id, in the order they arrived."""
