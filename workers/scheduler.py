@@ -176,12 +176,11 @@ class AdmissionScheduler:
         caps = self._caps() if self._caps is not None else None
         released = 0
         while True:
-            sent = list(self._sent)
             release = self._admission.release(
                 cap=self._settings.org_max_in_flight, limit=_RELEASE_BATCH, now=now, caps=caps,
-                window=None if self._window is None else self._window.size, settled=sent,
+                window=None if self._window is None else self._window.size, settled=self._sent,
             )  # fmt: skip
-            del self._sent[: len(sent)]
+            self._sent = []  # their notes went in the release's first round trip (kept when it raised)
             if release is None:
                 return released
             self._send(release)
@@ -240,9 +239,8 @@ class AdmissionScheduler:
 
     def settle_sent(self) -> None:
         """Delete the notes of the releases sent since the last release (one round trip; none when there are none)."""
-        sent = list(self._sent)
-        self._admission.settle(*sent)
-        del self._sent[: len(sent)]
+        self._admission.settle(*self._sent)
+        self._sent = []
 
     def _send(self, release: Release) -> None:
         self._steps.send([first_step(turn_id, batch=True) for turn_id in release.turn_ids])
